@@ -1,0 +1,453 @@
+/*
+dataloader.h: streams (inputs, targets) batches out of llm.c-format token shards.
+
+Used by the CPU trainer and by the multi-GPU trainer (one loader per process), so it is plain C that also
+compiles as C++ (no implicit void* conversions). See FORMATS.md for the shard format:
+1024-byte header of 256 little-endian int32 slots, [0]=magic [1]=version [2]=ntok, then ntok tokens,
+either uint16 (magic 20240520, version 1) or uint32 (magic 20240801, version 7).
+
+How the data is cut up
+- The shards are the files matching a glob pattern, sorted by name (byte order, independent of the locale).
+- With P processes, one "window" is B*T*P + 1 consecutive tokens of one shard; window w of a shard starts
+  at token w*B*T*P, so consecutive windows overlap by the one extra token that the last target needs.
+  A shard has (ntok - 1) / (B*T*P) windows; the tokens after the last full window are never used.
+- Rank r takes the B*T + 1 tokens starting at w*B*T*P + r*B*T: inputs are the first B*T, targets the same
+  span shifted by one. So the P ranks together consume exactly what a single process with batch B*P would.
+- One batch = one window. An epoch visits every window of every shard once, then the loader wraps around.
+
+Order
+- Without shuffle: shards in name order, windows in order.
+- With shuffle: epoch e visits the shards in a permutation derived from (seed, e), and the windows of shard s
+  in a permutation derived from (seed, e, s). The windows of one shard stay together, so only one shard is
+  ever open. Every rank derives the same permutations (they share the seed) and takes its own slice.
+- Because the permutations are recomputed from (seed, epoch, shard), the position in the stream is just
+  (epoch, position in the shard order, position in the window order): that is all DataLoaderState holds.
+
+Errors: every problem with the data (no match, unreadable or malformed shard, too few tokens, token id out
+of range, a saved state that does not fit) is one line "error: <file>: <what>" on stderr and exit(1).
+
+64-bit file offsets: fseeko/off_t are used throughout. On 64-bit Linux off_t is always 64 bits; on a
+32-bit system compile with -D_FILE_OFFSET_BITS=64 (checked below).
+*/
+#ifndef TRAIN_KLA_DATALOADER_H
+#define TRAIN_KLA_DATALOADER_H
+
+#include <glob.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include "utils.h"
+
+#ifdef __cplusplus
+static_assert(sizeof(off_t) >= 8, "dataloader.h needs a 64-bit off_t (compile with -D_FILE_OFFSET_BITS=64)");
+#else
+_Static_assert(sizeof(off_t) >= 8, "dataloader.h needs a 64-bit off_t (compile with -D_FILE_OFFSET_BITS=64)");
+#endif
+
+#define DL_HEADER_BYTES 1024
+#define DL_MAGIC_U16 20240520
+#define DL_VERSION_U16 1
+#define DL_MAGIC_U32 20240801
+#define DL_VERSION_U32 7
+
+// ----------------------------------------------------------------------------------------------------------
+// the loader
+
+typedef struct {
+    // ---- public (read-only for the caller) ----
+    int* inputs;              // B*T token ids of the current batch
+    int* targets;             // B*T, targets[i] is the token that follows inputs[i]
+    size_t B, T;
+    size_t num_tokens;        // total tokens over all shards (from their headers)
+    size_t batches_per_epoch; // windows over all shards = batches per epoch for every rank
+    uint64_t epoch;           // epoch of the batch now in inputs/targets (0 before the first batch)
+
+    // ---- private ----
+    char* pattern;            // the glob pattern, for error messages about the loader as a whole
+    int process_rank;
+    int num_processes;
+    int shuffle;
+    uint64_t seed;
+    int vocab_size;
+    size_t window_tokens;     // B*T*P: the stride between windows
+    // the shards, in sorted name order
+    size_t num_shards;
+    char** shard_paths;
+    size_t* shard_ntok;       // tokens in each shard
+    int* shard_token_bytes;   // 2 (uint16) or 4 (uint32)
+    size_t* shard_windows;    // windows in each shard, >= 1
+    // where the next batch comes from: window window_order[window_pos] of shard shard_order[shard_pos].
+    // window_pos may equal the shard's window count; next_batch then moves on to the next shard (and epoch).
+    size_t shard_pos;
+    size_t window_pos;
+    size_t* shard_order;      // this epoch's shard order (identity without shuffle)
+    size_t* window_order;     // shuffle only: window permutation of shard window_order_shard in this epoch
+    size_t window_order_shard;// which shard window_order belongs to; SIZE_MAX when not computed yet
+    // the one open shard
+    FILE* file;
+    size_t file_shard;        // index of the open shard; SIZE_MAX when none is open
+    unsigned char* buffer;    // raw bytes of one rank's span: (B*T + 1) tokens of up to 4 bytes
+} DataLoader;
+
+// The resumable position, written raw into the trainer's state file. Fixed-width fields only, laid out
+// without padding, little-endian on every machine we run on. It holds no rank: all ranks are always at the
+// same position, so the state saved by rank 0 restores every rank. The configuration fields are only there
+// so that dataloader_set_state can refuse a state that was saved with a different setup.
+#define DL_STATE_MAGIC 0x4C44414BU  // "KADL"
+#define DL_STATE_VERSION 1U
+typedef struct {
+    uint32_t magic;           // DL_STATE_MAGIC: catches a state read from the wrong place
+    uint32_t version;         // DL_STATE_VERSION
+    uint64_t B;
+    uint64_t T;
+    uint32_t num_processes;
+    uint32_t shuffle;         // 0 or 1
+    uint64_t num_shards;
+    uint64_t num_tokens;      // total over all shards: a cheap fingerprint of the data set
+    uint64_t seed;
+    uint64_t epoch;           // epoch of the last batch returned
+    uint64_t shard_pos;       // position in that epoch's shard order
+    uint64_t window_pos;      // position in that shard's window order = batches already taken from it
+} DataLoaderState;
+
+#ifdef __cplusplus
+static_assert(sizeof(DataLoaderState) == 80, "DataLoaderState must be 80 bytes with no padding");
+#else
+_Static_assert(sizeof(DataLoaderState) == 80, "DataLoaderState must be 80 bytes with no padding");
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
+// a small deterministic RNG for the shuffles: splitmix64 (Steele, Lea, Flood 2014). Its whole state is one
+// uint64, it is fast, and every output is a bijective scramble of the state, which is all a shuffle needs.
+
+static inline uint64_t dl_splitmix64_(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// the RNG seed of one permutation: the shard order of an epoch (stream = UINT64_MAX) or the window order
+// of shard `stream` in that epoch. Each input is folded in through a full splitmix64 round, so nearby
+// (seed, epoch, stream) triples give unrelated streams.
+static inline uint64_t dl_stream_seed_(uint64_t seed, uint64_t epoch, uint64_t stream) {
+    uint64_t s = seed;
+    s = dl_splitmix64_(&s) ^ epoch;
+    s = dl_splitmix64_(&s) ^ stream;
+    return dl_splitmix64_(&s);
+}
+
+// uniform integer in [0, n), n >= 1. Plain r % n would favour small values slightly; rejecting the
+// 2^64 mod n lowest outputs leaves a range that is an exact multiple of n.
+static inline uint64_t dl_below_(uint64_t* state, uint64_t n) {
+    uint64_t threshold = (0 - n) % n;
+    for (;;) {
+        uint64_t r = dl_splitmix64_(state);
+        if (r >= threshold) { return r % n; }
+    }
+}
+
+// a[0..n) = a permutation of 0..n-1: the identity without shuffle, else a Fisher-Yates shuffle driven by rng_seed
+static inline void dl_permutation_(size_t* a, size_t n, int shuffle, uint64_t rng_seed) {
+    for (size_t i = 0; i < n; i++) { a[i] = i; }
+    if (!shuffle) { return; }
+    uint64_t state = rng_seed;
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)dl_below_(&state, (uint64_t)i);
+        size_t tmp = a[i - 1]; a[i - 1] = a[j]; a[j] = tmp;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// shard files
+
+static inline uint32_t dl_le32_(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// open a shard and check its header against its size; returns the open file (positioned anywhere)
+static inline FILE* dl_open_shard_(const char* path, size_t* ntok_out, int* token_bytes_out) {
+    FILE* f = fopen_or_die(path, "rb");
+    // fopen succeeds on a directory on Linux; say so instead of failing later with a puzzling read error
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { die("%s: cannot stat (%s)", path, strerror(errno)); }
+    if (!S_ISREG(st.st_mode)) { die("%s: not a regular file", path); }
+    long long file_size = (long long)st.st_size;
+    if (file_size < DL_HEADER_BYTES) {
+        die("%s: file is %lld bytes, too small for the %d-byte shard header", path, file_size, DL_HEADER_BYTES);
+    }
+    unsigned char header[DL_HEADER_BYTES];
+    fread_or_die(header, DL_HEADER_BYTES, f, path);
+    uint32_t magic = dl_le32_(header + 0);
+    uint32_t version = dl_le32_(header + 4);
+    // the count lives in an int32 slot; read it unsigned so that a uint32 shard of up to 2^32-1 tokens works
+    // (a corrupt count is caught by the size check below either way)
+    uint32_t ntok = dl_le32_(header + 8);
+    int token_bytes;
+    if (magic == DL_MAGIC_U16) {
+        if (version != DL_VERSION_U16) {
+            die("%s: version %u, expected %d for a uint16 shard (magic %d)", path, version, DL_VERSION_U16, DL_MAGIC_U16);
+        }
+        token_bytes = 2;
+    } else if (magic == DL_MAGIC_U32) {
+        if (version != DL_VERSION_U32) {
+            die("%s: version %u, expected %d for a uint32 shard (magic %d)", path, version, DL_VERSION_U32, DL_MAGIC_U32);
+        }
+        token_bytes = 4;
+    } else {
+        die("%s: bad magic %u, expected %d (uint16 shard) or %d (uint32 shard)", path, magic, DL_MAGIC_U16, DL_MAGIC_U32);
+    }
+    long long expected = (long long)DL_HEADER_BYTES + (long long)ntok * token_bytes;
+    if (file_size < expected) {
+        die("%s: truncated payload: the header declares %u tokens, so the file should be %lld bytes, but it is %lld",
+            path, ntok, expected, file_size);
+    }
+    if (file_size > expected) {
+        die("%s: %lld extra bytes after the %u tokens the header declares (file is %lld bytes, expected %lld)",
+            path, file_size - expected, ntok, file_size, expected);
+    }
+    *ntok_out = (size_t)ntok;
+    *token_bytes_out = token_bytes;
+    return f;
+}
+
+static inline int dl_compare_paths_(const void* a, const void* b) {
+    return strcmp(*(const char* const*)a, *(const char* const*)b);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// position bookkeeping
+
+// recompute the shard order for l->epoch; the cached window order belongs to another epoch now
+static inline void dl_start_epoch_(DataLoader* l) {
+    dl_permutation_(l->shard_order, l->num_shards, l->shuffle, dl_stream_seed_(l->seed, l->epoch, UINT64_MAX));
+    l->window_order_shard = SIZE_MAX;
+}
+
+// index (within its shard) of the window at l->window_pos of the current shard
+static inline size_t dl_current_window_(DataLoader* l) {
+    if (!l->shuffle) { return l->window_pos; }
+    size_t shard = l->shard_order[l->shard_pos];
+    if (l->window_order_shard != shard) {
+        dl_permutation_(l->window_order, l->shard_windows[shard], 1, dl_stream_seed_(l->seed, l->epoch, shard));
+        l->window_order_shard = shard;
+    }
+    return l->window_order[l->window_pos];
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// public API
+
+static inline void dataloader_reset(DataLoader* l) {
+    l->epoch = 0;
+    l->shard_pos = 0;
+    l->window_pos = 0;
+    dl_start_epoch_(l);
+}
+
+static inline void dataloader_init(DataLoader* l, const char* glob_pattern, size_t B, size_t T,
+                                   int process_rank, int num_processes, int shuffle, uint64_t seed, int vocab_size) {
+    memset(l, 0, sizeof(*l));
+    // configuration errors come from the caller's flags, so they die like everything else
+    if (B == 0 || T == 0) { die("%s: dataloader needs B >= 1 and T >= 1 (got B=%zu, T=%zu)", glob_pattern, B, T); }
+    if (num_processes < 1 || process_rank < 0 || process_rank >= num_processes) {
+        die("%s: dataloader process rank %d is out of range for %d processes", glob_pattern, process_rank, num_processes);
+    }
+    if (vocab_size < 1) { die("%s: dataloader needs a positive vocab size (got %d)", glob_pattern, vocab_size); }
+    // B*T*P + 1 tokens of 4 bytes must be addressable; anything near this limit would not fit in memory anyway
+    size_t P = (size_t)num_processes;
+    if (B > (SIZE_MAX / 8) / T || B * T > (SIZE_MAX / 8) / P) {
+        die("%s: dataloader B*T*processes = %zu*%zu*%zu is too large", glob_pattern, B, T, P);
+    }
+    l->B = B;
+    l->T = T;
+    l->process_rank = process_rank;
+    l->num_processes = num_processes;
+    l->shuffle = shuffle ? 1 : 0;
+    l->seed = seed;
+    l->vocab_size = vocab_size;
+    l->window_tokens = B * T * P;
+    size_t pattern_len = strlen(glob_pattern);
+    l->pattern = (char*)malloc_or_die(pattern_len + 1);
+    memcpy(l->pattern, glob_pattern, pattern_len + 1);
+
+    // find the shards
+    glob_t g;
+    int rc = glob(glob_pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) { globfree(&g); die("%s: no files match", glob_pattern); }
+    if (rc == GLOB_NOSPACE) { die("%s: out of memory while matching the pattern", glob_pattern); }
+    if (rc != 0) { die("%s: cannot match the pattern (a directory could not be read)", glob_pattern); }
+    l->num_shards = g.gl_pathc;
+    l->shard_paths = (char**)calloc_or_die(l->num_shards, sizeof(char*));
+    for (size_t i = 0; i < l->num_shards; i++) {
+        size_t len = strlen(g.gl_pathv[i]);
+        l->shard_paths[i] = (char*)malloc_or_die(len + 1);
+        memcpy(l->shard_paths[i], g.gl_pathv[i], len + 1);
+    }
+    globfree(&g);
+    // glob sorts with strcoll(), i.e. by the locale; re-sort bytewise so that every process on every machine
+    // agrees on the shard indices (the shuffle and the saved state depend on them)
+    qsort(l->shard_paths, l->num_shards, sizeof(char*), dl_compare_paths_);
+
+    // check every shard now, so that a bad one fails at startup and not hours into training
+    l->shard_ntok = (size_t*)calloc_or_die(l->num_shards, sizeof(size_t));
+    l->shard_token_bytes = (int*)calloc_or_die(l->num_shards, sizeof(int));
+    l->shard_windows = (size_t*)calloc_or_die(l->num_shards, sizeof(size_t));
+    size_t max_windows = 0;
+    for (size_t i = 0; i < l->num_shards; i++) {
+        const char* path = l->shard_paths[i];
+        FILE* f = dl_open_shard_(path, &l->shard_ntok[i], &l->shard_token_bytes[i]);
+        fclose(f);
+        size_t ntok = l->shard_ntok[i];
+        if (ntok < l->window_tokens + 1) {
+            die("%s: %zu tokens, but one batch needs B*T*processes + 1 = %zu*%zu*%d + 1 = %zu",
+                path, ntok, B, T, num_processes, l->window_tokens + 1);
+        }
+        l->shard_windows[i] = (ntok - 1) / l->window_tokens;
+        if (l->shard_windows[i] > max_windows) { max_windows = l->shard_windows[i]; }
+        l->num_tokens += ntok;
+        l->batches_per_epoch += l->shard_windows[i];
+    }
+
+    l->inputs = (int*)malloc_or_die(B * T * sizeof(int));
+    l->targets = (int*)malloc_or_die(B * T * sizeof(int));
+    l->buffer = (unsigned char*)malloc_or_die((B * T + 1) * 4);
+    l->shard_order = (size_t*)malloc_or_die(l->num_shards * sizeof(size_t));
+    l->window_order = l->shuffle ? (size_t*)malloc_or_die(max_windows * sizeof(size_t)) : NULL;
+    l->file = NULL;
+    l->file_shard = SIZE_MAX;
+    dataloader_reset(l);
+}
+
+static inline void dataloader_next_batch(DataLoader* l) {
+    // move past a finished shard, and past the last shard into the next epoch. Every shard has at least
+    // one window (init checks it), so one step always lands on a window.
+    if (l->window_pos >= l->shard_windows[l->shard_order[l->shard_pos]]) {
+        l->window_pos = 0;
+        l->shard_pos++;
+        if (l->shard_pos == l->num_shards) {
+            l->shard_pos = 0;
+            l->epoch++;
+            dl_start_epoch_(l);
+        }
+    }
+    size_t shard = l->shard_order[l->shard_pos];
+    size_t window = dl_current_window_(l);
+    const char* path = l->shard_paths[shard];
+
+    // keep exactly one shard open; reopening re-checks the header in case the file changed since init
+    if (l->file_shard != shard) {
+        if (l->file != NULL) { fclose(l->file); l->file = NULL; }
+        size_t ntok;
+        int token_bytes;
+        l->file = dl_open_shard_(path, &ntok, &token_bytes);
+        if (ntok != l->shard_ntok[shard] || token_bytes != l->shard_token_bytes[shard]) {
+            die("%s: shard changed since the loader started (now %zu tokens of %d bytes, was %zu of %d)",
+                path, ntok, token_bytes, l->shard_ntok[shard], l->shard_token_bytes[shard]);
+        }
+        l->file_shard = shard;
+    }
+
+    // this rank's span: B*T + 1 tokens from window start + rank*B*T, read with one seek and one read
+    size_t BT = l->B * l->T;
+    int token_bytes = l->shard_token_bytes[shard];
+    size_t first_token = window * l->window_tokens + (size_t)l->process_rank * BT;
+    long long offset = (long long)DL_HEADER_BYTES + (long long)first_token * token_bytes;
+    if (fseeko(l->file, (off_t)offset, SEEK_SET) != 0) {
+        die("%s: cannot seek to byte offset %lld (%s)", path, offset, strerror(errno));
+    }
+    fread_or_die(l->buffer, (BT + 1) * (size_t)token_bytes, l->file, path);
+
+    // decode little-endian tokens, checking each id: an id past the vocab would index outside the embedding
+    uint32_t vocab = (uint32_t)l->vocab_size;
+    for (size_t i = 0; i <= BT; i++) {
+        const unsigned char* p = l->buffer + i * (size_t)token_bytes;
+        uint32_t id = token_bytes == 2 ? ((uint32_t)p[0] | ((uint32_t)p[1] << 8)) : dl_le32_(p);
+        if (id >= vocab) {
+            die("%s: token id %u at byte offset %lld is >= vocab size %d",
+                path, id, offset + (long long)(i * (size_t)token_bytes), l->vocab_size);
+        }
+        if (i < BT) { l->inputs[i] = (int)id; }
+        if (i > 0) { l->targets[i - 1] = (int)id; }
+    }
+    l->window_pos++;
+}
+
+static inline void dataloader_get_state(const DataLoader* l, DataLoaderState* s) {
+    memset(s, 0, sizeof(*s));
+    s->magic = DL_STATE_MAGIC;
+    s->version = DL_STATE_VERSION;
+    s->B = l->B;
+    s->T = l->T;
+    s->num_processes = (uint32_t)l->num_processes;
+    s->shuffle = (uint32_t)l->shuffle;
+    s->num_shards = l->num_shards;
+    s->num_tokens = l->num_tokens;
+    s->seed = l->seed;
+    s->epoch = l->epoch;
+    s->shard_pos = l->shard_pos;
+    s->window_pos = l->window_pos;
+}
+
+static inline void dataloader_set_state(DataLoader* l, const DataLoaderState* s) {
+    const char* p = l->pattern;
+    if (s->magic != DL_STATE_MAGIC || s->version != DL_STATE_VERSION) {
+        die("%s: saved dataloader state is not valid (magic %u version %u, expected %u version %u)",
+            p, s->magic, s->version, DL_STATE_MAGIC, DL_STATE_VERSION);
+    }
+    // the position only means the same thing under the same configuration
+    const char* what = "saved dataloader state does not fit this loader";
+    if (s->B != l->B) { die("%s: %s: B = %llu in the state, %zu now", p, what, (unsigned long long)s->B, l->B); }
+    if (s->T != l->T) { die("%s: %s: T = %llu in the state, %zu now", p, what, (unsigned long long)s->T, l->T); }
+    if (s->num_processes != (uint32_t)l->num_processes) {
+        die("%s: %s: %u processes in the state, %d now", p, what, s->num_processes, l->num_processes);
+    }
+    if (s->shuffle != (uint32_t)l->shuffle) {
+        die("%s: %s: shuffle = %u in the state, %d now", p, what, s->shuffle, l->shuffle);
+    }
+    if (s->seed != l->seed) {
+        die("%s: %s: seed = %llu in the state, %llu now", p, what,
+            (unsigned long long)s->seed, (unsigned long long)l->seed);
+    }
+    if (s->num_shards != l->num_shards) {
+        die("%s: %s: %llu shards in the state, %zu match now", p, what, (unsigned long long)s->num_shards, l->num_shards);
+    }
+    if (s->num_tokens != l->num_tokens) {
+        die("%s: %s: %llu tokens in the state, %zu in the shards now", p, what,
+            (unsigned long long)s->num_tokens, l->num_tokens);
+    }
+    if (s->shard_pos >= l->num_shards) {
+        die("%s: %s: shard position %llu, but there are %zu shards", p, what,
+            (unsigned long long)s->shard_pos, l->num_shards);
+    }
+    l->epoch = s->epoch;
+    l->shard_pos = (size_t)s->shard_pos;
+    dl_start_epoch_(l);
+    size_t shard = l->shard_order[l->shard_pos];
+    if (s->window_pos > l->shard_windows[shard]) {
+        die("%s: %s: window position %llu, but %s has %zu windows", p, what,
+            (unsigned long long)s->window_pos, l->shard_paths[shard], l->shard_windows[shard]);
+    }
+    l->window_pos = (size_t)s->window_pos;
+}
+
+static inline void dataloader_free(DataLoader* l) {
+    if (l->file != NULL) { fclose(l->file); }
+    for (size_t i = 0; i < l->num_shards; i++) { free(l->shard_paths[i]); }
+    free(l->shard_paths);
+    free(l->shard_ntok);
+    free(l->shard_token_bytes);
+    free(l->shard_windows);
+    free(l->shard_order);
+    free(l->window_order);
+    free(l->inputs);
+    free(l->targets);
+    free(l->buffer);
+    free(l->pattern);
+    memset(l, 0, sizeof(*l));
+}
+
+#endif // TRAIN_KLA_DATALOADER_H

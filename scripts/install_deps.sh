@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what `make run` (argument: run) or `make test` (argument: test) needs and is missing, from Debian's
+# packages. Data preparation (scripts/prepare_data.sh) installs its own npm packages.
+set -euo pipefail
+need=()
+command -v node > /dev/null || need+=(nodejs)
+command -v npm > /dev/null || need+=(npm)
+if [ "${1:-run}" = test ]; then
+    # the PyTorch reference needs Debian's torch in the system interpreter
+    /usr/bin/python3 -c 'import torch' > /dev/null 2>&1 || need+=(python3-torch)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" > /dev/null
+fi

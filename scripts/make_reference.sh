@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# make_reference.sh: generate the PyTorch reference dumps that test_kla.c compares train_kla.c against.
+# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for four configurations:
+# attn (GPT-2), gdn, kaczmarz and a hybrid. A configuration whose two files are newer than
+# scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SCRIPT=scripts/train_kla.py
+OUT=dev/test/ref
+
+# Debian's python3-torch lives in /usr/bin/python3; the python3 first on PATH may lack torch
+PYTHON=""
+for candidate in /usr/bin/python3 "$(command -v python3 || true)"; do
+    if [ -x "$candidate" ] && "$candidate" -c "import torch" 2>/dev/null; then
+        PYTHON=$candidate
+        break
+    fi
+done
+if [ -z "$PYTHON" ]; then
+    echo "error: no python3 that imports torch (tried /usr/bin/python3 and python3 on PATH); install python3-torch" >&2
+    exit 1
+fi
+
+mkdir -p "$OUT"
+
+# make NAME ARGS...: run the reference for one configuration unless its outputs are up to date
+make_config() {
+    local name=$1
+    shift
+    local prefix=$OUT/$name
+    if [ "$prefix"_model.bin -nt "$SCRIPT" ] && [ "$prefix"_debug.bin -nt "$SCRIPT" ]; then
+        echo "$name: up to date"
+        return
+    fi
+    echo "$name:"
+    "$PYTHON" "$SCRIPT" "$@" --out "$prefix"
+}
+
+make_config attn     --mixer attn:2 --depth 2 --width 64 --heads 4 --max-seq-len 64 --B 2 --T 37 --seed 1
+make_config gdn      --mixer gdn:2 --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 --B 2 --T 80 --seed 2
+make_config kaczmarz --mixer kaczmarz:2 --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 --B 2 --T 80 --seed 3
+make_config hybrid   --mixer gdn:1,attn:1,kaczmarz:1 --depth 3 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 \
+                     --max-seq-len 128 --B 2 --T 80 --seed 4

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test program and prints the total: "N passed, M failed". Each test prints one line per check,
+# starting with PASS or FAIL; a program that exits non-zero without a FAIL line counts as one failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+run() {
+    echo "== $*"
+    "$@" 2>&1 | tee -a "$log.one"
+    local rc=${PIPESTATUS[0]}
+    cat "$log.one" >> "$log"
+    if [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$log.one"; then
+        echo "FAIL $*: exited with status $rc" | tee -a "$log"
+    fi
+    rm -f "$log.one"
+}
+run bash scripts/make_reference.sh
+run ./test_kla dev/test/ref
+run ./test_dataloader
+run bash dev/test/test_tokenizer.sh
+run bash dev/test/test_train.sh
+passed=$(grep -c '^PASS' "$log")
+failed=$(grep -c '^FAIL' "$log")
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,466 @@
+"""
+train_kla.py: the PyTorch reference of train_kla (the ground truth that train_kla.c is tested against).
+
+It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer mixer is softmax attention
+(`attn`), Gated DeltaNet (`gdn`) or Kaczmarz Linear Attention (`kaczmarz`), chosen by a pattern such as
+`gdn:1,attn:1,kaczmarz:1`. The recurrent mixers run the plain token-by-token recurrence of
+../shared/spec/gdn_kaczmarz.md section 2.1 (independent of any chunkwise algorithm), attention the plain masked
+softmax. Then it
+  1. draws the initial fp32 weights from --seed (FORMATS.md "Initialisation") and writes PREFIX_model.bin,
+  2. draws one batch of random tokens, runs forward/backward in --dtype (float64 by default, for tight
+     comparisons of fp32 C code) and writes PREFIX_debug.bin: x, y, logits, loss, every parameter gradient,
+  3. trains --steps steps on that same batch (global-norm clipping, then AdamW written out by hand) and
+     appends the loss of every step to the debug file.
+
+Runs on torch 1.13 CPU (Debian's python3-torch) and torch 2.x with CUDA. scripts/bench_cpu.py imports the model
+from here and swaps the mixer cores through `Cores`.
+
+Example:
+    /usr/bin/python3 scripts/train_kla.py --mixer gdn:2 --depth 2 --width 64 --heads 4 --lin-heads 2 \
+        --dk 16 --dv 24 --B 2 --T 80 --seed 2 --out dev/test/ref/gdn
+"""
+import argparse
+import array
+import collections
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------------------------------------
+# constants of FORMATS.md
+
+CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251121, 1
+DEBUG_MAGIC, DEBUG_VERSION = 20251122, 1
+HEADER_SLOTS = 256                      # 1024-byte header of int32 slots (llm.c convention)
+PATTERN_OFFSET = 512                    # bytes 512..1023 of the checkpoint header hold the pattern string
+TABLE_ENTRY_BYTES = 128                 # name[96] | dtype | ndim | shape[4] | int64 offset
+TABLE_NAME_BYTES = 96
+
+LN_EPS = 1e-5                           # LayerNorm eps (biased variance)
+L2N_EPS = 1e-6                          # inside the sqrt of the q/k L2 normalisation (spec 1.2 step 4)
+ONORM_EPS = 1e-5                        # gated output RMSNorm of gdn/kaczmarz (FORMATS.md; spec 1.2 step 8)
+KACZMARZ_EPS = 1e-6                     # beta = eta / (||k||^2 + KACZMARZ_EPS) (spec 1.2 step 5)
+CONV_SIZE = 4                           # W, taps of the short causal depthwise conv
+
+MIXERS = ("attn", "gdn", "kaczmarz")
+RECURRENT_MIXERS = ("gdn", "kaczmarz")
+
+# matrices that get decoupled weight decay (FORMATS.md "Weight decay"), matched as name suffixes
+DECAYED_SUFFIXES = ("attn.qkv.w", "attn.proj.w", "in_proj.w", "conv.w", "out_proj.w", "mlp.fc.w", "mlp.proj.w")
+# residual output projections, initialised with std 0.02/sqrt(2L) (GPT-2)
+RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
+
+# ----------------------------------------------------------------------------------------------------------------
+# model configuration
+
+
+Config = collections.namedtuple(
+    "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv")
+
+
+def parse_pattern(pattern, depth):
+    """'gdn:1,attn:2' -> ['gdn', 'attn', 'attn']; the counts must add up to depth."""
+    mixers = []
+    for item in pattern.split(","):
+        name, sep, count = item.partition(":")
+        if name not in MIXERS or not sep or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"bad item '{item}' in mixer pattern '{pattern}' (want name:count, names {MIXERS})")
+        mixers += [name] * int(count)
+    if len(mixers) != depth:
+        raise ValueError(f"mixer pattern '{pattern}' has {len(mixers)} layers but --depth is {depth}")
+    return mixers
+
+
+def canonical_pattern(mixers):
+    """Run-length form with consecutive equal mixers merged: ['attn', 'attn', 'gdn'] -> 'attn:2,gdn:1'."""
+    runs = []
+    for name in mixers:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return ",".join(f"{name}:{count}" for name, count in runs)
+
+
+def has_wpe(cfg):
+    """The position embedding exists only when every layer is attn (GPT-2 exactly)."""
+    return all(m == "attn" for m in cfg.mixers)
+
+
+def tensor_shapes(cfg):
+    """[(name, shape)] in checkpoint order (FORMATS.md "Tensor order and names")."""
+    C, H, dk, dv = cfg.n_embd, cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    shapes = [("wte", (cfg.padded_vocab_size, C))]
+    if has_wpe(cfg):
+        shapes.append(("wpe", (cfg.max_seq_len, C)))
+    for l, mixer in enumerate(cfg.mixers):
+        p = f"h{l}."
+        shapes += [(p + "ln1.w", (C,)), (p + "ln1.b", (C,))]
+        if mixer == "attn":
+            shapes += [(p + "attn.qkv.w", (3 * C, C)), (p + "attn.qkv.b", (3 * C,)),
+                       (p + "attn.proj.w", (C, C)), (p + "attn.proj.b", (C,))]
+        else:
+            m = p + mixer + "."
+            proj_rows = 2 * H * dk + 2 * H * dv + 2 * H     # [q | k | v | z | a | b]
+            conv_channels = 2 * H * dk + H * dv             # q, k, v
+            shapes += [(m + "in_proj.w", (proj_rows, C)), (m + "conv.w", (conv_channels, CONV_SIZE)),
+                       (m + "b_bias", (H,)), (m + "A_log", (H,)), (m + "dt_bias", (H,)),
+                       (m + "onorm.w", (dv,)), (m + "out_proj.w", (C, H * dv))]
+        shapes += [(p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
+                   (p + "mlp.fc.w", (4 * C, C)), (p + "mlp.fc.b", (4 * C,)),
+                   (p + "mlp.proj.w", (C, 4 * C)), (p + "mlp.proj.b", (C,))]
+    shapes += [("lnf.w", (C,)), ("lnf.b", (C,))]
+    return shapes
+
+
+def is_decayed(name):
+    return name.endswith(DECAYED_SUFFIXES)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# initialisation (FORMATS.md "Initialisation"; mixer parameters: spec 1.5, FLA scheme)
+
+
+def init_tensor(name, shape, cfg, gen):
+    """One fp32 tensor, drawn from gen (tensors are drawn in checkpoint order, so the order fixes the stream)."""
+    t = torch.zeros(shape, dtype=torch.float32)
+    if name.endswith(RESIDUAL_PROJ_SUFFIXES):
+        t.normal_(0.0, 0.02 / math.sqrt(2 * len(cfg.mixers)), generator=gen)
+    elif len(shape) == 2:                                   # wte, wpe, qkv, fc, in_proj, conv taps
+        t.normal_(0.0, 0.02, generator=gen)
+    elif name.endswith(("ln1.w", "ln2.w", "lnf.w", "onorm.w")):
+        t.fill_(1.0)
+    elif name.endswith("A_log"):                            # A ~ U(0, 16), A_log = log(A)
+        t = t.uniform_(0.0, 16.0, generator=gen).log()
+    elif name.endswith("dt_bias"):                          # dt log-uniform in [1e-3, 1e-1], softplus^-1(dt)
+        u = t.uniform_(0.0, 1.0, generator=gen)
+        dt = torch.exp(u * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+        t = dt + torch.log(-torch.expm1(-dt))
+    # everything else (biases, b_bias, LayerNorm biases) stays 0
+    if name == "wte":
+        t[cfg.vocab_size:] = 0.0                            # padding rows of the tied embedding
+    return t
+
+
+def init_params(cfg, gen):
+    """{name: fp32 tensor} in checkpoint order."""
+    return {name: init_tensor(name, shape, cfg, gen) for name, shape in tensor_shapes(cfg)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# mixer cores (swappable: bench_cpu.py replaces them with faster equivalents)
+
+
+def causal_softmax_attention(q, k, v):
+    """q, k, v: [B, nh, T, hs] -> [B, nh, T, hs]; plain masked softmax with scale 1/sqrt(hs)."""
+    T, hs = q.shape[-2], q.shape[-1]
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
+    return att @ v
+
+
+def delta_rule_recurrent(q, k, v, beta, g, scale):
+    """Gated delta rule, token by token (spec 2.1), K-first state S [B, H, dk, dv], S_0 = 0, read after write.
+
+    q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta, g: [B, T, H]. Returns o: [B, T, H, dv].
+    """
+    B, T, H, dk = k.shape
+    S = k.new_zeros(B, H, dk, v.shape[-1])
+    outputs = []
+    for t in range(T):
+        S = torch.exp(g[:, t])[..., None, None] * S                          # Sbar_t = alpha_t S_{t-1}
+        r = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t])              # r_t = v_t - Sbar_t^T k_t
+        u = beta[:, t, :, None] * r                                          # u_t = beta_t r_t
+        S = S + k[:, t, :, :, None] * u[:, :, None, :]                       # S_t = Sbar_t + k_t u_t^T
+        outputs.append(torch.einsum("bhkv,bhk->bhv", S, scale * q[:, t]))    # o_t = S_t^T (scale q_t)
+    return torch.stack(outputs, dim=1)
+
+
+Cores = collections.namedtuple("Cores", "attention delta_rule")
+REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rule_recurrent)
+
+# ----------------------------------------------------------------------------------------------------------------
+# layers (params is the {name: tensor} dict; p the layer's name prefix)
+
+
+def layernorm(x, params, p):
+    return F.layer_norm(x, x.shape[-1:], params[p + "w"], params[p + "b"], LN_EPS)
+
+
+def attention_mixer(x, params, p, cfg, cores):
+    """GPT-2 causal self-attention: qkv rows [q | k | v], heads of size C/n_head."""
+    B, T, C = x.shape
+    nh = cfg.n_head
+    qkv = F.linear(x, params[p + "attn.qkv.w"], params[p + "attn.qkv.b"])
+    q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in qkv.split(C, dim=-1))
+    y = cores.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+    return F.linear(y, params[p + "attn.proj.w"], params[p + "attn.proj.b"])
+
+
+def causal_depthwise_conv(u, w):
+    """u: [B, T, D], w: [D, W]. y_t[c] = sum_j w[c, j] u_{t-(W-1)+j}[c] with zeros before t = 0 (spec 1.2 step 2)."""
+    T, W = u.shape[1], w.shape[1]
+    y = F.conv1d(u.transpose(1, 2), w.unsqueeze(1), padding=W - 1, groups=w.shape[0])
+    return y[..., :T].transpose(1, 2)
+
+
+def l2n(u):
+    """u / sqrt(sum u^2 + 1e-6) over the last dim (spec 1.2 step 4)."""
+    return u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + L2N_EPS)
+
+
+def recurrent_mixer(x, params, p, kind, cfg, cores):
+    """gdn / kaczmarz layer, spec 1.2 with FORMATS.md's fused in_proj, HV = H, W = 4, b_bias on."""
+    B, T, _ = x.shape
+    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    m = p + kind + "."
+    proj = F.linear(x, params[m + "in_proj.w"])
+    qkv, z, a, b = proj.split([2 * H * dk + H * dv, H * dv, H, H], dim=-1)
+    qkv = F.silu(causal_depthwise_conv(qkv, params[m + "conv.w"]))
+    q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
+    q, k, v = q.view(B, T, H, dk), k.view(B, T, H, dk), v.view(B, T, H, dv)
+    q = l2n(q)
+    eta = torch.sigmoid(b + params[m + "b_bias"])                          # [B, T, H]
+    if kind == "gdn":
+        k = l2n(k)
+        beta = eta
+    else:   # kaczmarz = relaxed_kaczmarz_q_norm (spec 2.2): raw k, beta = eta / (||k||^2 + eps)
+        beta = eta / (k.pow(2).sum(-1) + KACZMARZ_EPS)
+    g = -torch.exp(params[m + "A_log"]) * F.softplus(a + params[m + "dt_bias"])   # log decay <= 0 (spec 1.2 step 6)
+    o = cores.delta_rule(q, k, v, beta, g, dk ** -0.5)                    # [B, T, H, dv]
+    # gated output RMSNorm per head, weight shared by the heads (spec 1.2 step 8)
+    y = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + ONORM_EPS) * params[m + "onorm.w"]
+    y = y * F.silu(z.view(B, T, H, dv))
+    return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
+
+
+def mlp(x, params, p):
+    h = F.gelu(F.linear(x, params[p + "fc.w"], params[p + "fc.b"]), approximate="tanh")
+    return F.linear(h, params[p + "proj.w"], params[p + "proj.b"])
+
+
+def forward(params, cfg, idx, cores=REFERENCE_CORES):
+    """idx: [B, T] token ids -> logits [B, T, Vp] (LNf(x) @ wte^T, the tied LM head)."""
+    x = params["wte"][idx]
+    if has_wpe(cfg):
+        x = x + params["wpe"][: idx.shape[1]]
+    for l, mixer in enumerate(cfg.mixers):
+        p = f"h{l}."
+        h = layernorm(x, params, p + "ln1.")
+        if mixer == "attn":
+            x = x + attention_mixer(h, params, p, cfg, cores)
+        else:
+            x = x + recurrent_mixer(h, params, p, mixer, cfg, cores)
+        x = x + mlp(layernorm(x, params, p + "ln2."), params, p + "mlp.")
+    return layernorm(x, params, "lnf.") @ params["wte"].t()
+
+
+def cross_entropy_loss(logits, targets, vocab_size):
+    """Mean softmax cross-entropy over the first V (unpadded) logit columns."""
+    return F.cross_entropy(logits[..., :vocab_size].reshape(-1, vocab_size), targets.reshape(-1))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# optimiser: global-norm clipping then AdamW, written out (FORMATS.md "Debug state")
+
+
+Hyper = collections.namedtuple("Hyper", "lr beta1 beta2 eps weight_decay grad_clip")
+
+
+def clip_scale(grads, grad_clip):
+    """(global gradient norm, clipping scale): scale = grad_clip / norm if norm > grad_clip else 1."""
+    norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    return norm, (grad_clip / norm if norm > grad_clip else 1.0)
+
+
+@torch.no_grad()
+def adamw_update(params, grads, m, v, step, hp, scale):
+    """One AdamW step (step counts from 0) on the clipped gradients scale * g, in the compute dtype:
+    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd_p p)."""
+    t = step + 1
+    for name, p in params.items():
+        g = grads[name] * scale
+        m[name].mul_(hp.beta1).add_((1 - hp.beta1) * g)
+        v[name].mul_(hp.beta2).add_((1 - hp.beta2) * g * g)
+        mhat = m[name] / (1 - hp.beta1 ** t)
+        vhat = v[name] / (1 - hp.beta2 ** t)
+        wd = hp.weight_decay if is_decayed(name) else 0.0
+        p.sub_(hp.lr * (mhat / (vhat.sqrt() + hp.eps) + wd * p))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# file writing (little-endian, FORMATS.md)
+
+
+def le_bytes(t, dtype=torch.float32):
+    """Raw little-endian bytes of a tensor stored as float32 or int32 (pure torch + array, numpy not needed)."""
+    a = array.array("f" if dtype == torch.float32 else "i", t.detach().to("cpu", dtype).reshape(-1).tolist())
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
+
+
+def header_bytes(ints, floats):
+    """256 int32 slots: ints {slot: int}, floats {slot: float stored bit-for-bit as float32}."""
+    slots = [0] * HEADER_SLOTS
+    for slot, value in ints.items():
+        slots[slot] = value
+    for slot, value in floats.items():
+        slots[slot] = struct.unpack("<i", struct.pack("<f", value))[0]
+    return struct.pack(f"<{HEADER_SLOTS}i", *slots)
+
+
+def write_atomically(path, chunks):
+    """Write the byte chunks to path.tmp, then rename, so no partial file is left behind."""
+    with open(path + ".tmp", "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+    os.replace(path + ".tmp", path)
+
+
+def write_checkpoint(path, cfg, params):
+    """FORMATS.md "Model checkpoint": header, tensor table, fp32 payload in table order."""
+    shapes = tensor_shapes(cfg)
+    payload_offset = HEADER_SLOTS * 4 + TABLE_ENTRY_BYTES * len(shapes)
+    header = bytearray(header_bytes(
+        {0: CHECKPOINT_MAGIC, 1: CHECKPOINT_VERSION, 2: cfg.vocab_size, 3: cfg.padded_vocab_size,
+         4: cfg.max_seq_len, 5: len(cfg.mixers), 6: cfg.n_embd, 7: cfg.n_head, 8: cfg.lin_heads,
+         9: cfg.lin_dk, 10: cfg.lin_dv, 11: CONV_SIZE, 12: len(shapes), 13: 0,
+         14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32},
+        {16: LN_EPS, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS}))
+    pattern = canonical_pattern(cfg.mixers).encode("ascii")
+    header[PATTERN_OFFSET:PATTERN_OFFSET + len(pattern)] = pattern       # rest of the area stays NUL
+    table, offset = [], 0
+    for name, shape in shapes:
+        dims = list(shape) + [0] * (4 - len(shape))
+        table.append(struct.pack(f"<{TABLE_NAME_BYTES}sii4iq", name.encode("ascii"), 0, len(shape), *dims, offset))
+        offset += 4 * math.prod(shape)
+    write_atomically(path, [bytes(header)] + table + [le_bytes(params[name]) for name, _ in shapes])
+
+
+def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
+    """FORMATS.md "Debug state": header, x, y, unpadded logits, loss, gradients (checkpoint order), losses."""
+    B, T = x.shape
+    header = header_bytes(
+        {0: DEBUG_MAGIC, 1: DEBUG_VERSION, 2: B, 3: T, 4: cfg.vocab_size, 5: cfg.padded_vocab_size,
+         6: len(losses), 7: len(grads)},
+        {8: hp.lr, 9: hp.beta1, 10: hp.beta2, 11: hp.eps, 12: hp.weight_decay, 13: hp.grad_clip})
+    chunks = [header, le_bytes(x, torch.int32), le_bytes(y, torch.int32),
+              le_bytes(logits[..., :cfg.vocab_size]), struct.pack("<f", loss)]
+    chunks += [le_bytes(grads[name]) for name, _ in tensor_shapes(cfg)]
+    chunks.append(struct.pack(f"<{len(losses)}f", *losses))
+    write_atomically(path, chunks)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def add_model_args(parser):
+    """The model flags, shared with scripts/bench_cpu.py."""
+    parser.add_argument("--mixer", default="attn:2", help="per-layer mixer pattern name:count,... (attn, gdn, kaczmarz)")
+    parser.add_argument("--depth", type=int, default=2, help="number of layers L")
+    parser.add_argument("--width", type=int, default=64, help="model width C")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (head size C / heads)")
+    parser.add_argument("--lin-heads", type=int, default=2, help="heads H of the recurrent mixers")
+    parser.add_argument("--dk", type=int, default=16, help="key/query head dim of the recurrent mixers")
+    parser.add_argument("--dv", type=int, default=24, help="value head dim of the recurrent mixers")
+    parser.add_argument("--max-seq-len", type=int, default=64, help="rows of wpe (all-attn models)")
+    parser.add_argument("--vocab-size", type=int, default=50257, help="vocabulary size V")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights (and tokens)")
+
+
+def config_from_args(args, parser):
+    """Config from the model flags; parser.error (exit 2 with a message) on inconsistent values."""
+    try:
+        mixers = parse_pattern(args.mixer, args.depth)
+    except ValueError as e:
+        parser.error(str(e))
+    for flag in ("depth", "width", "heads", "lin_heads", "dk", "dv", "max_seq_len", "vocab_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be positive")
+    if len(canonical_pattern(mixers)) >= HEADER_SLOTS * 4 - PATTERN_OFFSET:
+        parser.error(f"mixer pattern '{args.mixer}' does not fit the checkpoint header (511 characters)")
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
+    cfg = Config(vocab_size=args.vocab_size, padded_vocab_size=(args.vocab_size + 127) // 128 * 128,
+                 max_seq_len=args.max_seq_len, mixers=mixers, n_embd=args.width, n_head=args.heads,
+                 lin_heads=args.lin_heads, lin_dk=args.dk, lin_dv=args.dv)
+    if has_wpe(cfg) and args.T > cfg.max_seq_len:
+        parser.error(f"--T {args.T} exceeds --max-seq-len {cfg.max_seq_len} (the all-attn model has wpe)")
+    return cfg
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="train_kla PyTorch reference: writes PREFIX_model.bin and "
+                                                 "PREFIX_debug.bin (FORMATS.md)")
+    add_model_args(parser)
+    parser.add_argument("--B", type=int, default=2, help="batch size")
+    parser.add_argument("--T", type=int, default=64, help="sequence length")
+    parser.add_argument("--steps", type=int, default=10, help="training steps on the same batch")
+    parser.add_argument("--lr", type=float, default=1e-3, help="constant learning rate")
+    parser.add_argument("--beta1", type=float, default=0.9)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--adam-eps", type=float, default=1e-8)
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument("--out", required=True, help="output prefix: writes PREFIX_model.bin and PREFIX_debug.bin")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="compute dtype")
+    args = parser.parse_args()
+    if args.B < 1 or args.T < 1 or args.steps < 1:
+        parser.error("--B, --T and --steps must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    return args, config_from_args(args, parser)
+
+
+def train_on_batch(params, cfg, hp, x, y, steps):
+    """Train `steps` steps on the batch (x, y) in place. Returns the step-0 (logits, grads, grad norm) and the loss
+    of every step, each taken before that step's update."""
+    m = {n: torch.zeros_like(p) for n, p in params.items()}
+    v = {n: torch.zeros_like(p) for n, p in params.items()}
+    losses = []
+    for step in range(steps):
+        logits = forward(params, cfg, x)
+        loss = cross_entropy_loss(logits, y, cfg.vocab_size)
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+        losses.append(loss.item())
+        norm, scale = clip_scale(grads, hp.grad_clip)
+        if step == 0:
+            first = (logits.detach(), grads, norm)
+        adamw_update(params, grads, m, v, step, hp, scale)
+    return first + (losses,)
+
+
+def main():
+    args, cfg = parse_args()
+    hp = Hyper(args.lr, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip)
+
+    # initial weights, then the batch (x = tokens[:, :-1], y = tokens[:, 1:]), all from one CPU generator
+    gen = torch.Generator().manual_seed(args.seed)
+    weights = init_params(cfg, gen)
+    tokens = torch.randint(0, cfg.vocab_size, (args.B, args.T + 1), generator=gen)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    # compute in --dtype from the fp32 weights cast up (copies: `weights` stays the initial checkpoint)
+    params = {n: w.to(args.device, getattr(torch, args.dtype), copy=True).requires_grad_() for n, w in weights.items()}
+    logits, grads, norm, losses = train_on_batch(params, cfg, hp, x.to(args.device), y.to(args.device), args.steps)
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    write_checkpoint(args.out + "_model.bin", cfg, weights)
+    write_debug_state(args.out + "_debug.bin", cfg, hp, x, y, logits, losses[0], grads, losses)
+    nparams = sum(w.numel() for w in weights.values())
+    print(f"{canonical_pattern(cfg.mixers)} L={len(cfg.mixers)} C={cfg.n_embd} params={nparams} "
+          f"B={args.B} T={args.T} seed={args.seed} {args.dtype} on {args.device}")
+    print(f"step 0: loss {losses[0]:.6f}  grad norm {norm:.6f}")
+    print("losses: " + " ".join(f"{l:.6f}" for l in losses))
+    print(f"wrote {args.out}_model.bin and {args.out}_debug.bin")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2303 @@
+/*
+train_kla.c: the CPU trainer of train_kla. fp32, OpenMP, every mixer forward and backward by hand.
+
+The model is GPT-2's trunk with one sequence mixer per layer, chosen by a pattern such as `gdn`, `attn:12`
+or `attn:2,gdn:1,kaczmarz:1`:
+
+    x = wte[tokens] (+ wpe[t] when every layer is attn)
+    for each layer:  x += mixer(LN1(x));  x += MLP(LN2(x))
+    logits = LNf(x) @ wte^T
+
+Mixers: `attn` (GPT-2 causal softmax attention), `gdn` (Gated DeltaNet) and `kaczmarz` (Kaczmarz Linear
+Attention), the last two as defined in spec/gdn_kaczmarz.md section 1. FORMATS.md gives the checkpoint and
+debug-state formats and the exact parameter layout; the code below follows it.
+
+Memory plan, as llm.c: one allocation for the parameters (byte-identical to the checkpoint payload), one for
+their gradients, one for AdamW's m and v, one for the activations saved by the forward pass, and one for
+the backward's scratch. Each layer's forward/backward is a plain function over those arrays.
+
+When compiled with -DTESTING the file provides everything but main(), for test_kla.c.
+*/
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef OMP
+#include <omp.h>
+#endif
+
+#include "utils.h"
+#include "tokenizer.h"
+#include "dataloader.h"
+
+// ----------------------------------------------------------------------------------------------------------
+// model configuration and the mixer pattern
+
+enum { MIXER_ATTN = 0, MIXER_GDN = 1, MIXER_KACZMARZ = 2, NUM_MIXERS = 3 };
+static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz"};
+#define MAX_LAYERS 128
+
+typedef struct {
+    int vocab_size;         // V, 50257 for GPT-2
+    int padded_vocab_size;  // Vp, V rounded up to a multiple of 128
+    int max_seq_len;        // rows of wpe (only present when every layer is attn)
+    int num_layers;         // L
+    int channels;           // C
+    int num_heads;          // attention heads, head size C / num_heads
+    int lin_heads;          // H of gdn/kaczmarz
+    int lin_dk, lin_dv;     // per-head key and value dims of gdn/kaczmarz
+    int conv_size;          // W, the short causal conv of gdn/kaczmarz
+    float ln_eps;           // LayerNorm eps (1e-5)
+    float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
+    float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
+    float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
+    int mixer[MAX_LAYERS];  // MIXER_* per layer
+} Config;
+
+// Parse a pattern `name[:count],...` into per-layer mixer ids; returns the number of layers.
+// `what` names the flag or file the pattern came from, for the error message.
+static int parse_mixer_pattern(const char* pattern, int* mixer, const char* what) {
+    int n = 0;
+    const char* p = pattern;
+    if (*p == '\0') { die("%s: empty mixer pattern", what); }
+    while (*p) {
+        const char* end = p;
+        while (*end && *end != ':' && *end != ',') { end++; }
+        size_t len = (size_t)(end - p);
+        int id = -1;
+        for (int m = 0; m < NUM_MIXERS; m++) {
+            if (strlen(MIXER_NAMES[m]) == len && strncmp(p, MIXER_NAMES[m], len) == 0) { id = m; }
+        }
+        if (id < 0) {
+            if (len == 3 && strncmp(p, "kla", 3) == 0) {
+                die("%s: mixer 'kla' is ambiguous: use 'kaczmarz' (Kaczmarz Linear Attention) or 'kalman' (Kalman Linear Attention)", what);
+            }
+            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz)", what, (int)len, p, pattern);
+        }
+        long count = 1;
+        if (*end == ':') {
+            char* num_end;
+            count = strtol(end + 1, &num_end, 10);
+            if (num_end == end + 1 || (*num_end != ',' && *num_end != '\0') || count < 1) {
+                die("%s: bad layer count after '%.*s' in pattern '%s' (want name:count with count >= 1)", what, (int)len, p, pattern);
+            }
+            end = num_end;
+        }
+        if (n + count > MAX_LAYERS) { die("%s: pattern '%s' has more than %d layers", what, pattern, MAX_LAYERS); }
+        for (long i = 0; i < count; i++) { mixer[n++] = id; }
+        p = end;
+        if (*p == ',') {
+            p++;
+            if (*p == '\0') { die("%s: pattern '%s' ends with a comma", what, pattern); }
+        }
+    }
+    return n;
+}
+
+// The canonical run-length form of the pattern (consecutive equal mixers merged), as stored in checkpoints.
+static void format_mixer_pattern(const Config* c, char* buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int l = 0; l < c->num_layers;) {
+        int run = 1;
+        while (l + run < c->num_layers && c->mixer[l + run] == c->mixer[l]) { run++; }
+        pos += (size_t)snprintf(buf + pos, size - pos, "%s%s:%d", l ? "," : "", MIXER_NAMES[c->mixer[l]], run);
+        l += run;
+    }
+}
+
+// GPT-2 has a learned position embedding; models with any recurrent mixer have none (DESIGN.md).
+static int config_has_wpe(const Config* c) {
+    for (int l = 0; l < c->num_layers; l++) { if (c->mixer[l] != MIXER_ATTN) { return 0; } }
+    return 1;
+}
+
+static int config_has_mixer(const Config* c, int mixer) {
+    for (int l = 0; l < c->num_layers; l++) { if (c->mixer[l] == mixer) { return 1; } }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// OpenMP helpers (the program also builds without OpenMP)
+
+static int max_threads(void) {
+#ifdef OMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+static int thread_id(void) {
+#ifdef OMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the trunk's layers (GPT-2), forward and backward. Backward functions accumulate (+=) into gradients.
+
+// x[b,t,:] = wte[token] (+ wpe[t])
+static void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* e = wte + (size_t)inp[bt] * C;
+        const float* pe = wpe ? wpe + (size_t)(bt % T) * C : NULL;
+        for (int i = 0; i < C; i++) { out[(size_t)bt * C + i] = e[i] + (pe ? pe[i] : 0.0f); }
+    }
+}
+
+static void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+    for (int bt = 0; bt < B * T; bt++) {
+        float* dw = dwte + (size_t)inp[bt] * C;
+        float* dp = dwpe ? dwpe + (size_t)(bt % T) * C : NULL;
+        for (int i = 0; i < C; i++) {
+            dw[i] += dout[(size_t)bt * C + i];
+            if (dp) { dp[i] += dout[(size_t)bt * C + i]; }
+        }
+    }
+}
+
+// LayerNorm over the last dim with biased variance; saves mean and 1/std per row for the backward
+static void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              int N, int C, float eps) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float m = 0.0f, v = 0.0f;
+        for (int i = 0; i < C; i++) { m += x[i]; }
+        m /= C;
+        for (int i = 0; i < C; i++) { float d = x[i] - m; v += d * d; }
+        float s = 1.0f / sqrtf(v / C + eps);
+        float* o = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) { o[i] = (x[i] - m) * s * w[i] + b[i]; }
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// dinp += (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd with dxhat = dout * w
+static void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd, int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        float* dx = dinp + (size_t)n * C;
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float xhat = (x[i] - mean[n]) * rstd[n];
+            float dnorm = w[i] * d[i];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * xhat;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int i = 0; i < C; i++) {
+            float xhat = (x[i] - mean[n]) * rstd[n];
+            float dnorm = w[i] * d[i];
+            dx[i] += (dnorm - dnorm_mean - xhat * dnorm_norm_mean) * rstd[n];
+        }
+    }
+    // the parameter gradients sum over rows: one thread per channel, rows in order (deterministic)
+#pragma omp parallel for
+    for (int i = 0; i < C; i++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float xhat = (inp[(size_t)n * C + i] - mean[n]) * rstd[n];
+            sw += dout[(size_t)n * C + i] * xhat;
+            sb += dout[(size_t)n * C + i];
+        }
+        dw[i] += sw;
+        db[i] += sb;
+    }
+}
+
+// dot product of two contiguous vectors with 8 independent partial sums, which the compiler turns into SIMD
+// without -ffast-math (the summation order is fixed, so results are the same on every run)
+static inline float dot8(const float* a, const float* b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; j++) { acc[j] += a[i + j] * b[i + j]; }
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) { s += a[i] * b[i]; }
+    return s;
+}
+
+// out[bt][o] = bias[o] + inp[bt][:] . weight[o][:]   (inp: BT x C, weight: OC x C as nn.Linear, bias may be NULL)
+static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int BT, int C, int OC) {
+    // tiles of 64 outputs keep a slab of weight rows in cache while all rows of the tile of inputs pass by
+    const int OT = 64, RT = 16;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int r0 = 0; r0 < BT; r0 += RT) {
+        for (int o0 = 0; o0 < OC; o0 += OT) {
+            for (int r = r0; r < r0 + RT && r < BT; r++) {
+                const float* x = inp + (size_t)r * C;
+                float* y = out + (size_t)r * OC;
+                for (int o = o0; o < o0 + OT && o < OC; o++) {
+                    y[o] = (bias ? bias[o] : 0.0f) + dot8(x, weight + (size_t)o * C, C);
+                }
+            }
+        }
+    }
+}
+
+// dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout (dbias may be NULL)
+static void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int BT, int C, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* dx = dinp + (size_t)r * C;
+        const float* dy = dout + (size_t)r * OC;
+        for (int o = 0; o < OC; o++) {
+            float d = dy[o];
+            const float* w = weight + (size_t)o * C;
+            for (int i = 0; i < C; i++) { dx[i] += d * w[i]; }
+        }
+    }
+    // each weight row belongs to one thread; rows of the batch are summed in order (deterministic)
+    const int RT = 64;
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o++) {
+        float* dw = dweight + (size_t)o * C;
+        float db = 0.0f;
+        for (int r0 = 0; r0 < BT; r0 += RT) {
+            for (int r = r0; r < r0 + RT && r < BT; r++) {
+                float d = dout[(size_t)r * OC + o];
+                const float* x = inp + (size_t)r * C;
+                for (int i = 0; i < C; i++) { dw[i] += d * x[i]; }
+                db += d;
+            }
+        }
+        if (dbias) { dbias[o] += db; }
+    }
+}
+
+// GPT-2 causal self-attention on qkv (B, T, 3C) -> out (B, T, C); saves the probabilities att (B, NH, T, T)
+// (only the causal part t2 <= t is written and read).
+static void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                    a[t2] = dot8(q, k, hs) * scale;
+                    if (a[t2] > maxv) { maxv = a[t2]; }
+                }
+                float sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) { a[t2] = expf(a[t2] - maxv); sum += a[t2]; }
+                float inv = 1.0f / sum;
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    a[t2] *= inv;
+                    const float* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++) { o[i] += a[t2] * v[i]; }
+                }
+            }
+        }
+    }
+}
+
+// Backward of attention_forward: dqkv += ... . One (b, h) per task, so the k/v gradients of all query rows
+// of that head are accumulated by one thread in a fixed order. scratch: T floats per thread.
+static void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, float* scratch,
+                               int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float* datt = scratch + (size_t)thread_id() * T;
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float* dy = dout + ((size_t)b * T + t) * C + h * hs;
+                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                // datt = dy . v ;  dpre = att * (datt - sum(att * datt))  (softmax backward)
+                float s = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
+                    datt[t2] = dot8(dy, v, hs);
+                    s += a[t2] * datt[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                    float* dk = dqkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                    float* dv = dqkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
+                    float dpre = a[t2] * (datt[t2] - s) * scale;
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                        dv[i] += a[t2] * dy[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define GELU_SCALING_FACTOR 0.7978845608028654f  // sqrt(2 / pi)
+static void gelu_forward(float* out, const float* inp, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+#pragma omp parallel for
+    for (size_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += grad * dout[i];
+    }
+}
+
+static void residual_forward(float* out, const float* a, const float* b, size_t N) {
+    for (size_t i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
+}
+
+// probs = softmax over the first V of Vp logits (padding probabilities set to 0);
+// losses[bt] = -log probs[target] when targets is not NULL
+static void softmax_crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets,
+                                         int BT, int V, int Vp) {
+#pragma omp parallel for
+    for (int bt = 0; bt < BT; bt++) {
+        const float* z = logits + (size_t)bt * Vp;
+        float* p = probs + (size_t)bt * Vp;
+        float maxv = -INFINITY;
+        for (int i = 0; i < V; i++) { if (z[i] > maxv) { maxv = z[i]; } }
+        double sum = 0.0;
+        for (int i = 0; i < V; i++) { p[i] = expf(z[i] - maxv); sum += p[i]; }
+        float inv = (float)(1.0 / sum);
+        for (int i = 0; i < V; i++) { p[i] *= inv; }
+        for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
+        if (targets) { losses[bt] = -logf(p[targets[bt]]); }
+    }
+}
+
+// dlogits = (probs - onehot(target)) * dloss, written over the first V columns, padding 0
+static void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss,
+                                          int BT, int V, int Vp) {
+#pragma omp parallel for
+    for (int bt = 0; bt < BT; bt++) {
+        const float* p = probs + (size_t)bt * Vp;
+        float* d = dlogits + (size_t)bt * Vp;
+        for (int i = 0; i < V; i++) { d[i] = p[i] * dloss; }
+        for (int i = V; i < Vp; i++) { d[i] = 0.0f; }
+        d[targets[bt]] -= dloss;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the gdn / kaczmarz mixer (spec/gdn_kaczmarz.md)
+
+// ----------------------------------------------------------------------------
+// gdn / kaczmarz mixer (Gated DeltaNet and Kaczmarz Linear Attention), fp32, OpenMP.
+// Math: spec/gdn_kaczmarz.md ("spec"). Parameter layout: FORMATS.md.
+// Both mixers share all code; kaczmarz differs only in the key normalisation and beta (spec 2.2).
+// Layouts (row-major, last index fastest), with P = 2*H*dk + 2*H*dv + 2*H and D = 2*H*dk + H*dv:
+//   proj [B,T,P]  in_proj output, blocks q | k | v | z | a | b (the first D channels go through the conv)
+//   qkv  [B,T,D]  conv + SiLU output, blocks q | k | v, q l2-normalised, k l2-normalised (gdn) or raw (kaczmarz)
+//   beta, g [B,T,H]; o, y [B,T,H*dv]; recurrent state S [dk, dv] per head ("K-first", spec 0)
+
+typedef struct {
+    int C, H, dk, dv, W;   // model width, heads, key/query head dim, value head dim, conv taps
+    int kaczmarz;          // 0: gdn (k l2-normalised, beta = eta), 1: kaczmarz (k raw, beta = eta/(||k||^2+eps))
+    float l2norm_eps, onorm_eps, kaczmarz_eps;
+    int chunk;             // BT of the chunkwise forward (spec 3)
+} GDNConfig;
+
+// the layer's tensors in FORMATS.md order; the same struct holds their gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W)
+    float* b_bias;      // (H)
+    float* A_log;       // (H)
+    float* dt_bias;     // (H)
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} GDNParams;
+
+// everything the backward needs, written by gdn_forward
+typedef struct {
+    float* proj;   // [B,T,P] in_proj output (pre-conv q|k|v, z, a, b)
+    float* qkv;    // [B,T,D] inputs of the core: q, k, v after conv, SiLU and normalisation
+    float* qn;     // [B,T,H] sqrt(||q||^2 + l2norm_eps) of the un-normalised q
+    float* kn;     // [B,T,H] gdn: sqrt(||k||^2 + l2norm_eps); kaczmarz: ||k||^2 + kaczmarz_eps
+    float* beta;   // [B,T,H] write coefficient
+    float* g;      // [B,T,H] log decay
+    float* h;      // [B,H,NT,dk,dv] chunk-start states h_n (spec 3.3)
+    float* o;      // [B,T,H*dv] core output
+    float* rstd;   // [B,T,H] gated RMSNorm 1/rms
+    float* y;      // [B,T,H*dv] gated RMSNorm output = out_proj input
+    float* work;   // forward-only workspace of the chunk kernel, nthr blocks of gdn_core_work_floats
+    int nthr;      // threads the workspaces were sized for (omp_get_max_threads() at gdn_acts_point)
+} GDNActs;
+
+// decode state of one sequence (spec 4)
+typedef struct {
+    float* conv;   // [W-1, D] the last W-1 pre-conv inputs, oldest first (zeros at start)
+    float* S;      // [H, dk, dv] recurrent state
+} GDNState;
+
+static inline int gdn_D(const GDNConfig* c) { return 2 * c->H * c->dk + c->H * c->dv; }
+static inline int gdn_P(const GDNConfig* c) { return 2 * c->H * c->dk + 2 * c->H * c->dv + 2 * c->H; }
+static inline int gdn_NT(int T, int BT) { return (T + BT - 1) / BT; }
+
+static inline float gdn_sigmoidf(float u) { return 1.0f / (1.0f + expf(-u)); }
+
+// 16 partial sums in a fixed order: vectorises without -ffast-math, same result for any thread count
+static inline float gdn_dot(const float* a, const float* b, int n) {
+    float acc[16] = {0.0f};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 16; l++) { acc[l] += a[i + l] * b[i + l]; }
+    }
+    for (; i < n; i++) { acc[0] += a[i] * b[i]; }
+    for (int l = 0; l < 8; l++) { acc[l] += acc[l + 8]; }
+    for (int l = 0; l < 4; l++) { acc[l] += acc[l + 4]; }
+    for (int l = 0; l < 2; l++) { acc[l] += acc[l + 2]; }
+    return acc[0] + acc[1];
+}
+
+// y += alpha * x
+static inline void gdn_axpy(float* y, float alpha, const float* x, int n) {
+    for (int i = 0; i < n; i++) { y[i] += alpha * x[i]; }
+}
+
+// y[0:n] += alpha * sum_{k<K} c[k] X[k][0:n] (rows of X ldx apart), the vector-matrix product behind every
+// "row accumulates many scaled rows" step. Slices of y are summed in registers over the whole k loop
+// instead of being re-loaded and re-stored by K axpys (which is store-forwarding latency bound).
+static inline void gdn_vecmat(float* y, float alpha, const float* c, const float* X, size_t ldx, int K, int n) {
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+        float acc[32] = {0.0f};
+        for (int k = 0; k < K; k++) {
+            const float ck = c[k];
+            const float* x = X + k * ldx + j;
+            for (int l = 0; l < 32; l++) { acc[l] += ck * x[l]; }
+        }
+        for (int l = 0; l < 32; l++) { y[j + l] += alpha * acc[l]; }
+    }
+    for (; j + 8 <= n; j += 8) {
+        float acc[8] = {0.0f};
+        for (int k = 0; k < K; k++) {
+            const float ck = c[k];
+            const float* x = X + k * ldx + j;
+            for (int l = 0; l < 8; l++) { acc[l] += ck * x[l]; }
+        }
+        for (int l = 0; l < 8; l++) { y[j + l] += alpha * acc[l]; }
+    }
+    for (; j < n; j++) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) { acc += c[k] * X[k * ldx + j]; }
+        y[j] += alpha * acc;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// mixer core: inputs qkv [B,T,D], beta [B,T,H], g [B,T,H]; output o [B,T,H*dv]; scale = dk^-1/2
+
+// spec 2.1, one token of one head: Sbar = alpha S_prev; r = v - Sbar^T k; S = Sbar + k (beta r)^T.
+// S may alias S_prev (rows are read before they are written). r [dv] receives the residual.
+static void gdn_delta_step(float* S, const float* S_prev, const float* k, const float* v,
+                           float beta, float alpha, float* r, int dk, int dv) {
+    for (int j = 0; j < dv; j++) { r[j] = v[j]; }
+    gdn_vecmat(r, -alpha, k, S_prev, dv, dk, dv);
+    for (int i = 0; i < dk; i++) {
+        const float* sp = S_prev + (size_t)i * dv;
+        float* s = S + (size_t)i * dv;
+        float bk = beta * k[i];
+        for (int j = 0; j < dv; j++) { s[j] = alpha * sp[j] + bk * r[j]; }
+    }
+}
+
+// spec 2.1: token-by-token recurrence. S [B,H,dk,dv]: initial state in, final state out.
+static void gdn_core_recurrent(float* o, float* S, const float* qkv, const float* beta, const float* g,
+                               int B, int T, int H, int dk, int dv) {
+    const int D = 2 * H * dk + H * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Sb = S + (size_t)bh * dk * dv;
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t;
+            const float* q = qkv + r * D + hh * dk;
+            const float* k = qkv + r * D + H * dk + hh * dk;
+            const float* v = qkv + r * D + 2 * H * dk + hh * dv;
+            float* ot = o + (r * H + hh) * dv;
+            // the o row holds the residual r_t until o_t is written
+            gdn_delta_step(Sb, Sb, k, v, beta[r * H + hh], expf(g[r * H + hh]), ot, dk, dv);
+            // o_t = S_t^T (scale q_t), read after write
+            for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
+            gdn_vecmat(ot, scale, q, Sb, dv, dk, dv);
+        }
+    }
+}
+
+// per-thread workspace of gdn_core_chunk_forward: M, A [BT,BT], K^T [dk,BT], W [BT,dk], U/Vn [BT,dv]
+static size_t gdn_core_work_floats(int BT, int dk, int dv) {
+    return 2 * (size_t)BT * BT + 2 * (size_t)BT * dk + (size_t)BT * dv;
+}
+
+// spec 3.1-3.3: chunkwise forward, chunks of BT tokens; the last chunk may be shorter (L = T - n*BT tokens):
+// every formula below holds with BT replaced by L, so no padding is needed.
+// h [B,H,NT,dk,dv] receives the chunk-start states (h_0 = initial state).
+// S [B,H,dk,dv]: initial state in, final state out; NULL means zero initial state, final state not returned.
+// work: nthr * gdn_core_work_floats(BT, dk, dv) floats.
+static void gdn_core_chunk_forward(float* o, float* h, float* S, const float* qkv, const float* beta, const float* g,
+                                   int B, int T, int H, int dk, int dv, int BT, float* work, int nthr) {
+    const int D = 2 * H * dk + H * dv;
+    const int NT = gdn_NT(T, BT);
+    const size_t dkdv = (size_t)dk * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    (void)nthr;   // read only by the OpenMP pragma
+    #pragma omp parallel for num_threads(nthr) schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* M = work + (size_t)thread_id() * gdn_core_work_floats(BT, dk, dv); // [BT,BT] decays
+        float* A = M + (size_t)BT * BT;         // [BT,BT]: A, then P
+        float* Kt = A + (size_t)BT * BT;        // [dk,BT]: the chunk's keys, transposed
+        float* Wm = Kt + (size_t)BT * dk;       // [BT,dk]
+        float* Vn = Wm + (size_t)BT * dk;       // [BT,dv]: U, then Vn = U - W h_n in place
+        float* hb = h + (size_t)bh * NT * dkdv;
+        float* Sb = S ? S + (size_t)bh * dkdv : NULL;
+        // cumulative log decay of a chunk, in double: with large decays |G_i| reaches 100s within a chunk,
+        // and an fp32 G_i - G_j would carry an absolute error ~|G| 6e-8, i.e. ~1e-5 relative on exp(G_i - G_j)
+        double G[BT];
+        if (NT > 0) {
+            if (Sb) { memcpy(hb, Sb, dkdv * sizeof(float)); } else { memset(hb, 0, dkdv * sizeof(float)); }
+        }
+        for (int n = 0; n < NT; n++) {
+            const int t0 = n * BT;
+            const int L = T - t0 < BT ? T - t0 : BT;
+            const float* S0 = hb + n * dkdv;                     // state entering the chunk
+            float* S1 = n + 1 < NT ? hb + (n + 1) * dkdv : Sb;  // state leaving it (NULL: not needed)
+            const size_t r0 = (size_t)b * T + t0;                // row of the chunk's first token
+            const float* Qc = qkv + r0 * D + hh * dk;           // token i of the chunk: Qc + i*D, ...
+            const float* Kc = Qc + H * dk;
+            const float* Vc = qkv + r0 * D + 2 * H * dk + hh * dv;
+            // G_i = sum_{m<=i} g_m, reset at every chunk start (spec 3.1)
+            double acc = 0.0;
+            for (int i = 0; i < L; i++) { acc += g[(r0 + i) * H + hh]; G[i] = acc; }
+            // M_ij = exp(G_i - G_j) for i >= j only, never i < j (spec 5); K^T for the state update
+            for (int i = 0; i < L; i++) {
+                for (int j = 0; j <= i; j++) { M[i * BT + j] = expf((float)(G[i] - G[j])); }
+                for (int d = 0; d < dk; d++) { Kt[d * BT + i] = Kc[(size_t)i * D + d]; }
+            }
+            // A_ij = beta_i (k_i.k_j) M_ij for i > j
+            for (int i = 0; i < L; i++) {
+                const float bi = beta[(r0 + i) * H + hh];
+                for (int j = 0; j < i; j++) {
+                    A[i * BT + j] = bi * gdn_dot(Kc + (size_t)i * D, Kc + (size_t)j * D, dk) * M[i * BT + j];
+                }
+            }
+            // UT transform (spec 3.1/3.2): W = Tm diag(beta gam) K and U = Tm diag(beta) V with Tm = (I + A)^-1,
+            // by forward substitution on (I + A) W = diag(beta gam) K and (I + A) U = diag(beta) V, row by row
+            for (int i = 0; i < L; i++) {
+                const float bi = beta[(r0 + i) * H + hh];
+                const float bgi = bi * expf((float)G[i]);
+                float* wi = Wm + (size_t)i * dk;
+                float* ui = Vn + (size_t)i * dv;
+                const float* ki = Kc + (size_t)i * D;
+                const float* vi = Vc + (size_t)i * D;
+                for (int d = 0; d < dk; d++) { wi[d] = bgi * ki[d]; }
+                for (int d = 0; d < dv; d++) { ui[d] = bi * vi[d]; }
+                gdn_vecmat(wi, -1.0f, A + (size_t)i * BT, Wm, dk, i, dk);
+                gdn_vecmat(ui, -1.0f, A + (size_t)i * BT, Vn, dv, i, dv);
+            }
+            // Vn = U - W h_n: row i is exactly the write vector u_i of the recurrence (spec 3.1)
+            for (int i = 0; i < L; i++) { gdn_vecmat(Vn + (size_t)i * dv, -1.0f, Wm + (size_t)i * dk, S0, dv, dk, dv); }
+            // O = scale (diag(gam) Q h_n + P Vn) with P = Q K^T (.) M, M_ij = exp(G_i - G_j) for j <= i (spec 3.1);
+            // P overwrites A, which the UT transform no longer needs
+            for (int i = 0; i < L; i++) {
+                float* oi = o + ((r0 + i) * H + hh) * dv;
+                const float* qi = Qc + (size_t)i * D;
+                float* Pi = A + (size_t)i * BT;
+                for (int j = 0; j <= i; j++) { Pi[j] = gdn_dot(qi, Kc + (size_t)j * D, dk) * M[i * BT + j]; }
+                for (int d = 0; d < dv; d++) { oi[d] = 0.0f; }
+                gdn_vecmat(oi, scale * expf((float)G[i]), qi, S0, dv, dk, dv);
+                gdn_vecmat(oi, scale, Pi, Vn, dv, i + 1, dv);
+            }
+            // S_end = gam_L h_n + K^T diag(exp(G_L - G)) Vn (spec 3.1, state kernel of 3.3); Vn is scaled in place
+            if (S1) {
+                const float gL = expf((float)G[L - 1]);
+                for (size_t e = 0; e < dkdv; e++) { S1[e] = gL * S0[e]; }
+                for (int i = 0; i < L; i++) {
+                    const float ei = expf((float)(G[L - 1] - G[i]));
+                    for (int d = 0; d < dv; d++) { Vn[(size_t)i * dv + d] *= ei; }
+                }
+                for (int d = 0; d < dk; d++) { gdn_vecmat(S1 + d * dv, 1.0f, Kt + (size_t)d * BT, Vn, dv, L, dv); }
+            }
+        }
+    }
+}
+
+// per-thread scratch of gdn_core_backward: the L+1 <= BT+1 states of a segment, the running dL/dS,
+// the residuals r [BT,dv] and du [dv]
+static size_t gdn_core_bwd_floats(int BT, int dk, int dv) {
+    return (size_t)(BT + 2) * dk * dv + (size_t)BT * dv + dv;
+}
+
+// spec 2.4: exact reverse-time backward of the recurrence, per (b, head), segment by segment from the last
+// chunk to the first; each segment's states are recomputed from its saved chunk-start state h_n.
+// dO [B,T,H*dv] = dL/do; dST [B,H,dk,dv] = dL/dS_T (NULL: 0). Outputs (overwritten): dqkv [B,T,D] (gradients
+// w.r.t. the core's q, k, v), dbeta, dg [B,T,H], dS0 [B,H,dk,dv] (NULL: not returned).
+// scratch: nthr * gdn_core_bwd_floats(BT, dk, dv) floats.
+static void gdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dS0, const float* dO, const float* dST,
+                              const float* h, const float* qkv, const float* beta, const float* g,
+                              int B, int T, int H, int dk, int dv, int BT, float* scratch, int nthr) {
+    const int D = 2 * H * dk + H * dv;
+    const int NT = gdn_NT(T, BT);
+    const size_t dkdv = (size_t)dk * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    (void)nthr;   // read only by the OpenMP pragma
+    #pragma omp parallel for num_threads(nthr) schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Sbuf = scratch + (size_t)thread_id() * gdn_core_bwd_floats(BT, dk, dv); // [BT+1,dk,dv]
+        float* Dm = Sbuf + (size_t)(BT + 1) * dkdv;   // D = dL/dS_t [dk,dv]
+        float* rbuf = Dm + dkdv;                      // [BT,dv] residuals r_t of the segment
+        float* du = rbuf + (size_t)BT * dv;           // [dv]
+        if (dST) { memcpy(Dm, dST + bh * dkdv, dkdv * sizeof(float)); } else { memset(Dm, 0, dkdv * sizeof(float)); }
+        for (int n = NT - 1; n >= 0; n--) {
+            const int t0 = n * BT;
+            const int L = T - t0 < BT ? T - t0 : BT;
+            const size_t r0 = (size_t)b * T + t0;
+            // recompute S_{t0-1+i} (Sbuf row i, i = 0..L) and r_t from h_n (spec 2.4 storage/recompute)
+            memcpy(Sbuf, h + ((size_t)bh * NT + n) * dkdv, dkdv * sizeof(float));
+            for (int i = 0; i < L; i++) {
+                const size_t r = r0 + i;
+                gdn_delta_step(Sbuf + (i + 1) * dkdv, Sbuf + i * dkdv, qkv + r * D + H * dk + hh * dk,
+                               qkv + r * D + 2 * H * dk + hh * dv, beta[r * H + hh], expf(g[r * H + hh]),
+                               rbuf + (size_t)i * dv, dk, dv);
+            }
+            // reverse loop over the segment; Dm enters as dL/dS_t and leaves as dL/dS_{t-1}
+            for (int i = L - 1; i >= 0; i--) {
+                const size_t r = r0 + i;
+                const float* q = qkv + r * D + hh * dk;
+                const float* k = qkv + r * D + H * dk + hh * dk;
+                const float* St = Sbuf + (i + 1) * dkdv;   // S_t
+                const float* Sp = Sbuf + i * dkdv;         // S_{t-1}; Sbar_t = alpha_t S_{t-1}
+                const float* rt = rbuf + (size_t)i * dv;
+                const float* dOt = dO + (r * H + hh) * dv;
+                float* dq = dqkv + r * D + hh * dk;
+                float* dk_ = dqkv + r * D + H * dk + hh * dk;
+                float* dr = dqkv + r * D + 2 * H * dk + hh * dv;  // dv_t = dr_t
+                const float bt = beta[r * H + hh];
+                const float alpha = expf(g[r * H + hh]);
+                // D += (scale q) dO^T; dq = scale S_t dO; du = D^T k; dk = D u  (u = beta r)
+                for (int j = 0; j < dv; j++) { du[j] = 0.0f; }
+                for (int d = 0; d < dk; d++) {
+                    float* Dd = Dm + d * dv;
+                    gdn_axpy(Dd, scale * q[d], dOt, dv);
+                    dq[d] = scale * gdn_dot(St + d * dv, dOt, dv);
+                    gdn_axpy(du, k[d], Dd, dv);
+                    dk_[d] = bt * gdn_dot(Dd, rt, dv);
+                }
+                // dbeta = du.r; dr = beta du; dv = dr
+                dbeta[r * H + hh] = gdn_dot(du, rt, dv);
+                for (int j = 0; j < dv; j++) { dr[j] = bt * du[j]; }
+                // from r = v - Sbar^T k: dk -= Sbar dr; DSbar = D - k dr^T; dg = <DSbar, Sbar>_F; D <- alpha DSbar
+                float dgs = 0.0f;
+                for (int d = 0; d < dk; d++) {
+                    float* Dd = Dm + d * dv;
+                    dk_[d] -= alpha * gdn_dot(Sp + d * dv, dr, dv);
+                    gdn_axpy(Dd, -k[d], dr, dv);
+                    dgs += gdn_dot(Dd, Sp + d * dv, dv);
+                    for (int j = 0; j < dv; j++) { Dd[j] *= alpha; }
+                }
+                dg[r * H + hh] = alpha * dgs;
+            }
+        }
+        if (dS0) { memcpy(dS0 + bh * dkdv, Dm, dkdv * sizeof(float)); }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// per-token pieces of the layer, shared by the forward, the backward and decode
+
+// spec 1.2 step 2: causal depthwise conv pre-activation of the first D projection channels at time t of a
+// sequence; proj_row points at the token's projection row, earlier tokens are P floats apart, taps that
+// reach before the sequence start read zeros. Tap W-1 multiplies the current token.
+static void gdn_conv_row(float* yc, const float* proj_row, int t, const float* conv_w, int D, int P, int W) {
+    for (int ch = 0; ch < D; ch++) { yc[ch] = 0.0f; }
+    for (int j = 0; j < W; j++) {
+        const int back = W - 1 - j;
+        if (back > t) { continue; }
+        const float* src = proj_row - (ptrdiff_t)back * P;
+        for (int ch = 0; ch < D; ch++) { yc[ch] += conv_w[ch * W + j] * src[ch]; }
+    }
+}
+
+// spec 1.2 steps 4-6 for one token, on the SiLU output qkv_row (modified in place): q <- l2n(q);
+// gdn: k <- l2n(k), beta = eta; kaczmarz: k raw, beta = eta / (||k||^2 + eps); eta = sigmoid(b + b_bias);
+// g = -exp(A_log) softplus(a + dt_bias). Writes qn, kn, beta, g [H] (see GDNActs).
+static void gdn_token_features(float* qkv_row, float* qn, float* kn, float* beta, float* g,
+                               const float* proj_row, const GDNParams* p, const GDNConfig* c) {
+    const int H = c->H, dk = c->dk, D = gdn_D(c);
+    const float* a_pre = proj_row + D + H * c->dv;   // a block
+    const float* b_pre = a_pre + H;                  // b block
+    for (int hh = 0; hh < H; hh++) {
+        float* q = qkv_row + hh * dk;
+        float* k = qkv_row + H * dk + hh * dk;
+        qn[hh] = sqrtf(gdn_dot(q, q, dk) + c->l2norm_eps);
+        const float qs = 1.0f / qn[hh];
+        for (int d = 0; d < dk; d++) { q[d] *= qs; }
+        const float eta = gdn_sigmoidf(b_pre[hh] + p->b_bias[hh]);
+        const float kk = gdn_dot(k, k, dk);
+        if (c->kaczmarz) {
+            kn[hh] = kk + c->kaczmarz_eps;
+            beta[hh] = eta / kn[hh];
+        } else {
+            kn[hh] = sqrtf(kk + c->l2norm_eps);
+            const float ks = 1.0f / kn[hh];
+            for (int d = 0; d < dk; d++) { k[d] *= ks; }
+            beta[hh] = eta;
+        }
+        const float u = a_pre[hh] + p->dt_bias[hh];
+        g[hh] = -expf(p->A_log[hh]) * (u > 20.0f ? u : log1pf(expf(u)));
+    }
+}
+
+// spec 1.2 step 8 for one token: y = o * rstd * onorm_w * SiLU(z) per head, rstd = 1/sqrt(mean(o^2) + eps)
+static void gdn_gated_norm_row(float* y, float* rstd, const float* o, const float* z, const float* w,
+                               int H, int dv, float eps) {
+    for (int hh = 0; hh < H; hh++) {
+        const float* oh = o + hh * dv;
+        const float rs = 1.0f / sqrtf(gdn_dot(oh, oh, dv) / dv + eps);
+        rstd[hh] = rs;
+        for (int i = 0; i < dv; i++) {
+            const float zi = z[hh * dv + i];
+            y[hh * dv + i] = oh[i] * rs * w[i] * zi * gdn_sigmoidf(zi);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layer forward / backward
+
+static size_t gdn_acts_floats(int B, int T, const GDNConfig* c) {
+    const size_t BT = (size_t)B * T;
+    const size_t HV = (size_t)c->H * c->dv;
+    return BT * gdn_P(c) + BT * gdn_D(c) + 5 * BT * c->H
+         + (size_t)B * c->H * gdn_NT(T, c->chunk) * c->dk * c->dv + 2 * BT * HV
+         + (size_t)max_threads() * gdn_core_work_floats(c->chunk, c->dk, c->dv);
+}
+
+static void gdn_acts_point(GDNActs* a, float* base, int B, int T, const GDNConfig* c) {
+    const size_t BT = (size_t)B * T;
+    const size_t HV = (size_t)c->H * c->dv;
+    a->proj = base;                    base += BT * gdn_P(c);
+    a->qkv = base;                     base += BT * gdn_D(c);
+    a->qn = base;                      base += BT * c->H;
+    a->kn = base;                      base += BT * c->H;
+    a->beta = base;                    base += BT * c->H;
+    a->g = base;                       base += BT * c->H;
+    a->rstd = base;                    base += BT * c->H;
+    a->h = base;                       base += (size_t)B * c->H * gdn_NT(T, c->chunk) * c->dk * c->dv;
+    a->o = base;                       base += BT * HV;
+    a->y = base;                       base += BT * HV;
+    a->work = base;
+    a->nthr = max_threads();
+}
+
+// scratch of gdn_backward: dy/do [BT,H*dv], dqkv [BT,D], dbeta [BT,H], dg [BT,H], dproj [BT,P], core scratch.
+// Sized for omp_get_max_threads() at the time of the call (as GDNActs): do not raise the thread count later.
+static size_t gdn_scratch_floats(int B, int T, const GDNConfig* c) {
+    const size_t BT = (size_t)B * T;
+    return BT * ((size_t)c->H * c->dv + gdn_D(c) + 2 * c->H + gdn_P(c))
+         + (size_t)max_threads() * gdn_core_bwd_floats(c->chunk, c->dk, c->dv);
+}
+
+// spec 1.2. x [B,T,C] (the LayerNorm-ed mixer input); out [B,T,C] overwritten.
+static void gdn_forward(float* out, GDNActs* a, const GDNParams* p, const float* x, int B, int T, const GDNConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dv = c->dv, D = gdn_D(c), P = gdn_P(c);
+    // step 1: fused projection, blocks q | k | v | z | a | b
+    matmul_forward(a->proj, x, p->in_proj_w, NULL, BT, C, P);
+    // steps 2-6: conv + SiLU, l2n, beta, g
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* row = a->qkv + (size_t)r * D;
+        const float* prow = a->proj + (size_t)r * P;
+        gdn_conv_row(row, prow, r % T, p->conv_w, D, P, c->W);
+        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        gdn_token_features(row, a->qn + (size_t)r * H, a->kn + (size_t)r * H, a->beta + (size_t)r * H,
+                           a->g + (size_t)r * H, prow, p, c);
+    }
+    // step 7: the recurrence, chunkwise (spec 3), S_0 = 0
+    gdn_core_chunk_forward(a->o, a->h, NULL, a->qkv, a->beta, a->g, B, T, H, c->dk, dv, c->chunk, a->work, a->nthr);
+    // step 8: gated RMSNorm, output projection
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        gdn_gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
+                           a->proj + (size_t)r * P + D, p->onorm_w, H, dv, c->onorm_eps);
+    }
+    matmul_forward(out, a->y, p->out_proj_w, NULL, BT, H * dv, C);
+}
+
+// spec 1.6. dout [B,T,C]; dx += dL/dx; grads += dL/dparams. Parameter-gradient sums run in a fixed order,
+// so the result does not depend on the thread count.
+static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const GDNActs* a, const GDNParams* p,
+                         const float* x, float* scratch, int B, int T, const GDNConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
+    const int HV = H * dv, D = gdn_D(c), P = gdn_P(c);
+    float* dyo = scratch;                          // dL/dy, then dL/do in place
+    float* dqkv = dyo + (size_t)BT * HV;           // dL/d(core q,k,v), then dL/d(conv pre-activation)
+    float* dbeta = dqkv + (size_t)BT * D;
+    float* dg = dbeta + (size_t)BT * H;
+    float* dproj = dg + (size_t)BT * H;            // dL/dproj
+    float* core_scratch = dproj + (size_t)BT * P;
+
+    // out = y W_o^T
+    memset(dyo, 0, (size_t)BT * HV * sizeof(float));
+    matmul_backward(dyo, grads->out_proj_w, NULL, dout, a->y, p->out_proj_w, BT, HV, C);
+
+    // gated RMSNorm (spec 1.6), xh = o rstd, s = SiLU(z): dz = dy xh w SiLU'(z), dxh = dy w s,
+    // do = rstd (dxh - xh mean(dxh xh)); the onorm_w terms dy xh s go to dqkv (free until the core backward)
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t off = (size_t)r * HV + hh * dv;
+            float* dy = dyo + off;
+            float* tw = dqkv + off;
+            const float* o = a->o + off;
+            const float* z = a->proj + (size_t)r * P + D + hh * dv;
+            float* dz = dproj + (size_t)r * P + D + hh * dv;
+            const float rs = a->rstd[(size_t)r * H + hh];
+            float m = 0.0f;
+            for (int i = 0; i < dv; i++) {
+                const float xh = o[i] * rs;
+                const float sz = gdn_sigmoidf(z[i]);
+                const float s = z[i] * sz;
+                tw[i] = dy[i] * xh * s;
+                dz[i] = dy[i] * xh * p->onorm_w[i] * sz * (1.0f + z[i] * (1.0f - sz));
+                const float dxh = dy[i] * p->onorm_w[i] * s;
+                dy[i] = dxh;
+                m += dxh * xh;
+            }
+            m /= dv;
+            for (int i = 0; i < dv; i++) { dy[i] = rs * (dy[i] - o[i] * rs * m); }
+        }
+    }
+    for (size_t e = 0; e < (size_t)BT * H; e++) {
+        for (int i = 0; i < dv; i++) { grads->onorm_w[i] += dqkv[e * dv + i]; }
+    }
+
+    // the recurrence (spec 2.4), dS_T = 0
+    gdn_core_backward(dqkv, dbeta, dg, NULL, dyo, NULL, a->h, a->qkv, a->beta, a->g,
+                      B, T, H, dk, dv, c->chunk, core_scratch, a->nthr);
+
+    // per token: l2n, kaczmarz beta chain, sigmoid, gate (spec 1.6); then SiLU'(conv pre-activation),
+    // recomputed into dproj[r, 0:D) which the conv backward below overwrites
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const float* prow = a->proj + (size_t)r * P;
+        const float* row = a->qkv + (size_t)r * D;
+        float* drow = dqkv + (size_t)r * D;
+        float* dprow = dproj + (size_t)r * P;
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = (size_t)r * H + hh;
+            // l2n backward: du = (duh - uh (uh . duh)) / n
+            const float* qh = row + hh * dk;
+            float* dq = drow + hh * dk;
+            const float cq = gdn_dot(qh, dq, dk);
+            for (int d = 0; d < dk; d++) { dq[d] = (dq[d] - qh[d] * cq) / a->qn[e]; }
+            const float* kh = row + H * dk + hh * dk;
+            float* dkk = drow + H * dk + hh * dk;
+            float deta;
+            if (c->kaczmarz) {
+                // beta = eta / s2, s2 = ||k||^2 + eps: dk += -2 dbeta beta / s2 k, deta = dbeta / s2
+                const float s2 = a->kn[e];
+                const float ck = -2.0f * dbeta[e] * a->beta[e] / s2;
+                for (int d = 0; d < dk; d++) { dkk[d] += ck * kh[d]; }
+                deta = dbeta[e] / s2;
+            } else {
+                const float ck = gdn_dot(kh, dkk, dk);
+                for (int d = 0; d < dk; d++) { dkk[d] = (dkk[d] - kh[d] * ck) / a->kn[e]; }
+                deta = dbeta[e];
+            }
+            // eta = sigmoid(b + b_bias)
+            const float eta = gdn_sigmoidf(prow[D + HV + H + hh] + p->b_bias[hh]);
+            dprow[D + HV + H + hh] = deta * eta * (1.0f - eta);
+            // g = -exp(A_log) softplus(a + dt_bias), softplus'(u) = sigmoid(u) (1 above the threshold 20)
+            const float u = prow[D + HV + hh] + p->dt_bias[hh];
+            dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * (u > 20.0f ? 1.0f : gdn_sigmoidf(u));
+        }
+        // SiLU'(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
+        gdn_conv_row(dprow, prow, r % T, p->conv_w, D, P, W);
+        for (int ch = 0; ch < D; ch++) {
+            const float sy = gdn_sigmoidf(dprow[ch]);
+            drow[ch] *= sy * (1.0f + dprow[ch] * (1.0f - sy));
+        }
+    }
+    // gate and beta parameters: dA_log = sum dg g, ddt_bias = sum da, db_bias = sum db
+    for (size_t r = 0; r < (size_t)BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            grads->A_log[hh] += dg[r * H + hh] * a->g[r * H + hh];
+            grads->dt_bias[hh] += dproj[r * P + D + HV + hh];
+            grads->b_bias[hh] += dproj[r * P + D + HV + H + hh];
+        }
+    }
+
+    // conv backward (spec 1.6): d in_s[ch] = sum_j w[ch,j] dy_{s+(W-1)-j}[ch] within the sequence
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const int t = r % T;
+        float* dprow = dproj + (size_t)r * P;
+        for (int ch = 0; ch < D; ch++) { dprow[ch] = 0.0f; }
+        for (int j = 0; j < W; j++) {
+            const int fwd = W - 1 - j;   // this input is tap j of token t + fwd
+            if (t + fwd >= T) { continue; }
+            const float* dyc = dqkv + (size_t)(r + fwd) * D;
+            for (int ch = 0; ch < D; ch++) { dprow[ch] += p->conv_w[ch * W + j] * dyc[ch]; }
+        }
+    }
+    // dw[ch,j] = sum_{b,t} dy_t[ch] in_{t-(W-1)+j}[ch]: blocks of channels in parallel, tokens in order
+    const int CB = 32;
+    #pragma omp parallel for schedule(static)
+    for (int ch0 = 0; ch0 < D; ch0 += CB) {
+        const int ch1 = ch0 + CB < D ? ch0 + CB : D;
+        for (int r = 0; r < BT; r++) {
+            const int t = r % T;
+            const float* dyc = dqkv + (size_t)r * D;
+            for (int j = 0; j < W; j++) {
+                const int back = W - 1 - j;
+                if (back > t) { continue; }
+                const float* in = a->proj + (size_t)(r - back) * P;
+                for (int ch = ch0; ch < ch1; ch++) { grads->conv_w[ch * W + j] += dyc[ch] * in[ch]; }
+            }
+        }
+    }
+
+    // proj = x W_in^T
+    matmul_backward(dx, grads->in_proj_w, NULL, dproj, x, p->in_proj_w, BT, C, P);
+}
+
+// ----------------------------------------------------------------------------
+// decode (spec 4): one token of one sequence with the recurrent state carried in GDNState
+
+static size_t gdn_state_floats(const GDNConfig* c) {
+    return (size_t)(c->W - 1) * gdn_D(c) + (size_t)c->H * c->dk * c->dv;
+}
+
+static void gdn_state_point(GDNState* s, float* base, const GDNConfig* c) {
+    s->conv = base;
+    s->S = base + (size_t)(c->W - 1) * gdn_D(c);
+}
+
+static void gdn_state_reset(GDNState* s, const GDNConfig* c) {
+    memset(s->conv, 0, gdn_state_floats(c) * sizeof(float));   // conv cache and S are contiguous
+}
+
+// scratch of gdn_decode_step: proj [P], qkv [D], qn, kn, beta, g, rstd [H each], o [H*dv], y [H*dv]
+static size_t gdn_decode_scratch_floats(const GDNConfig* c) {
+    return (size_t)gdn_P(c) + gdn_D(c) + 5 * c->H + 2 * c->H * c->dv;
+}
+
+static void gdn_decode_step(float* out, GDNState* s, const GDNParams* p, const float* x, float* scratch, const GDNConfig* c) {
+    const int H = c->H, dv = c->dv, W = c->W, D = gdn_D(c), P = gdn_P(c);
+    float* proj = scratch;
+    float* qkv = proj + P;
+    float* qn = qkv + D;
+    float* kn = qn + H;
+    float* beta = kn + H;
+    float* g = beta + H;
+    float* rstd = g + H;
+    float* o = rstd + H;
+    float* y = o + H * dv;
+    matmul_forward(proj, x, p->in_proj_w, NULL, 1, c->C, P);
+    // causal conv over the cached inputs (cache row j is tap j) and the current token (tap W-1), then SiLU
+    for (int ch = 0; ch < D; ch++) {
+        float acc = p->conv_w[ch * W + W - 1] * proj[ch];
+        for (int j = 0; j < W - 1; j++) { acc += p->conv_w[ch * W + j] * s->conv[(size_t)j * D + ch]; }
+        qkv[ch] = acc * gdn_sigmoidf(acc);
+    }
+    if (W > 1) {
+        memmove(s->conv, s->conv + D, (size_t)(W - 2) * D * sizeof(float));
+        memcpy(s->conv + (size_t)(W - 2) * D, proj, (size_t)D * sizeof(float));
+    }
+    gdn_token_features(qkv, qn, kn, beta, g, proj, p, c);
+    gdn_core_recurrent(o, s->S, qkv, beta, g, 1, 1, H, c->dk, dv);
+    gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
+    matmul_forward(out, y, p->out_proj_w, NULL, 1, H * dv, c->C);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// parameters: a table of named tensors over one allocation (FORMATS.md "Tensor order and names")
+
+typedef struct {
+    float *ln1w, *ln1b;
+    float *qkvw, *qkvb, *attprojw, *attprojb;  // attn
+    GDNParams gdn;                              // gdn, kaczmarz
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} LayerParams;
+
+typedef struct {
+    float* wte;  // (Vp, C)
+    float* wpe;  // (max_seq_len, C) or NULL
+    LayerParams layer[MAX_LAYERS];
+    float *lnfw, *lnfb;
+} ParameterTensors;
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int shape[4];
+    size_t numel;
+    size_t offset;  // in floats from the start of the block
+    int decay;      // AdamW weight decay applies (FORMATS.md "Weight decay")
+    int init;       // how train_kla initialises it: one of the INIT_* below
+    float std;      // for INIT_NORMAL
+} TensorInfo;
+
+enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_DT_BIAS };
+#define MAX_TENSORS (4 + 16 * MAX_LAYERS)
+
+typedef struct {
+    TensorInfo t[MAX_TENSORS];
+    int num_tensors;
+    size_t num_parameters;
+} TensorTable;
+
+static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const char* name, int decay, int init,
+                          float std, int ndim, int d0, int d1) {
+    TensorInfo* t = &tt->t[tt->num_tensors++];
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 0;
+    t->numel = (size_t)d0 * (ndim > 1 ? (size_t)d1 : 1);
+    t->offset = tt->num_parameters;
+    t->decay = decay;
+    t->init = init;
+    t->std = std;
+    tt->num_parameters += t->numel;
+    if (base != NULL) { *ptr_slot = base + t->offset; }
+    return ptr_slot;
+}
+
+// Lay out every tensor of the model in FORMATS.md order. Fills the table and, when base is not NULL, points
+// the ParameterTensors at base (used for the parameters and, with the same layout, for their gradients).
+static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTensors* p, float* base) {
+    int C = c->channels, L = c->num_layers;
+    float std = 0.02f, std_resid = 0.02f / sqrtf(2.0f * L);  // GPT-2: residual projections scaled by 1/sqrt(2L)
+    char name[96];
+    float* unused;
+    memset(tt, 0, sizeof(*tt));
+    if (p != NULL) { memset(p, 0, sizeof(*p)); }
+#define T2(slot, nm, decay, init, sd, d0, d1) add_tensor(tt, p ? &(slot) : &unused, base, nm, decay, init, sd, 2, d0, d1)
+#define T1(slot, nm, init, d0) add_tensor(tt, p ? &(slot) : &unused, base, nm, 0, init, 0.0f, 1, d0, 0)
+#define LNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s", l, suffix), name)
+#define MNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s.%s", l, MIXER_NAMES[c->mixer[l]], suffix), name)
+    T2(p->wte, "wte", 0, INIT_NORMAL, std, c->padded_vocab_size, C);
+    if (config_has_wpe(c)) { T2(p->wpe, "wpe", 0, INIT_NORMAL, std, c->max_seq_len, C); }
+    for (int l = 0; l < L; l++) {
+        LayerParams* lp = p ? &p->layer[l] : NULL;
+        T1(lp->ln1w, LNAME("ln1.w"), INIT_ONE, C);
+        T1(lp->ln1b, LNAME("ln1.b"), INIT_ZERO, C);
+        if (c->mixer[l] == MIXER_ATTN) {
+            T2(lp->qkvw, LNAME("attn.qkv.w"), 1, INIT_NORMAL, std, 3 * C, C);
+            T1(lp->qkvb, LNAME("attn.qkv.b"), INIT_ZERO, 3 * C);
+            T2(lp->attprojw, LNAME("attn.proj.w"), 1, INIT_NORMAL, std_resid, C, C);
+            T1(lp->attprojb, LNAME("attn.proj.b"), INIT_ZERO, C);
+        } else {
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
+            int P = 2 * H * dk + 2 * H * dv + 2 * H, D = 2 * H * dk + H * dv;
+            T2(lp->gdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->gdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            T1(lp->gdn.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+            T1(lp->gdn.A_log, MNAME("A_log"), INIT_A_LOG, H);
+            T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+            T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        }
+        T1(lp->ln2w, LNAME("ln2.w"), INIT_ONE, C);
+        T1(lp->ln2b, LNAME("ln2.b"), INIT_ZERO, C);
+        T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, 4 * C, C);
+        T1(lp->fcb, LNAME("mlp.fc.b"), INIT_ZERO, 4 * C);
+        T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, 4 * C);
+        T1(lp->fcprojb, LNAME("mlp.proj.b"), INIT_ZERO, C);
+    }
+    T1(p->lnfw, "lnf.w", INIT_ONE, C);
+    T1(p->lnfb, "lnf.b", INIT_ZERO, C);
+#undef T2
+#undef T1
+#undef LNAME
+#undef MNAME
+}
+
+static GDNConfig gdn_config(const Config* c, int layer, int chunk) {
+    GDNConfig g;
+    g.C = c->channels;
+    g.H = c->lin_heads;
+    g.dk = c->lin_dk;
+    g.dv = c->lin_dv;
+    g.W = c->conv_size;
+    g.kaczmarz = c->mixer[layer] == MIXER_KACZMARZ;
+    g.l2norm_eps = c->l2norm_eps;
+    g.onorm_eps = c->onorm_eps;
+    g.kaczmarz_eps = c->kaczmarz_eps;
+    g.chunk = chunk;
+    return g;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// random numbers: splitmix64 (init and sampling); the state is one uint64
+
+static uint64_t rng_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+// uniform in [0, 1) with 24 random bits
+static float rng_uniform(uint64_t* state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
+// standard normal by Box-Muller (one value per call; simple and plenty for initialisation)
+static float rng_normal(uint64_t* state) {
+    double u1 = ((double)(rng_next(state) >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+    double u2 = (double)(rng_next(state) >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+// Initialise every tensor as FORMATS.md "Initialisation" says.
+static void init_parameters(float* params, const Config* c, const TensorTable* tt, uint64_t seed) {
+    uint64_t rng = seed;
+    for (int i = 0; i < tt->num_tensors; i++) {
+        const TensorInfo* t = &tt->t[i];
+        float* w = params + t->offset;
+        for (size_t j = 0; j < t->numel; j++) {
+            switch (t->init) {
+                case INIT_ZERO: w[j] = 0.0f; break;
+                case INIT_ONE: w[j] = 1.0f; break;
+                case INIT_NORMAL: w[j] = t->std * rng_normal(&rng); break;
+                case INIT_A_LOG: {  // spec 1.5: A ~ U(0, 16), A_log = log(A)
+                    float A = 16.0f * rng_uniform(&rng);
+                    w[j] = logf(A > 1e-30f ? A : 1e-30f);
+                    break;
+                }
+                case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
+                    double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
+                    if (dt < 1e-4) { dt = 1e-4; }
+                    w[j] = (float)(dt + log(-expm1(-dt)));
+                    break;
+                }
+            }
+        }
+        if (i == 0) {  // wte: the padding rows V..Vp-1 stay zero
+            memset(w + (size_t)c->vocab_size * c->channels, 0,
+                   (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels * sizeof(float));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the model: parameters, gradients, AdamW state, activations
+
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T): LN1 output = the mixer input
+    float *qkv, *atty, *att;           // attn: (B,T,3C), (B,T,C), (B,NH,T,T)
+    GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
+    float* residual2;                   // (B,T,C) residual after the mixer
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;              // (B,T,4C) MLP hidden before and after GELU
+    float* residual3;                   // (B,T,C) block output
+} LayerActivations;
+
+typedef struct {
+    float* encoded;  // (B,T,C)
+    LayerActivations layer[MAX_LAYERS];
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float* logits;   // (B,T,Vp); the backward overwrites it with dlogits
+    float* probs;    // (B,T,Vp)
+    float* losses;   // (B,T)
+    float* block_out;  // (B,T,C) a sublayer's output before it is added to the residual (not needed by the backward)
+} Activations;
+
+// the backward's working memory, shared by all layers (llm.c keeps a full mirror of the activations instead)
+typedef struct {
+    float *dresidual, *dln, *dbtc;  // (B,T,C)
+    float *dfch, *dfch_gelu;        // (B,T,4C)
+    float* dqkv;                    // (B,T,3C)
+    float* attn;                    // T floats per thread
+    float* gdn;                     // gdn_scratch_floats, the largest over the layers
+} BackwardScratch;
+
+typedef struct {
+    Config config;
+    TensorTable table;
+    ParameterTensors params, grads;
+    float *params_memory, *grads_memory, *m_memory, *v_memory;
+    size_t num_parameters;
+    int chunk;                 // chunk length of the gdn/kaczmarz chunkwise forward
+    int B, T;                  // the activations are sized for this batch
+    Activations acts;
+    BackwardScratch scratch;
+    float *acts_memory, *scratch_memory;
+    const int* inputs;         // of the last forward
+    const int* targets;
+    float mean_loss;           // of the last forward with targets
+} Model;
+
+
+// bump allocator over one block: with base == NULL it only counts
+static float* carve(float* base, size_t* cursor, size_t n) {
+    float* p = base ? base + *cursor : NULL;
+    *cursor += n;
+    return p;
+}
+
+static size_t layout_activations(Model* m, float* base, int B, int T) {
+    const Config* c = &m->config;
+    size_t C = c->channels, BT = (size_t)B * T, Vp = c->padded_vocab_size, cur = 0;
+    Activations* a = &m->acts;
+    a->encoded = carve(base, &cur, BT * C);
+    for (int l = 0; l < c->num_layers; l++) {
+        LayerActivations* la = &a->layer[l];
+        memset(la, 0, sizeof(*la));
+        la->ln1 = carve(base, &cur, BT * C);
+        la->ln1_mean = carve(base, &cur, BT);
+        la->ln1_rstd = carve(base, &cur, BT);
+        if (c->mixer[l] == MIXER_ATTN) {
+            la->qkv = carve(base, &cur, BT * 3 * C);
+            la->atty = carve(base, &cur, BT * C);
+            la->att = carve(base, &cur, (size_t)B * c->num_heads * T * T);
+        } else {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            float* g = carve(base, &cur, gdn_acts_floats(B, T, &gc));
+            if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
+        }
+        la->residual2 = carve(base, &cur, BT * C);
+        la->ln2 = carve(base, &cur, BT * C);
+        la->ln2_mean = carve(base, &cur, BT);
+        la->ln2_rstd = carve(base, &cur, BT);
+        la->fch = carve(base, &cur, BT * 4 * C);
+        la->fch_gelu = carve(base, &cur, BT * 4 * C);
+        la->residual3 = carve(base, &cur, BT * C);
+    }
+    a->lnf = carve(base, &cur, BT * C);
+    a->lnf_mean = carve(base, &cur, BT);
+    a->lnf_rstd = carve(base, &cur, BT);
+    a->logits = carve(base, &cur, BT * Vp);
+    a->probs = carve(base, &cur, BT * Vp);
+    a->losses = carve(base, &cur, BT);
+    a->block_out = carve(base, &cur, BT * C);
+    return cur;
+}
+
+static size_t layout_scratch(Model* m, float* base, int B, int T) {
+    const Config* c = &m->config;
+    size_t C = c->channels, BT = (size_t)B * T, cur = 0, gdn = 0;
+    BackwardScratch* s = &m->scratch;
+    s->dresidual = carve(base, &cur, BT * C);
+    s->dln = carve(base, &cur, BT * C);
+    s->dbtc = carve(base, &cur, BT * C);
+    s->dfch = carve(base, &cur, BT * 4 * C);
+    s->dfch_gelu = carve(base, &cur, BT * 4 * C);
+    s->dqkv = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? BT * 3 * C : 0);
+    s->attn = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? (size_t)max_threads() * T : 0);
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->mixer[l] != MIXER_ATTN) {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            size_t n = gdn_scratch_floats(B, T, &gc);
+            if (n > gdn) { gdn = n; }
+        }
+    }
+    s->gdn = carve(base, &cur, gdn);
+    return cur;
+}
+
+// Allocate parameters and gradients for a config (the parameters are left for the caller to fill).
+static void model_build(Model* m, const Config* c, int chunk) {
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    m->chunk = chunk;
+    build_parameter_layout(c, &m->table, NULL, NULL);
+    m->num_parameters = m->table.num_parameters;
+    m->params_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+    m->grads_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+    build_parameter_layout(c, &m->table, &m->params, m->params_memory);
+    build_parameter_layout(c, &m->table, &m->grads, m->grads_memory);
+}
+
+static void model_free(Model* m) {
+    free(m->params_memory);
+    free(m->grads_memory);
+    free(m->m_memory);
+    free(m->v_memory);
+    free(m->acts_memory);
+    free(m->scratch_memory);
+}
+
+// (Re)size the activations and the backward scratch for a batch of B sequences of T tokens.
+static void model_size_activations(Model* m, int B, int T) {
+    if (m->acts_memory && m->B == B && m->T == T) { return; }
+    free(m->acts_memory);
+    free(m->scratch_memory);
+    m->B = B;
+    m->T = T;
+    size_t na = layout_activations(m, NULL, B, T), ns = layout_scratch(m, NULL, B, T);
+    m->acts_memory = (float*)malloc_or_die(na * sizeof(float));
+    m->scratch_memory = (float*)malloc_or_die(ns * sizeof(float));
+    layout_activations(m, m->acts_memory, B, T);
+    layout_scratch(m, m->scratch_memory, B, T);
+}
+
+// Forward pass. With targets, m->mean_loss is the mean cross-entropy over the B*T positions.
+static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
+    const Config* c = &m->config;
+    int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, BT = B * T;
+    for (int i = 0; i < BT; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V) { die("input token %d at position %d is outside [0, %d)", inputs[i], i, V); }
+        if (targets && (targets[i] < 0 || targets[i] >= V)) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
+    }
+    if (config_has_wpe(c) && T > c->max_seq_len) {
+        die("sequence length %d exceeds the model's max_seq_len %d", T, c->max_seq_len);
+    }
+    model_size_activations(m, B, T);
+    m->inputs = inputs;
+    m->targets = targets;
+    ParameterTensors* p = &m->params;
+    Activations* a = &m->acts;
+    encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
+    for (int l = 0; l < c->num_layers; l++) {
+        LayerParams* lp = &p->layer[l];
+        LayerActivations* la = &a->layer[l];
+        const float* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
+        layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT, C, c->ln_eps);
+        if (c->mixer[l] == MIXER_ATTN) {
+            matmul_forward(la->qkv, la->ln1, lp->qkvw, lp->qkvb, BT, C, 3 * C);
+            attention_forward(la->atty, la->att, la->qkv, B, T, C, c->num_heads);
+            matmul_forward(a->block_out, la->atty, lp->attprojw, lp->attprojb, BT, C, C);
+        } else {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
+        }
+        residual_forward(la->residual2, residual, a->block_out, (size_t)BT * C);
+        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, lp->ln2w, lp->ln2b, BT, C, c->ln_eps);
+        matmul_forward(la->fch, la->ln2, lp->fcw, lp->fcb, BT, C, 4 * C);
+        gelu_forward(la->fch_gelu, la->fch, (size_t)BT * 4 * C);
+        matmul_forward(a->block_out, la->fch_gelu, lp->fcprojw, lp->fcprojb, BT, 4 * C, C);
+        residual_forward(la->residual3, la->residual2, a->block_out, (size_t)BT * C);
+    }
+    const float* last = a->layer[c->num_layers - 1].residual3;
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT, C, c->ln_eps);
+    matmul_forward(a->logits, a->lnf, p->wte, NULL, BT, C, Vp);
+    softmax_crossentropy_forward(a->probs, a->losses, a->logits, targets, BT, V, Vp);
+    if (targets) {
+        double sum = 0.0;
+        for (int i = 0; i < BT; i++) { sum += a->losses[i]; }
+        m->mean_loss = (float)(sum / BT);
+    }
+}
+
+static void model_zero_grad(Model* m) { memset(m->grads_memory, 0, m->num_parameters * sizeof(float)); }
+
+// Backward of the last forward (which must have had targets). Gradients accumulate into m->grads, scaled so
+// that `loss_scale` = 1/(number of micro-batches) gives the gradient of the mean loss over all of them.
+static void model_backward(Model* m, float loss_scale) {
+    const Config* c = &m->config;
+    int B = m->B, T = m->T, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, BT = B * T;
+    if (m->targets == NULL) { die("internal: model_backward needs a forward pass with targets"); }
+    ParameterTensors *p = &m->params, *g = &m->grads;
+    Activations* a = &m->acts;
+    BackwardScratch* s = &m->scratch;
+    size_t btc = (size_t)BT * C * sizeof(float);
+    // classifier: dlogits overwrite the logits; dlnf -> dresidual
+    softmax_crossentropy_backward(a->logits, a->probs, m->targets, loss_scale / BT, BT, V, Vp);
+    memset(s->dln, 0, btc);
+    matmul_backward(s->dln, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vp);
+    memset(s->dresidual, 0, btc);
+    const float* last = a->layer[c->num_layers - 1].residual3;
+    layernorm_backward(s->dresidual, g->lnfw, g->lnfb, s->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    for (int l = c->num_layers - 1; l >= 0; l--) {
+        LayerParams *lp = &p->layer[l], *lg = &g->layer[l];
+        LayerActivations* la = &a->layer[l];
+        const float* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
+        // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))); dresidual passes through the add
+        memset(s->dfch_gelu, 0, btc * 4);
+        matmul_backward(s->dfch_gelu, lg->fcprojw, lg->fcprojb, s->dresidual, la->fch_gelu, lp->fcprojw, BT, 4 * C, C);
+        memset(s->dfch, 0, btc * 4);
+        gelu_backward(s->dfch, la->fch, s->dfch_gelu, (size_t)BT * 4 * C);
+        memset(s->dln, 0, btc);
+        matmul_backward(s->dln, lg->fcw, lg->fcb, s->dfch, la->ln2, lp->fcw, BT, C, 4 * C);
+        layernorm_backward(s->dresidual, lg->ln2w, lg->ln2b, s->dln, la->residual2, lp->ln2w, la->ln2_mean, la->ln2_rstd, BT, C);
+        // mixer: residual2 = residual + mixer(ln1(residual))
+        memset(s->dln, 0, btc);
+        if (c->mixer[l] == MIXER_ATTN) {
+            memset(s->dbtc, 0, btc);
+            matmul_backward(s->dbtc, lg->attprojw, lg->attprojb, s->dresidual, la->atty, lp->attprojw, BT, C, C);
+            memset(s->dqkv, 0, btc * 3);
+            attention_backward(s->dqkv, s->dbtc, la->qkv, la->att, s->attn, B, T, C, c->num_heads);
+            matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->dqkv, la->ln1, lp->qkvw, BT, C, 3 * C);
+        } else {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
+        }
+        layernorm_backward(s->dresidual, lg->ln1w, lg->ln1b, s->dln, residual, lp->ln1w, la->ln1_mean, la->ln1_rstd, BT, C);
+    }
+    encoder_backward(g->wte, g->wpe, s->dresidual, m->inputs, B, T, C);
+}
+
+// Global L2 norm of all gradients. Partial sums over fixed slices, added in order: the result does not
+// depend on the thread schedule.
+static float model_grad_norm(const Model* m) {
+    enum { SLICES = 256 };
+    double partial[SLICES];
+    size_t n = m->num_parameters, per = (n + SLICES - 1) / SLICES;
+#pragma omp parallel for
+    for (int s = 0; s < SLICES; s++) {
+        double acc = 0.0;
+        size_t end = (size_t)(s + 1) * per < n ? (size_t)(s + 1) * per : n;
+        for (size_t i = (size_t)s * per; i < end; i++) { acc += (double)m->grads_memory[i] * m->grads_memory[i]; }
+        partial[s] = acc;
+    }
+    double sum = 0.0;
+    for (int s = 0; s < SLICES; s++) { sum += partial[s]; }
+    return (float)sqrt(sum);
+}
+
+// AdamW with bias correction and decoupled weight decay on the decayed tensors only (FORMATS.md);
+// the gradient is multiplied by grad_scale first (global-norm clipping). t is the 1-based update count.
+static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
+    if (m->m_memory == NULL) {
+        m->m_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+        m->v_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+    }
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        const TensorInfo* ti = &m->table.t[k];
+        float wd = ti->decay ? weight_decay : 0.0f;
+        float *p = m->params_memory + ti->offset, *gr = m->grads_memory + ti->offset;
+        float *mm = m->m_memory + ti->offset, *vv = m->v_memory + ti->offset;
+#pragma omp parallel for
+        for (size_t i = 0; i < ti->numel; i++) {
+            float g = gr[i] * grad_scale;
+            mm[i] = beta1 * mm[i] + (1.0f - beta1) * g;
+            vv[i] = beta2 * vv[i] + (1.0f - beta2) * g * g;
+            float mhat = mm[i] / bc1, vhat = vv[i] / bc2;
+            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// checkpoints (FORMATS.md): model file = header + tensor table + fp32 payload; state file = step, dataloader
+// and AdamW state. Files are written to a temporary name, fsync'ed and renamed, so a file either exists
+// complete or not at all; DONE_<step> is written last and marks a complete checkpoint.
+
+#define MODEL_MAGIC 20251121
+#define MODEL_VERSION 1
+#define STATE_MAGIC 20251123
+#define STATE_VERSION 1
+#define TENSOR_ENTRY_BYTES 128
+
+typedef struct {
+    char tmp[4096];
+    const char* path;
+    FILE* f;
+} AtomicFile;
+
+static void atomic_open(AtomicFile* af, const char* path) {
+    af->path = path;
+    if ((size_t)snprintf(af->tmp, sizeof(af->tmp), "%s.tmp", path) >= sizeof(af->tmp)) { die("%s: path too long", path); }
+    af->f = fopen_or_die(af->tmp, "wb");
+}
+
+static void atomic_commit(AtomicFile* af) {
+    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) { die("%s: write failed (%s)", af->tmp, strerror(errno)); }
+    if (fclose(af->f) != 0) { die("%s: close failed (%s)", af->tmp, strerror(errno)); }
+    if (rename(af->tmp, af->path) != 0) { die("%s: rename to %s failed (%s)", af->tmp, af->path, strerror(errno)); }
+    // make the rename itself durable
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", af->path);
+    char* slash = strrchr(dir, '/');
+    if (slash) { *slash = '\0'; } else { snprintf(dir, sizeof(dir), "."); }
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static void write_model_file(const Model* m, const char* path) {
+    const Config* c = &m->config;
+    int32_t header[256] = {0};
+    int n = m->table.num_tensors;
+    int64_t payload_offset = 1024 + (int64_t)TENSOR_ENTRY_BYTES * n;
+    header[0] = MODEL_MAGIC;
+    header[1] = MODEL_VERSION;
+    header[2] = c->vocab_size;
+    header[3] = c->padded_vocab_size;
+    header[4] = c->max_seq_len;
+    header[5] = c->num_layers;
+    header[6] = c->channels;
+    header[7] = c->num_heads;
+    header[8] = c->lin_heads;
+    header[9] = c->lin_dk;
+    header[10] = c->lin_dv;
+    header[11] = c->conv_size;
+    header[12] = n;
+    header[13] = 0;  // fp32
+    header[14] = (int32_t)(payload_offset & 0xffffffff);
+    header[15] = (int32_t)(payload_offset >> 32);
+    header[16] = f32_to_slot(c->ln_eps);
+    header[17] = f32_to_slot(c->l2norm_eps);
+    header[18] = f32_to_slot(c->onorm_eps);
+    header[19] = f32_to_slot(c->kaczmarz_eps);
+    format_mixer_pattern(c, (char*)header + 512, 512);
+    AtomicFile af;
+    atomic_open(&af, path);
+    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
+    for (int i = 0; i < n; i++) {
+        const TensorInfo* t = &m->table.t[i];
+        unsigned char entry[TENSOR_ENTRY_BYTES] = {0};
+        int32_t ints[6] = {0, t->ndim, t->shape[0], t->shape[1], t->shape[2], t->shape[3]};
+        int64_t offset = (int64_t)(t->offset * sizeof(float));
+        memcpy(entry, t->name, strlen(t->name));
+        memcpy(entry + 96, ints, sizeof(ints));
+        memcpy(entry + 120, &offset, 8);
+        fwrite_or_die(entry, sizeof(entry), af.f, af.tmp);
+    }
+    fwrite_or_die(m->params_memory, m->num_parameters * sizeof(float), af.f, af.tmp);
+    atomic_commit(&af);
+}
+
+// Read a model file's header into a Config, checking everything that can be checked without the flags.
+static void read_model_header(const char* path, FILE* f, Config* c, int* num_tensors) {
+    int32_t header[256];
+    fread_or_die(header, sizeof(header), f, path);
+    if (header[0] != MODEL_MAGIC) { die("%s: not a train_kla model file (magic %d, expected %d)", path, header[0], MODEL_MAGIC); }
+    if (header[1] != MODEL_VERSION) { die("%s: model file version %d, this program reads version %d", path, header[1], MODEL_VERSION); }
+    if (header[13] != 0) { die("%s: tensors stored as dtype %d; train_kla.c reads fp32 (dtype 0) only", path, header[13]); }
+    memset(c, 0, sizeof(*c));
+    c->vocab_size = header[2];
+    c->padded_vocab_size = header[3];
+    c->max_seq_len = header[4];
+    c->num_layers = header[5];
+    c->channels = header[6];
+    c->num_heads = header[7];
+    c->lin_heads = header[8];
+    c->lin_dk = header[9];
+    c->lin_dv = header[10];
+    c->conv_size = header[11];
+    *num_tensors = header[12];
+    c->ln_eps = slot_to_f32(header[16]);
+    c->l2norm_eps = slot_to_f32(header[17]);
+    c->onorm_eps = slot_to_f32(header[18]);
+    c->kaczmarz_eps = slot_to_f32(header[19]);
+    char pattern[513];
+    memcpy(pattern, (char*)header + 512, 512);
+    pattern[512] = '\0';
+    char what[4200];
+    snprintf(what, sizeof(what), "%s: mixer pattern", path);
+    int L = parse_mixer_pattern(pattern, c->mixer, what);
+    if (L != c->num_layers) { die("%s: mixer pattern '%s' has %d layers but the header says %d", path, pattern, L, c->num_layers); }
+    if (c->vocab_size < 1 || c->padded_vocab_size < c->vocab_size || c->channels < 1 || c->max_seq_len < 1 ||
+        c->num_heads < 1 || c->channels % c->num_heads != 0 || c->lin_heads < 0 || c->lin_dk < 0 || c->lin_dv < 0 || c->conv_size < 0) {
+        die("%s: header holds an invalid model config", path);
+    }
+    int64_t payload_offset = (int64_t)(uint32_t)header[14] | ((int64_t)header[15] << 32);
+    if (*num_tensors < 1 || *num_tensors > MAX_TENSORS || payload_offset != 1024 + (int64_t)TENSOR_ENTRY_BYTES * *num_tensors) {
+        die("%s: header has an inconsistent tensor count / payload offset", path);
+    }
+}
+
+// Load a model file into m (allocated here). Every tensor entry must match the layout the header's config
+// implies, and the file size must be exact.
+static void model_load(Model* m, const char* path, int chunk) {
+    FILE* f = fopen_or_die(path, "rb");
+    Config c;
+    int n;
+    read_model_header(path, f, &c, &n);
+    model_build(m, &c, chunk);
+    if (n != m->table.num_tensors) { die("%s: file lists %d tensors, the config in its header implies %d", path, n, m->table.num_tensors); }
+    for (int i = 0; i < n; i++) {
+        const TensorInfo* t = &m->table.t[i];
+        unsigned char entry[TENSOR_ENTRY_BYTES];
+        int32_t ints[6];
+        int64_t offset;
+        fread_or_die(entry, sizeof(entry), f, path);
+        memcpy(ints, entry + 96, sizeof(ints));
+        memcpy(&offset, entry + 120, 8);
+        entry[95] = '\0';
+        if (strcmp((char*)entry, t->name) != 0) { die("%s: tensor %d is '%s', expected '%s'", path, i, (char*)entry, t->name); }
+        if (ints[0] != 0) { die("%s: tensor %s has dtype %d, expected 0 (fp32)", path, t->name, ints[0]); }
+        if (ints[1] != t->ndim || ints[2] != t->shape[0] || ints[3] != t->shape[1] || ints[4] != 0 || ints[5] != 0) {
+            die("%s: tensor %s has shape (%d, %d), expected (%d, %d)", path, t->name, ints[2], ints[3], t->shape[0], t->shape[1]);
+        }
+        if (offset != (int64_t)(t->offset * sizeof(float))) { die("%s: tensor %s at payload offset %lld, expected %zu", path, t->name, (long long)offset, t->offset * sizeof(float)); }
+    }
+    fread_or_die(m->params_memory, m->num_parameters * sizeof(float), f, path);
+    if (fgetc(f) != EOF) { die("%s: file is longer than its %zu parameters", path, m->num_parameters); }
+    fclose(f);
+}
+
+typedef struct {
+    int64_t step;       // optimizer updates done
+    DataLoaderState loader;
+} TrainState;
+
+static void write_state_file(const Model* m, const TrainState* s, const char* path) {
+    int32_t header[256] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = (int32_t)(s->step & 0xffffffff);
+    header[3] = (int32_t)(s->step >> 32);
+    header[4] = (int32_t)(m->num_parameters & 0xffffffff);
+    header[5] = (int32_t)((uint64_t)m->num_parameters >> 32);
+    header[6] = (int32_t)sizeof(DataLoaderState);
+    header[7] = m->m_memory != NULL;
+    AtomicFile af;
+    atomic_open(&af, path);
+    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
+    fwrite_or_die(&s->loader, sizeof(DataLoaderState), af.f, af.tmp);
+    if (m->m_memory) {
+        fwrite_or_die(m->m_memory, m->num_parameters * sizeof(float), af.f, af.tmp);
+        fwrite_or_die(m->v_memory, m->num_parameters * sizeof(float), af.f, af.tmp);
+    }
+    atomic_commit(&af);
+}
+
+static void read_state_file(Model* m, TrainState* s, const char* path) {
+    FILE* f = fopen_or_die(path, "rb");
+    int32_t header[256];
+    fread_or_die(header, sizeof(header), f, path);
+    if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
+    if (header[1] != STATE_VERSION) { die("%s: state file version %d, expected %d", path, header[1], STATE_VERSION); }
+    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    uint64_t np = (uint64_t)(uint32_t)header[4] | ((uint64_t)(uint32_t)header[5] << 32);
+    if (np != m->num_parameters) { die("%s: state is for %llu parameters, the model has %zu", path, (unsigned long long)np, m->num_parameters); }
+    if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }
+    fread_or_die(&s->loader, sizeof(DataLoaderState), f, path);
+    if (header[7]) {
+        if (!m->m_memory) {
+            m->m_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+            m->v_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+        }
+        fread_or_die(m->m_memory, m->num_parameters * sizeof(float), f, path);
+        fread_or_die(m->v_memory, m->num_parameters * sizeof(float), f, path);
+    }
+    if (fgetc(f) != EOF) { die("%s: file is longer than expected", path); }
+    fclose(f);
+}
+
+// The highest step with a DONE_<step> marker in dir, or -1.
+static int64_t find_latest_checkpoint(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int64_t best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        long long s;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1 && s > best) { best = s; }
+    }
+    closedir(d);
+    return best;
+}
+
+static void checkpoint_path(char* buf, size_t size, const char* dir, const char* kind, int64_t step) {
+    snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, strcmp(kind, "DONE") == 0 ? "" : ".bin");
+}
+
+static void write_checkpoint(const Model* m, const TrainState* s, const char* dir) {
+    char path[4096];
+    checkpoint_path(path, sizeof(path), dir, "model", s->step);
+    write_model_file(m, path);
+    checkpoint_path(path, sizeof(path), dir, "state", s->step);
+    write_state_file(m, s, path);
+    checkpoint_path(path, sizeof(path), dir, "DONE", s->step);
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_commit(&af);
+}
+
+// Keep the newest `keep` complete checkpoints; the DONE marker goes first so a half-deleted one is never used.
+static void delete_old_checkpoints(const char* dir, int keep) {
+    if (keep <= 0) { return; }
+    for (;;) {
+        DIR* d = opendir(dir);
+        if (d == NULL) { return; }
+        int64_t oldest = -1;
+        int count = 0;
+        struct dirent* e;
+        while ((e = readdir(d)) != NULL) {
+            long long s;
+            char rest;
+            if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1) {
+                count++;
+                if (oldest < 0 || s < oldest) { oldest = s; }
+            }
+        }
+        closedir(d);
+        if (count <= keep) { return; }
+        const char* kinds[3] = {"DONE", "model", "state"};
+        for (int k = 0; k < 3; k++) {
+            char path[4096];
+            checkpoint_path(path, sizeof(path), dir, kinds[k], oldest);
+            remove(path);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// decoding one token at a time: a KV cache for attn, the recurrent state for gdn/kaczmarz (spec 4)
+
+typedef struct {
+    int max_len;  // tokens the KV caches hold
+    int pos;      // tokens consumed so far
+    float *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];  // attn layers: (max_len, C)
+    GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
+    float *x, *ln, *stats, *y, *hidden, *qkv, *att, *logits, *gdn_scratch;
+    float* memory;
+} DecodeState;
+
+static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max_len) {
+    const Config* c = &m->config;
+    size_t C = c->channels, cur = 0, gdn_scratch = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->mixer[l] == MIXER_ATTN) {
+            d->kcache[l] = carve(base, &cur, (size_t)max_len * C);
+            d->vcache[l] = carve(base, &cur, (size_t)max_len * C);
+        } else {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            float* s = carve(base, &cur, gdn_state_floats(&gc));
+            if (base) { gdn_state_point(&d->gdn[l], s, &gc); }
+            size_t n = gdn_decode_scratch_floats(&gc);
+            if (n > gdn_scratch) { gdn_scratch = n; }
+        }
+    }
+    d->x = carve(base, &cur, C);
+    d->ln = carve(base, &cur, C);
+    d->stats = carve(base, &cur, 2);
+    d->y = carve(base, &cur, C);
+    d->hidden = carve(base, &cur, 4 * C);
+    d->qkv = carve(base, &cur, 3 * C);
+    d->att = carve(base, &cur, (size_t)max_len);
+    d->logits = carve(base, &cur, (size_t)c->padded_vocab_size);
+    d->gdn_scratch = carve(base, &cur, gdn_scratch);
+    return cur;
+}
+
+static void decode_init(DecodeState* d, const Model* m, int max_len) {
+    memset(d, 0, sizeof(*d));
+    d->max_len = max_len;
+    size_t n = layout_decode(m, d, NULL, max_len);
+    d->memory = (float*)calloc_or_die(n, sizeof(float));
+    layout_decode(m, d, d->memory, max_len);
+    for (int l = 0; l < m->config.num_layers; l++) {
+        if (m->config.mixer[l] != MIXER_ATTN) {
+            GDNConfig gc = gdn_config(&m->config, l, m->chunk);
+            gdn_state_reset(&d->gdn[l], &gc);
+        }
+    }
+}
+
+static void decode_free(DecodeState* d) { free(d->memory); }
+
+// Feed one token; d->logits holds the next-token logits (Vp entries) afterwards.
+static void model_decode_step(const Model* m, DecodeState* d, int token) {
+    const Config* c = &m->config;
+    int C = c->channels, t = d->pos;
+    const ParameterTensors* p = &m->params;
+    if (t >= d->max_len) { die("internal: decode past its %d-token capacity", d->max_len); }
+    encoder_forward(d->x, &token, p->wte, NULL, 1, 1, C);
+    if (p->wpe) { for (int i = 0; i < C; i++) { d->x[i] += p->wpe[(size_t)t * C + i]; } }
+    for (int l = 0; l < c->num_layers; l++) {
+        const LayerParams* lp = &p->layer[l];
+        layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1, C, c->ln_eps);
+        if (c->mixer[l] == MIXER_ATTN) {
+            int NH = c->num_heads, hs = C / NH;
+            float scale = 1.0f / sqrtf((float)hs);
+            matmul_forward(d->qkv, d->ln, lp->qkvw, lp->qkvb, 1, C, 3 * C);
+            memcpy(d->kcache[l] + (size_t)t * C, d->qkv + C, C * sizeof(float));
+            memcpy(d->vcache[l] + (size_t)t * C, d->qkv + 2 * C, C * sizeof(float));
+            for (int h = 0; h < NH; h++) {
+                const float* q = d->qkv + h * hs;
+                float maxv = -INFINITY, sum = 0.0f;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    d->att[t2] = dot8(q, d->kcache[l] + (size_t)t2 * C + h * hs, hs) * scale;
+                    if (d->att[t2] > maxv) { maxv = d->att[t2]; }
+                }
+                for (int t2 = 0; t2 <= t; t2++) { d->att[t2] = expf(d->att[t2] - maxv); sum += d->att[t2]; }
+                float* o = d->hidden + h * hs;  // attention output, before the projection
+                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const float* v = d->vcache[l] + (size_t)t2 * C + h * hs;
+                    for (int i = 0; i < hs; i++) { o[i] += d->att[t2] / sum * v[i]; }
+                }
+            }
+            matmul_forward(d->y, d->hidden, lp->attprojw, lp->attprojb, 1, C, C);
+        } else {
+            GDNConfig gc = gdn_config(c, l, m->chunk);
+            gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
+        }
+        for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
+        layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1, C, c->ln_eps);
+        matmul_forward(d->hidden, d->ln, lp->fcw, lp->fcb, 1, C, 4 * C);
+        gelu_forward(d->hidden, d->hidden, (size_t)4 * C);
+        matmul_forward(d->y, d->hidden, lp->fcprojw, lp->fcprojb, 1, 4 * C, C);
+        for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
+    }
+    layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1, C, c->ln_eps);
+    matmul_forward(d->logits, d->ln, p->wte, NULL, 1, C, c->padded_vocab_size);
+    d->pos++;
+}
+
+// Sample from softmax(logits[0..V)) / temperature by inverse CDF with a uniform coin in [0, 1).
+static int sample_token(const float* logits, int V, float temperature, float coin) {
+    float maxv = -INFINITY;
+    for (int i = 0; i < V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) { sum += exp((logits[i] - maxv) / temperature); }
+    double cdf = 0.0, target = coin * sum;
+    for (int i = 0; i < V; i++) {
+        cdf += exp((logits[i] - maxv) / temperature);
+        if (target < cdf) { return i; }
+    }
+    return V - 1;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// learning-rate schedules (llm.c's): warmup is linear from lr/W to lr over the first W steps
+
+enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
+static const char* SCHED_NAMES[] = {"cosine", "linear", "constant", "wsd"};
+
+static float learning_rate(int sched, int step, int total, int warmup, float lr, float final_frac) {
+    float min_lr = lr * final_frac;
+    if (sched != SCHED_CONSTANT && step < warmup) { return lr * (step + 1) / warmup; }
+    if (sched == SCHED_CONSTANT) { return lr; }
+    if (sched == SCHED_WSD) {  // warmup, stable, then decay over the last 20% by 1 - sqrt
+        int decay_start = (int)(0.8f * total);
+        if (decay_start < warmup) { decay_start = warmup; }
+        if (step < decay_start) { return lr; }
+        float r = (float)(step - decay_start) / (float)(total - decay_start > 0 ? total - decay_start : 1);
+        return min_lr + (1.0f - sqrtf(r)) * (lr - min_lr);
+    }
+    float r = (float)(step - warmup) / (float)(total - warmup > 0 ? total - warmup : 1);
+    if (r > 1.0f) { r = 1.0f; }
+    if (sched == SCHED_LINEAR) { return lr - r * (lr - min_lr); }
+    return min_lr + 0.5f * (1.0f + cosf((float)M_PI * r)) * (lr - min_lr);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// main: flags, the training loop, evaluation, sampling, checkpoints
+#ifndef TESTING
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING } FlagType;
+typedef struct {
+    const char* name;
+    FlagType type;
+    void* value;
+    const char* help;
+    int given;  // set by the parser when the flag is on the command line
+} Flag;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void print_usage(const Flag* flags, int n) {
+    printf("usage: ./train_kla [flags]   (each flag takes one value)\n");
+    for (int i = 0; i < n; i++) {
+        const Flag* f = &flags[i];
+        char def[64];
+        if (f->type == FLAG_INT) { snprintf(def, sizeof(def), "%d", *(int*)f->value); }
+        else if (f->type == FLAG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)f->value); }
+        else { snprintf(def, sizeof(def), "%s", *(char**)f->value ? *(char**)f->value : "(none)"); }
+        printf("  %-14s %-62s default: %s\n", f->name, f->help, def);
+    }
+}
+
+static void parse_flags(Flag* flags, int n, int argc, char** argv) {
+    for (int a = 1; a < argc; a += 2) {
+        if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) { print_usage(flags, n); exit(0); }
+        Flag* f = NULL;
+        for (int i = 0; i < n; i++) { if (strcmp(argv[a], flags[i].name) == 0) { f = &flags[i]; } }
+        if (f == NULL) { die("unknown flag '%s' (./train_kla -h lists them)", argv[a]); }
+        if (a + 1 >= argc) { die("flag %s needs a value", argv[a]); }
+        const char* v = argv[a + 1];
+        char* end = NULL;
+        errno = 0;
+        if (f->type == FLAG_INT) {
+            long x = strtol(v, &end, 10);
+            if (end == v || *end != '\0' || errno != 0 || x < -2147483647L || x > 2147483647L) { die("flag %s: '%s' is not an integer", f->name, v); }
+            *(int*)f->value = (int)x;
+        } else if (f->type == FLAG_FLOAT) {
+            float x = strtof(v, &end);
+            if (end == v || *end != '\0' || errno != 0 || !isfinite(x)) { die("flag %s: '%s' is not a finite number", f->name, v); }
+            *(float*)f->value = x;
+        } else {
+            *(char**)f->value = argv[a + 1];
+        }
+        f->given = 1;
+    }
+}
+
+static Flag* find_flag(Flag* flags, int n, const char* name) {
+    for (int i = 0; i < n; i++) { if (strcmp(flags[i].name, name) == 0) { return &flags[i]; } }
+    return NULL;
+}
+
+static void require(int ok, const char* flag, const char* what) {
+    if (!ok) { die("flag %s: %s", flag, what); }
+}
+
+// Create dir (and parents) and prove it is writable, before any training happens.
+static void prepare_output_dir(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char* p = path + 1; *p; p++) {
+        if (*p == '/') { *p = '\0'; mkdir(path, 0755); *p = '/'; }
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) { die("-o %s: cannot create directory (%s)", dir, strerror(errno)); }
+    snprintf(path, sizeof(path), "%s/.write_test", dir);
+    FILE* f = fopen(path, "wb");
+    if (f == NULL || fputc('x', f) == EOF || fclose(f) != 0) { die("-o %s: directory is not writable (%s)", dir, strerror(errno)); }
+    remove(path);
+}
+
+// Flags that describe the model must agree with a model loaded from a file.
+static void check_model_flags(const Config* c, Flag* flags, int n, const char* path) {
+    struct { const char* flag; int value; } fields[] = {
+        {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
+        {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        Flag* f = find_flag(flags, n, fields[i].flag);
+        if (f->given && *(int*)f->value != fields[i].value) {
+            die("%s: the checkpoint has %s %d but the flags ask for %d", path, fields[i].flag, fields[i].value, *(int*)f->value);
+        }
+    }
+    Flag* f = find_flag(flags, n, "--mixer");
+    if (f->given) {
+        int mixer[MAX_LAYERS];
+        int L = parse_mixer_pattern(*(char**)f->value, mixer, "--mixer");
+        char have[512];
+        format_mixer_pattern(c, have, sizeof(have));
+        if (L != c->num_layers || memcmp(mixer, c->mixer, L * sizeof(int)) != 0) {
+            die("%s: the checkpoint's mixer pattern is '%s' but --mixer asks for '%s'", path, have, *(char**)f->value);
+        }
+    }
+}
+
+static float validation_loss(Model* m, DataLoader* val, int max_batches) {
+    dataloader_reset(val);
+    int n = max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        model_forward(m, val->inputs, val->targets, (int)val->B, (int)val->T);
+        sum += m->mean_loss;
+    }
+    return (float)(sum / n);
+}
+
+static void generate(const Model* m, const Tokenizer* tok, const uint32_t* prompt, size_t prompt_len, int num_tokens, float temperature) {
+    DecodeState d;
+    decode_init(&d, m, (int)prompt_len + num_tokens);
+    uint64_t rng = 1337;  // fixed, so samples at different steps are comparable
+    printf("generating:\n---\n");
+    for (size_t i = 0; i < prompt_len; i++) {
+        tokenizer_print(tok, prompt[i]);
+        model_decode_step(m, &d, (int)prompt[i]);
+    }
+    for (int i = 0; i < num_tokens; i++) {
+        int next = sample_token(d.logits, m->config.vocab_size, temperature, rng_uniform(&rng));
+        tokenizer_print(tok, (uint32_t)next);
+        fflush(stdout);
+        if (i + 1 < num_tokens) { model_decode_step(m, &d, next); }
+    }
+    printf("\n---\n");
+    decode_free(&d);
+}
+
+int main(int argc, char** argv) {
+    char *train_glob = "data/demo/demo_train_*.bin", *val_glob = "data/demo/demo_val_*.bin";
+    char *out_dir = NULL, *init_file = NULL, *mixer = "gdn", *schedule = "cosine", *prompt = NULL;
+    char* tokenizer_path = "data/tokenizer.bin";
+    int B = 8, T = 128, total_batch = 0, max_steps = -1, warmup = 0, val_every = 20, val_batches = 20;
+    int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
+    int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
+    int seed = 1337, shuffle = 1, chunk = 64;
+    float lr = 1e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
+    float grad_clip = 1.0f, temperature = 1.0f;
+    Flag flags[] = {
+        {"-i", FLAG_STRING, &train_glob, "train token shards (glob)", 0},
+        {"-j", FLAG_STRING, &val_glob, "validation token shards (glob)", 0},
+        {"-o", FLAG_STRING, &out_dir, "output dir for main.log and checkpoints", 0},
+        {"-e", FLAG_STRING, &init_file, "initialise from this model file (else random init)", 0},
+        {"-y", FLAG_INT, &resume, "1 = resume from the newest complete checkpoint in -o", 0},
+        {"-b", FLAG_INT, &B, "micro-batch size (sequences)", 0},
+        {"-t", FLAG_INT, &T, "sequence length", 0},
+        {"-d", FLAG_INT, &total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 0},
+        {"-x", FLAG_INT, &max_steps, "optimizer steps (-1 = one epoch of the train shards)", 0},
+        {"-k", FLAG_STRING, &schedule, "lr schedule: cosine, linear, constant, wsd", 0},
+        {"-l", FLAG_FLOAT, &lr, "peak learning rate", 0},
+        {"-u", FLAG_INT, &warmup, "warmup steps", 0},
+        {"-q", FLAG_FLOAT, &final_frac, "final lr as a fraction of the peak", 0},
+        {"-c", FLAG_FLOAT, &weight_decay, "AdamW weight decay (matrices only)", 0},
+        {"-v", FLAG_INT, &val_every, "validation loss every N steps (0 = only at the end)", 0},
+        {"-m", FLAG_INT, &val_batches, "validation batches (-1 = the whole val split)", 0},
+        {"-s", FLAG_INT, &sample_every, "print a sample every N steps (0 = only at the end)", 0},
+        {"-g", FLAG_INT, &gen_tokens, "tokens to generate per sample (0 = no samples)", 0},
+        {"-n", FLAG_INT, &ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 0},
+        {"-nk", FLAG_INT, &ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 0},
+        {"--mixer", FLAG_STRING, &mixer, "mixer pattern, e.g. gdn or attn:2,gdn:1,kaczmarz:1", 0},
+        {"--depth", FLAG_INT, &depth, "layers; must equal the pattern's layer count", 0},
+        {"--width", FLAG_INT, &width, "model width C", 0},
+        {"--heads", FLAG_INT, &heads, "attention heads (head size C/heads)", 0},
+        {"--lin-heads", FLAG_INT, &lin_heads, "gdn/kaczmarz heads (0 = heads/2)", 0},
+        {"--dk", FLAG_INT, &dk, "gdn/kaczmarz key head dim (0 = 2*C/heads)", 0},
+        {"--dv", FLAG_INT, &dv, "gdn/kaczmarz value head dim (0 = dk)", 0},
+        {"--max-seq-len", FLAG_INT, &max_seq_len, "position-embedding rows (all-attn models)", 0},
+        {"--vocab-size", FLAG_INT, &vocab_size, "vocabulary size of a new model", 0},
+        {"--seed", FLAG_INT, &seed, "seed of the initialisation and of the data shuffling", 0},
+        {"--shuffle", FLAG_INT, &shuffle, "1 = shuffle shards and windows every epoch", 0},
+        {"--beta1", FLAG_FLOAT, &beta1, "AdamW beta1", 0},
+        {"--beta2", FLAG_FLOAT, &beta2, "AdamW beta2", 0},
+        {"--adam-eps", FLAG_FLOAT, &adam_eps, "AdamW epsilon", 0},
+        {"--grad-clip", FLAG_FLOAT, &grad_clip, "clip the global gradient norm to this (0 = off)", 0},
+        {"--chunk", FLAG_INT, &chunk, "chunk length of the gdn/kaczmarz chunkwise forward", 0},
+        {"--prompt", FLAG_STRING, &prompt, "text the samples continue (default: start from EOT)", 0},
+        {"--temperature", FLAG_FLOAT, &temperature, "sampling temperature", 0},
+        {"--tokenizer", FLAG_STRING, &tokenizer_path, "tokenizer file (made by make data)", 0},
+    };
+    int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
+    parse_flags(flags, num_flags, argc, argv);
+
+    // ---- check every value before anything is read or written
+    require(B >= 1, "-b", "must be >= 1");
+    require(T >= 1, "-t", "must be >= 1");
+    require(total_batch >= 0, "-d", "must be >= 0");
+    if (total_batch == 0) { total_batch = B * T; }
+    require(total_batch % (B * T) == 0, "-d", "must be a multiple of B*T");
+    require(max_steps >= -1 && max_steps != 0, "-x", "must be >= 1, or -1 for one epoch");
+    int sched = -1;
+    for (int i = 0; i < 4; i++) { if (strcmp(schedule, SCHED_NAMES[i]) == 0) { sched = i; } }
+    require(sched >= 0, "-k", "must be one of cosine, linear, constant, wsd");
+    require(lr > 0.0f, "-l", "must be > 0");
+    require(warmup >= 0, "-u", "must be >= 0");
+    require(final_frac >= 0.0f && final_frac <= 1.0f, "-q", "must be in [0, 1]");
+    require(weight_decay >= 0.0f, "-c", "must be >= 0");
+    require(val_every >= 0, "-v", "must be >= 0");
+    require(val_batches >= 1 || val_batches == -1, "-m", "must be >= 1 or -1");
+    require(sample_every >= 0, "-s", "must be >= 0");
+    require(gen_tokens >= 0, "-g", "must be >= 0");
+    require(ckpt_every >= 0, "-n", "must be >= 0");
+    require(ckpt_keep >= 0, "-nk", "must be >= 0");
+    require(resume == 0 || resume == 1, "-y", "must be 0 or 1");
+    require(resume == 0 || out_dir != NULL, "-y", "resuming needs an output dir (-o)");
+    require(shuffle == 0 || shuffle == 1, "--shuffle", "must be 0 or 1");
+    require(beta1 >= 0.0f && beta1 < 1.0f, "--beta1", "must be in [0, 1)");
+    require(beta2 >= 0.0f && beta2 < 1.0f, "--beta2", "must be in [0, 1)");
+    require(adam_eps > 0.0f, "--adam-eps", "must be > 0");
+    require(grad_clip >= 0.0f, "--grad-clip", "must be >= 0");
+    require(chunk >= 1 && chunk <= 256, "--chunk", "must be in [1, 256]");
+    require(temperature > 0.0f, "--temperature", "must be > 0");
+    require(depth >= 1 && depth <= MAX_LAYERS, "--depth", "must be in [1, 128]");
+    require(width >= 1, "--width", "must be >= 1");
+    require(heads >= 1 && width % heads == 0, "--heads", "must be >= 1 and divide --width");
+    require(max_seq_len >= 1, "--max-seq-len", "must be >= 1");
+    require(vocab_size >= 2 && vocab_size <= 1 << 24, "--vocab-size", "must be in [2, 2^24]");
+    Config flag_config;
+    memset(&flag_config, 0, sizeof(flag_config));
+    int L = parse_mixer_pattern(mixer, flag_config.mixer, "--mixer");
+    if (L != depth) {
+        if (find_flag(flags, num_flags, "--depth")->given) { die("--mixer: pattern '%s' has %d layers but --depth is %d", mixer, L, depth); }
+        depth = L;  // the pattern says how many layers there are
+    }
+    if (lin_heads == 0) { lin_heads = heads / 2 > 0 ? heads / 2 : 1; }
+    if (dk == 0) { dk = 2 * width / heads; }
+    if (dv == 0) { dv = dk; }
+    require(lin_heads >= 1, "--lin-heads", "must be >= 1");
+    require(dk >= 1, "--dk", "must be >= 1");
+    require(dv >= 1, "--dv", "must be >= 1");
+    flag_config.vocab_size = vocab_size;
+    flag_config.padded_vocab_size = (vocab_size + 127) / 128 * 128;
+    flag_config.max_seq_len = max_seq_len;
+    flag_config.num_layers = depth;
+    flag_config.channels = width;
+    flag_config.num_heads = heads;
+    flag_config.lin_heads = lin_heads;
+    flag_config.lin_dk = dk;
+    flag_config.lin_dv = dv;
+    flag_config.conv_size = 4;
+    flag_config.ln_eps = 1e-5f;
+    flag_config.l2norm_eps = 1e-6f;
+    flag_config.onorm_eps = 1e-5f;
+    flag_config.kaczmarz_eps = 1e-6f;
+
+    if (out_dir) { prepare_output_dir(out_dir); }
+
+    // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
+    Model model;
+    TrainState state = {0};
+    int64_t resume_step = resume ? find_latest_checkpoint(out_dir) : -1;
+    char path[4096];
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), out_dir, "model", resume_step);
+        model_load(&model, path, chunk);
+        check_model_flags(&model.config, flags, num_flags, path);
+        printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
+    } else if (init_file) {
+        model_load(&model, init_file, chunk);
+        check_model_flags(&model.config, flags, num_flags, init_file);
+    } else {
+        model_build(&model, &flag_config, chunk);
+        init_parameters(model.params_memory, &model.config, &model.table, (uint64_t)seed);
+    }
+    if (resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", out_dir); }
+    const Config* cfg = &model.config;
+    if (config_has_wpe(cfg) && T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", T, cfg->max_seq_len); }
+
+    // ---- data and tokenizer
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, train_glob, B, T, 0, 1, shuffle, (uint64_t)seed, cfg->vocab_size);
+    dataloader_init(&val_loader, val_glob, B, T, 0, 1, 0, 0, cfg->vocab_size);
+    int grad_accum = total_batch / (B * T);
+    if (max_steps == -1) {
+        max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
+        if (max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", train_glob, total_batch); }
+    }
+    Tokenizer tokenizer;
+    uint32_t* prompt_ids = NULL;
+    size_t prompt_len = 0;
+    if (gen_tokens > 0) {
+        tokenizer_init(&tokenizer, tokenizer_path);
+        if (prompt) {
+            prompt_ids = tokenizer_encode(&tokenizer, prompt, strlen(prompt), &prompt_len);
+        } else {
+            prompt_ids = (uint32_t*)malloc_or_die(sizeof(uint32_t));
+            prompt_ids[0] = (uint32_t)tokenizer.eot_token;
+            prompt_len = 1;
+        }
+        if (prompt_len == 0) { die("--prompt: encodes to zero tokens"); }
+        if (config_has_wpe(cfg) && (int)prompt_len + gen_tokens > cfg->max_seq_len) {
+            die("-g: %zu prompt tokens + %d generated exceed the model's max_seq_len %d", prompt_len, gen_tokens, cfg->max_seq_len);
+        }
+    }
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), out_dir, "state", resume_step);
+        read_state_file(&model, &state, path);
+        if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
+        dataloader_set_state(&train_loader, &state.loader);
+    }
+
+    // ---- the parameter table
+    char pattern[512];
+    format_mixer_pattern(cfg, pattern, sizeof(pattern));
+    printf("+-----------------------+----------------------------------------------------+\n");
+    printf("| %-21s | %-50s |\n", "mixer pattern", pattern);
+    printf("| %-21s | %-50d |\n", "layers L", cfg->num_layers);
+    printf("| %-21s | %-50d |\n", "width C", cfg->channels);
+    if (config_has_mixer(cfg, MIXER_ATTN)) { printf("| %-21s | %-50d |\n", "attn heads", cfg->num_heads); }
+    if (config_has_mixer(cfg, MIXER_GDN) || config_has_mixer(cfg, MIXER_KACZMARZ)) {
+        char s[64];
+        snprintf(s, sizeof(s), "%d x (dk %d, dv %d)", cfg->lin_heads, cfg->lin_dk, cfg->lin_dv);
+        printf("| %-21s | %-50s |\n", "gdn/kaczmarz heads", s);
+    }
+    printf("| %-21s | %-50zu |\n", "parameters", model.num_parameters);
+    printf("| %-21s | %-50s |\n", "train data", train_glob);
+    printf("| %-21s | %-50zu |\n", "train tokens", train_loader.num_tokens);
+    printf("| %-21s | %-50zu |\n", "val tokens", val_loader.num_tokens);
+    printf("| %-21s | %-50s |\n", "init", resume_step >= 0 ? "resume" : init_file ? init_file : "random");
+    printf("| %-21s | B %d, T %d, grad accum %d = %-27d |\n", "batch", B, T, grad_accum, total_batch);
+    printf("| %-21s | %-50d |\n", "steps", max_steps);
+    char lrs[64];
+    snprintf(lrs, sizeof(lrs), "%s, peak %g, warmup %d, final %g", schedule, lr, warmup, final_frac);
+    printf("| %-21s | %-50s |\n", "lr schedule", lrs);
+    printf("| %-21s | %-50g |\n", "weight decay", weight_decay);
+    printf("| %-21s | %-50d |\n", "threads", max_threads());
+    printf("| %-21s | %-50s |\n", "output dir", out_dir ? out_dir : "(none)");
+    printf("+-----------------------+----------------------------------------------------+\n");
+
+    FILE* log = NULL;
+    if (out_dir) {
+        snprintf(path, sizeof(path), "%s/main.log", out_dir);
+        log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
+    }
+
+    // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
+    int start = (int)state.step;
+    double ema_ms = 0.0;
+    for (int step = start; step <= max_steps; step++) {
+        int last = step == max_steps;
+        if ((val_every > 0 && step % val_every == 0) || last) {
+            float vl = validation_loss(&model, &val_loader, val_batches);
+            printf("step %4d/%d | val loss %.6f\n", step, max_steps, vl);
+            if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
+        }
+        if (gen_tokens > 0 && ((sample_every > 0 && step % sample_every == 0 && step > start) || last)) {
+            generate(&model, &tokenizer, prompt_ids, prompt_len, gen_tokens, temperature);
+        }
+        if (out_dir && step > start && ((ckpt_every > 0 && step % ckpt_every == 0) || last)) {
+            state.step = step;
+            dataloader_get_state(&train_loader, &state.loader);
+            write_checkpoint(&model, &state, out_dir);
+            delete_old_checkpoints(out_dir, ckpt_keep);
+            printf("wrote checkpoint %s/model_%08d.bin\n", out_dir, step);
+        }
+        if (last) { break; }
+
+        double t0 = now_seconds();
+        model_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            dataloader_next_batch(&train_loader);
+            model_forward(&model, train_loader.inputs, train_loader.targets, B, T);
+            model_backward(&model, 1.0f / grad_accum);
+            loss += model.mean_loss / grad_accum;
+        }
+        float norm = model_grad_norm(&model);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            int64_t good = out_dir ? find_latest_checkpoint(out_dir) : -1;
+            char where[4200] = "no checkpoint was written";
+            if (good >= 0) { checkpoint_path(where, sizeof(where), out_dir, "model", good); }
+            die("step %d: loss %f, grad norm %f: training diverged; stopping (last good checkpoint: %s)", step + 1, loss, norm, where);
+        }
+        float grad_scale = grad_clip > 0.0f && norm > grad_clip ? grad_clip / norm : 1.0f;
+        float step_lr = learning_rate(sched, step, max_steps, warmup, lr, final_frac);
+        model_update(&model, step_lr, beta1, beta2, adam_eps, weight_decay, grad_scale, step + 1);
+        double ms = (now_seconds() - t0) * 1000.0;
+        ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
+        double eta = ema_ms * (max_steps - step - 1) / 1000.0;
+        printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %dm%02ds\n", step + 1, max_steps,
+               loss, step_lr, norm, ms, total_batch / (ms / 1000.0), (int)(eta / 60), (int)eta % 60);
+        fflush(stdout);
+        if (log) { fprintf(log, "s:%d trl:%.4f lr:%.6f norm:%.2f\n", step, loss, step_lr, norm); fflush(log); }
+    }
+
+    if (log) { fclose(log); }
+    if (gen_tokens > 0) { tokenizer_free(&tokenizer); }
+    free(prompt_ids);
+    dataloader_free(&train_loader);
+    dataloader_free(&val_loader);
+    model_free(&model);
+    return 0;
+}
+#endif // TESTING

@@ -1,0 +1,65 @@
+/*
+utils.h: error reporting and checked I/O shared by every program of train_kla.
+
+Every failure the user can cause (a bad flag, a missing or corrupt file) ends the same way: one line
+"error: <what, naming the file or flag>" on stderr and exit code 1. Nothing here ever aborts or dumps core.
+*/
+#ifndef TRAIN_KLA_UTILS_H
+#define TRAIN_KLA_UTILS_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+
+// print "error: ..." and exit(1). The message must not end with a newline.
+static inline void die(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static inline void die(const char* fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fprintf(stderr, "error: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+static inline void* malloc_or_die(size_t size) {
+    void* p = malloc(size > 0 ? size : 1);
+    if (p == NULL) { die("out of memory allocating %zu bytes", size); }
+    return p;
+}
+
+static inline void* calloc_or_die(size_t n, size_t size) {
+    void* p = calloc(n > 0 ? n : 1, size > 0 ? size : 1);
+    if (p == NULL) { die("out of memory allocating %zu x %zu bytes", n, size); }
+    return p;
+}
+
+static inline FILE* fopen_or_die(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) { die("%s: cannot open (%s)", path, strerror(errno)); }
+    return f;
+}
+
+// read exactly n bytes or die saying the file is truncated
+static inline void fread_or_die(void* buf, size_t n, FILE* f, const char* path) {
+    size_t got = fread(buf, 1, n, f);
+    if (got != n) {
+        if (ferror(f)) { die("%s: read error (%s)", path, strerror(errno)); }
+        die("%s: truncated (wanted %zu more bytes, file ended after %zu)", path, n, got);
+    }
+}
+
+static inline void fwrite_or_die(const void* buf, size_t n, FILE* f, const char* path) {
+    if (n > 0 && fwrite(buf, 1, n, f) != n) { die("%s: write failed (%s)", path, strerror(errno)); }
+}
+
+// bit-cast helpers for float fields stored in int32 header slots
+static inline int32_t f32_to_slot(float x) { int32_t i; memcpy(&i, &x, 4); return i; }
+static inline float slot_to_f32(int32_t i) { float x; memcpy(&x, &i, 4); return x; }
+
+#endif // TRAIN_KLA_UTILS_H
