@@ -490,10 +490,15 @@ void tokenizer_init(Tokenizer* t, const char* path) {
         if (t->byte_token[b] == TOK_NONE) { die("%s: no token for the single byte 0x%02X", path, b); }
     }
 
-    // the merges, in rank order: (int32 left, int32 right)
-    int32_t* pairs = (int32_t*)malloc_or_die((size_t)t->num_merges * 2 * sizeof(int32_t));
-    fread_or_die(pairs, (size_t)t->num_merges * 2 * sizeof(int32_t), f, path);
-    if (fgetc(f) != EOF) { die("%s: unexpected bytes after the %u merges", path, t->num_merges); }
+    // the merges, in rank order: (int32 left, int32 right), up to the end of the file
+    size_t merge_bytes = (size_t)t->num_merges * 2 * sizeof(int32_t);
+    long merges_start = ftell(f);
+    if (merges_start < 0 || file_size - merges_start != (long)merge_bytes) {
+        die("%s: %ld bytes, but the header's %u tokens and %u merges make %ld", path, file_size,
+            t->vocab_size, t->num_merges, merges_start + (long)merge_bytes);
+    }
+    int32_t* pairs = (int32_t*)malloc_or_die(merge_bytes);
+    fread_or_die(pairs, merge_bytes, f, path);
     fclose(f);
     t->merge_mask = tok_table_size(t->num_merges) - 1;
     t->merges = (TokMerge*)malloc_or_die((t->merge_mask + 1) * sizeof(TokMerge));

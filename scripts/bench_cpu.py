@@ -141,7 +141,7 @@ def train_step(params, optimizer, cfg, x, y, cores):
 
 def main():
     parser = argparse.ArgumentParser(description="PyTorch CPU benchmark of the train_kla model (fp32)")
-    train_kla.add_model_args(parser)
+    train_kla.add_model_args(parser, max_seq_len=1024)   # train_kla.c's default
     parser.add_argument("--B", type=int, default=4, help="batch size")
     parser.add_argument("--T", type=int, default=64, help="sequence length")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")

@@ -62,16 +62,14 @@ Config = collections.namedtuple(
     "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv")
 
 
-def parse_pattern(pattern, depth):
-    """'gdn:1,attn:2' -> ['gdn', 'attn', 'attn']; the counts must add up to depth."""
+def parse_pattern(pattern):
+    """'gdn:1,attn:2' -> ['gdn', 'attn', 'attn']; a name without a count means one layer (as train_kla.c)."""
     mixers = []
     for item in pattern.split(","):
         name, sep, count = item.partition(":")
-        if name not in MIXERS or not sep or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"bad item '{item}' in mixer pattern '{pattern}' (want name:count, names {MIXERS})")
-        mixers += [name] * int(count)
-    if len(mixers) != depth:
-        raise ValueError(f"mixer pattern '{pattern}' has {len(mixers)} layers but --depth is {depth}")
+        if name not in MIXERS or (sep and not (count.isdigit() and int(count) >= 1)):
+            raise ValueError(f"bad item '{item}' in mixer pattern '{pattern}' (want name[:count], names {MIXERS})")
+        mixers += [name] * (int(count) if sep else 1)
     return mixers
 
 
@@ -361,36 +359,43 @@ def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
 # command line
 
 
-def add_model_args(parser):
-    """The model flags, shared with scripts/bench_cpu.py."""
-    parser.add_argument("--mixer", default="attn:2", help="per-layer mixer pattern name:count,... (attn, gdn, kaczmarz)")
-    parser.add_argument("--depth", type=int, default=2, help="number of layers L")
-    parser.add_argument("--width", type=int, default=64, help="model width C")
+def add_model_args(parser, max_seq_len):
+    """The model flags, shared with scripts/bench_cpu.py; defaults as train_kla.c's except --max-seq-len."""
+    parser.add_argument("--mixer", default="gdn", help="per-layer mixer pattern name[:count],... with names attn, "
+                                                       "gdn, kaczmarz, e.g. attn:2,gdn:1,kaczmarz:1")
+    parser.add_argument("--depth", type=int, help="number of layers; must equal the pattern's (default: that)")
+    parser.add_argument("--width", type=int, default=128, help="model width C")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (head size C / heads)")
-    parser.add_argument("--lin-heads", type=int, default=2, help="heads H of the recurrent mixers")
-    parser.add_argument("--dk", type=int, default=16, help="key/query head dim of the recurrent mixers")
-    parser.add_argument("--dv", type=int, default=24, help="value head dim of the recurrent mixers")
-    parser.add_argument("--max-seq-len", type=int, default=64, help="rows of wpe (all-attn models)")
+    parser.add_argument("--lin-heads", type=int, default=0, help="heads H of gdn/kaczmarz (0: heads/2, at least 1)")
+    parser.add_argument("--dk", type=int, default=0, help="key/query head dim of gdn/kaczmarz (0: 2*width/heads)")
+    parser.add_argument("--dv", type=int, default=0, help="value head dim of gdn/kaczmarz (0: dk)")
+    parser.add_argument("--max-seq-len", type=int, default=max_seq_len, help="rows of wpe (all-attn models)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="vocabulary size V")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights (and tokens)")
+    parser.add_argument("--seed", type=int, default=1337, help="seed of the initial weights and of the tokens")
 
 
 def config_from_args(args, parser):
     """Config from the model flags; parser.error (exit 2 with a message) on inconsistent values."""
     try:
-        mixers = parse_pattern(args.mixer, args.depth)
+        mixers = parse_pattern(args.mixer)
     except ValueError as e:
         parser.error(str(e))
-    for flag in ("depth", "width", "heads", "lin_heads", "dk", "dv", "max_seq_len", "vocab_size"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be positive")
+    if args.depth is not None and args.depth != len(mixers):
+        parser.error(f"mixer pattern '{args.mixer}' has {len(mixers)} layers but --depth is {args.depth}")
     if len(canonical_pattern(mixers)) >= HEADER_SLOTS * 4 - PATTERN_OFFSET:
         parser.error(f"mixer pattern '{args.mixer}' does not fit the checkpoint header (511 characters)")
+    for flag in ("width", "heads", "max_seq_len", "vocab_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be positive")
+    for flag in ("lin_heads", "dk", "dv"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag.replace('_', '-')} must be positive, or 0 for the default")
     if args.width % args.heads:
         parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
+    dk = args.dk or 2 * args.width // args.heads
     cfg = Config(vocab_size=args.vocab_size, padded_vocab_size=(args.vocab_size + 127) // 128 * 128,
                  max_seq_len=args.max_seq_len, mixers=mixers, n_embd=args.width, n_head=args.heads,
-                 lin_heads=args.lin_heads, lin_dk=args.dk, lin_dv=args.dv)
+                 lin_heads=args.lin_heads or max(args.heads // 2, 1), lin_dk=dk, lin_dv=args.dv or dk)
     if has_wpe(cfg) and args.T > cfg.max_seq_len:
         parser.error(f"--T {args.T} exceeds --max-seq-len {cfg.max_seq_len} (the all-attn model has wpe)")
     return cfg
@@ -399,7 +404,7 @@ def config_from_args(args, parser):
 def parse_args():
     parser = argparse.ArgumentParser(description="train_kla PyTorch reference: writes PREFIX_model.bin and "
                                                  "PREFIX_debug.bin (FORMATS.md)")
-    add_model_args(parser)
+    add_model_args(parser, max_seq_len=64)
     parser.add_argument("--B", type=int, default=2, help="batch size")
     parser.add_argument("--T", type=int, default=64, help="sequence length")
     parser.add_argument("--steps", type=int, default=10, help="training steps on the same batch")
