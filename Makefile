@@ -48,7 +48,7 @@ data: encode_shards
 run: all
 	bash scripts/install_deps.sh run
 	$(MAKE) data
-	./train_kla -o log_demo -x 300 -v 50 -s 100
+	./train_kla -o log_demo -x 400 -v 50 -m 40 -s 200
 
 # quick start 2: install the test dependencies, then every test; ends with "N passed, M failed"
 test: all

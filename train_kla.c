@@ -235,7 +235,7 @@ static inline float dot8(const float* a, const float* b, int n) {
 
 // 8 floats as one GCC/Clang vector; aligned(4) lets it load from any float address
 typedef float vec8 __attribute__((vector_size(32), aligned(4)));
-static inline float vec8_sum(vec8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+static inline float vec8_sum(const vec8* v) { return (((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7])); }
 
 // out[bt][o] = bias[o] + inp[bt][:] . weight[o][:]   (inp: BT x C, weight: OC x C as nn.Linear, bias may be NULL)
 // Work is cut into blocks of 128 weight rows (which stay in cache) times tiles of 4 input rows; inside, a 4x4
@@ -265,7 +265,7 @@ static void matmul_forward(float* out, const float* inp, const float* weight, co
                     }
                     for (int r = 0; r < 4; r++) {
                         for (int j = 0; j < 4; j++) {
-                            out[(size_t)(r0 + r) * OC + o0 + j] = (bias ? bias[o0 + j] : 0.0f) + vec8_sum(acc[r][j]);
+                            out[(size_t)(r0 + r) * OC + o0 + j] = (bias ? bias[o0 + j] : 0.0f) + vec8_sum(&acc[r][j]);
                         }
                     }
                 } else {  // edges of the matrix, or C not a multiple of 8
@@ -2069,11 +2069,11 @@ int main(int argc, char** argv) {
     char *train_glob = "data/demo/demo_train_*.bin", *val_glob = "data/demo/demo_val_*.bin";
     char *out_dir = NULL, *init_file = NULL, *mixer = "gdn", *schedule = "cosine", *prompt = NULL;
     char* tokenizer_path = "data/tokenizer.bin";
-    int B = 8, T = 128, total_batch = 0, max_steps = -1, warmup = 0, val_every = 20, val_batches = 20;
+    int B = 8, T = 64, total_batch = 0, max_steps = -1, warmup = 20, val_every = 20, val_batches = 20;
     int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
     int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
     int seed = 1337, shuffle = 1, chunk = 64;
-    float lr = 1e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
+    float lr = 3e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
     float grad_clip = 1.0f, temperature = 1.0f;
     Flag flags[] = {
         {"-i", FLAG_STRING, &train_glob, "train token shards (glob)", 0},
@@ -2207,7 +2207,9 @@ int main(int argc, char** argv) {
     // ---- data and tokenizer
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, train_glob, B, T, 0, 1, shuffle, (uint64_t)seed, cfg->vocab_size);
-    dataloader_init(&val_loader, val_glob, B, T, 0, 1, 0, 0, cfg->vocab_size);
+    // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
+    // representative sample of the whole split (documents are stored grouped by source)
+    dataloader_init(&val_loader, val_glob, B, T, 0, 1, 1, 0, cfg->vocab_size);
     int grad_accum = total_batch / (B * T);
     if (max_steps == -1) {
         max_steps = (int)(train_loader.batches_per_epoch / grad_accum);

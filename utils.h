@@ -50,7 +50,7 @@ static inline void fread_or_die(void* buf, size_t n, FILE* f, const char* path) 
     size_t got = fread(buf, 1, n, f);
     if (got != n) {
         if (ferror(f)) { die("%s: read error (%s)", path, strerror(errno)); }
-        die("%s: truncated (wanted %zu more bytes, file ended after %zu)", path, n, got);
+        die("%s: truncated (a read of %zu bytes found only %zu before the end of the file)", path, n, got);
     }
 }
 
