@@ -56,7 +56,10 @@ test: all
 	$(MAKE) data
 	bash scripts/run_tests.sh
 
+# the CPU benchmark (not a test): train_kla.c beside PyTorch, same models, same threads
 bench: all
+	bash scripts/install_deps.sh bench
+	$(MAKE) data
 	bash scripts/bench_cpu.sh
 
 clean:

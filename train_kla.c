@@ -237,26 +237,28 @@ static inline float dot8(const float* a, const float* b, int n) {
 typedef float vec8 __attribute__((vector_size(32), aligned(4)));
 static inline float vec8_sum(const vec8* v) { return (((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7])); }
 
-// out[bt][o] = bias[o] + inp[bt][:] . weight[o][:]   (inp: BT x C, weight: OC x C as nn.Linear, bias may be NULL)
-// Work is cut into blocks of 128 weight rows (which stay in cache) times tiles of 4 input rows; inside, a 4x4
-// tile of outputs is accumulated in 16 vector registers, so each loaded vector is used 4 times.
-static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int BT, int C, int OC) {
-    const int OB = 128;
-    int num_oblocks = (OC + OB - 1) / OB, num_rtiles = (BT + 3) / 4;
+// out[m][n] = (accumulate ? out[m][n] : bias[n]) + A[m][:] . Bm[n][:]   (A: M x K, Bm: N x K, bias may be NULL)
+// The product of a matrix with the transpose of another, the shape of every matmul below. Work is cut into
+// blocks of 128 rows of Bm (which stay in cache) times tiles of 4 rows of A; a 4x4 tile of outputs is
+// accumulated in 16 vector registers, so each loaded vector is used 4 times. Every output is computed by one
+// thread in a fixed order, so results do not depend on the number of threads.
+static void matmul_nt(float* out, const float* A, const float* Bm, const float* bias, int M, int K, int N, int accumulate) {
+    const int NB = 128;
+    int num_nblocks = (N + NB - 1) / NB, num_mtiles = (M + 3) / 4;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int ob = 0; ob < num_oblocks; ob++) {
-        for (int rt = 0; rt < num_rtiles; rt++) {
-            int r0 = rt * 4;
-            for (int o0 = ob * OB; o0 < ob * OB + OB && o0 < OC; o0 += 4) {
-                if (r0 + 4 <= BT && o0 + 4 <= OC && C % 8 == 0) {
+    for (int nb = 0; nb < num_nblocks; nb++) {
+        for (int mt = 0; mt < num_mtiles; mt++) {
+            int m0 = mt * 4;
+            for (int n0 = nb * NB; n0 < nb * NB + NB && n0 < N; n0 += 4) {
+                if (m0 + 4 <= M && n0 + 4 <= N && K % 8 == 0) {
                     vec8 acc[4][4];
                     memset(acc, 0, sizeof(acc));
-                    const float *x = inp + (size_t)r0 * C, *w = weight + (size_t)o0 * C;
-                    for (int i = 0; i < C; i += 8) {
-                        vec8 x0 = *(const vec8*)(x + i), x1 = *(const vec8*)(x + C + i);
-                        vec8 x2 = *(const vec8*)(x + 2 * C + i), x3 = *(const vec8*)(x + 3 * C + i);
+                    const float *x = A + (size_t)m0 * K, *w = Bm + (size_t)n0 * K;
+                    for (int i = 0; i < K; i += 8) {
+                        vec8 x0 = *(const vec8*)(x + i), x1 = *(const vec8*)(x + (size_t)K + i);
+                        vec8 x2 = *(const vec8*)(x + 2 * (size_t)K + i), x3 = *(const vec8*)(x + 3 * (size_t)K + i);
                         for (int j = 0; j < 4; j++) {
-                            vec8 wj = *(const vec8*)(w + (size_t)j * C + i);
+                            vec8 wj = *(const vec8*)(w + (size_t)j * K + i);
                             acc[0][j] += x0 * wj;
                             acc[1][j] += x1 * wj;
                             acc[2][j] += x2 * wj;
@@ -265,13 +267,15 @@ static void matmul_forward(float* out, const float* inp, const float* weight, co
                     }
                     for (int r = 0; r < 4; r++) {
                         for (int j = 0; j < 4; j++) {
-                            out[(size_t)(r0 + r) * OC + o0 + j] = (bias ? bias[o0 + j] : 0.0f) + vec8_sum(&acc[r][j]);
+                            float* o = out + (size_t)(m0 + r) * N + n0 + j;
+                            *o = (accumulate ? *o : bias ? bias[n0 + j] : 0.0f) + vec8_sum(&acc[r][j]);
                         }
                     }
-                } else {  // edges of the matrix, or C not a multiple of 8
-                    for (int r = r0; r < r0 + 4 && r < BT; r++) {
-                        for (int o = o0; o < o0 + 4 && o < OC; o++) {
-                            out[(size_t)r * OC + o] = (bias ? bias[o] : 0.0f) + dot8(inp + (size_t)r * C, weight + (size_t)o * C, C);
+                } else {  // edges of the matrix, or K not a multiple of 8
+                    for (int r = m0; r < m0 + 4 && r < M; r++) {
+                        for (int n = n0; n < n0 + 4 && n < N; n++) {
+                            float* o = out + (size_t)r * N + n;
+                            *o = (accumulate ? *o : bias ? bias[n] : 0.0f) + dot8(A + (size_t)r * K, Bm + (size_t)n * K, K);
                         }
                     }
                 }
@@ -280,34 +284,75 @@ static void matmul_forward(float* out, const float* inp, const float* weight, co
     }
 }
 
+// out[bt][o] = bias[o] + inp[bt][:] . weight[o][:]   (inp: BT x C, weight: OC x C as nn.Linear, bias may be NULL)
+static void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int BT, int C, int OC) {
+    matmul_nt(out, inp, weight, bias, BT, C, OC, 0);
+}
+
+// matmul_backward's workspace: the transpose of the weight it works on, grown to the largest weight seen
+// (wte, Vp x C, after the first step). Only the main thread calls matmul_backward.
+static float* weight_transpose = NULL;
+static size_t weight_transpose_floats = 0;
+
 // dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout (dbias may be NULL)
 static void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int BT, int C, int OC) {
+    // dinp = dout (BT x OC) times weight^T^T: transpose the weight (C x OC) and use matmul_nt
+    if (weight_transpose_floats < (size_t)OC * C) {
+        free(weight_transpose);
+        weight_transpose_floats = (size_t)OC * C;
+        weight_transpose = (float*)malloc_or_die(weight_transpose_floats * sizeof(float));
+    }
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < BT; r++) {
-        float* dx = dinp + (size_t)r * C;
-        const float* dy = dout + (size_t)r * OC;
+    for (int c0 = 0; c0 < C; c0 += 16) {
         for (int o = 0; o < OC; o++) {
-            float d = dy[o];
-            const float* w = weight + (size_t)o * C;
-            for (int i = 0; i < C; i++) { dx[i] += d * w[i]; }
+            for (int c = c0; c < c0 + 16 && c < C; c++) { weight_transpose[(size_t)c * OC + o] = weight[(size_t)o * C + c]; }
         }
     }
-    // each weight row belongs to one thread; rows of the batch are summed in order (deterministic)
-    const int RT = 64;
+    matmul_nt(dinp, dout, weight_transpose, NULL, BT, OC, C, 1);
+    // dweight[o][:] += sum_r dout[r][o] * inp[r][:]: per tile of 4 weight rows, 32 channels of them live in 16
+    // vector registers while the input rows stream by in order (each weight row belongs to one thread)
+    int num_otiles = (OC + 3) / 4;
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; o++) {
-        float* dw = dweight + (size_t)o * C;
-        float db = 0.0f;
-        for (int r0 = 0; r0 < BT; r0 += RT) {
-            for (int r = r0; r < r0 + RT && r < BT; r++) {
-                float d = dout[(size_t)r * OC + o];
-                const float* x = inp + (size_t)r * C;
-                for (int i = 0; i < C; i++) { dw[i] += d * x[i]; }
-                db += d;
+    for (int ot = 0; ot < num_otiles; ot++) {
+        int o0 = ot * 4;
+        if (o0 + 4 <= OC && C % 32 == 0) {
+            for (int c = 0; c < C; c += 32) {
+                vec8 acc[4][4];
+                for (int j = 0; j < 4; j++) {
+                    for (int q = 0; q < 4; q++) { acc[j][q] = *(vec8*)(dweight + (size_t)(o0 + j) * C + c + 8 * q); }
+                }
+                for (int r = 0; r < BT; r++) {
+                    const float* x = inp + (size_t)r * C + c;
+                    vec8 x0 = *(const vec8*)x, x1 = *(const vec8*)(x + 8), x2 = *(const vec8*)(x + 16), x3 = *(const vec8*)(x + 24);
+                    const float* d = dout + (size_t)r * OC + o0;
+                    for (int j = 0; j < 4; j++) {
+                        float dj = d[j];
+                        acc[j][0] += dj * x0;
+                        acc[j][1] += dj * x1;
+                        acc[j][2] += dj * x2;
+                        acc[j][3] += dj * x3;
+                    }
+                }
+                for (int j = 0; j < 4; j++) {
+                    for (int q = 0; q < 4; q++) { *(vec8*)(dweight + (size_t)(o0 + j) * C + c + 8 * q) = acc[j][q]; }
+                }
+            }
+        } else {  // edges, or C not a multiple of 32
+            for (int o = o0; o < o0 + 4 && o < OC; o++) {
+                for (int r = 0; r < BT; r++) {
+                    float d = dout[(size_t)r * OC + o];
+                    for (int i = 0; i < C; i++) { dweight[(size_t)o * C + i] += d * inp[(size_t)r * C + i]; }
+                }
             }
         }
-        if (dbias) { dbias[o] += db; }
+        if (dbias) {
+            for (int o = o0; o < o0 + 4 && o < OC; o++) {
+                float s = 0.0f;
+                for (int r = 0; r < BT; r++) { s += dout[(size_t)r * OC + o]; }
+                dbias[o] += s;
+            }
+        }
     }
 }
 

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs what `make run` (argument: run) or `make test` (argument: test) needs and is missing, from Debian's
-# packages. Data preparation (scripts/prepare_data.sh) installs its own npm packages.
+# Installs what `make run` (argument: run), `make test` (test) or `make bench` (bench) needs and is missing,
+# from Debian's packages. Data preparation (scripts/prepare_data.sh) installs its own npm packages.
 set -euo pipefail
 need=()
 command -v node > /dev/null || need+=(nodejs)
 command -v npm > /dev/null || need+=(npm)
-if [ "${1:-run}" = test ]; then
+if [ "${1:-run}" = test ] || [ "${1:-run}" = bench ]; then
     # the PyTorch reference needs Debian's torch in the system interpreter
     /usr/bin/python3 -c 'import torch' > /dev/null 2>&1 || need+=(python3-torch)
+fi
+if [ "${1:-run}" = bench ]; then
+    # PyTorch at its best on CPU: Debian's torch uses the system BLAS, which is the slow reference BLAS
+    # unless OpenBLAS is installed
+    dpkg -s libopenblas0-pthread > /dev/null 2>&1 || need+=(libopenblas0-pthread)
 fi
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
