@@ -150,7 +150,7 @@ static int parity_ok(const ParityErrors* e) {
 }
 
 static void test_parity(const char* dir, const char* name, int chunk) {
-    char model_path[4096], debug_path[4096], check[128];
+    char model_path[4096], debug_path[4096], check[256];
     snprintf(model_path, sizeof(model_path), "%s/%s_model.bin", dir, name);
     snprintf(debug_path, sizeof(debug_path), "%s/%s_debug.bin", dir, name);
     Model m;
@@ -160,7 +160,8 @@ static void test_parity(const char* dir, const char* name, int chunk) {
     ParityErrors e;
     forward_backward_errors(&m, &d, &e);
     snprintf(check, sizeof(check), "parity %s chunk %d: logits", name, chunk);
-    report(e.logits <= TOL_LOGITS, check, "rel err %.2e (tol %.0e)", e.logits, TOL_LOGITS);
+    report(e.logits <= TOL_LOGITS, check, "rel err %.2e (tol %.0e); trunk %s, mlp %s", e.logits, TOL_LOGITS,
+           NORM_NAMES[m.config.norm], MLP_NAMES[m.config.mlp]);
     snprintf(check, sizeof(check), "parity %s chunk %d: loss", name, chunk);
     report(e.loss <= TOL_LOSS, check, "ours %.7f ref %.7f rel err %.2e (tol %.0e)", m.mean_loss, d.loss, e.loss, TOL_LOSS);
     snprintf(check, sizeof(check), "parity %s chunk %d: gradients of all %d tensors", name, chunk, m.table.num_tensors);
@@ -172,7 +173,8 @@ static void test_parity(const char* dir, const char* name, int chunk) {
 
     // negative control: the first layer's mixer input matrix scaled by 1 + 1e-3 must break the comparison
     model_load(&m, model_path, chunk);
-    const TensorInfo* t = &m.table.t[m.params.wpe ? 4 : 3];  // wte, (wpe), h0.ln1.w, h0.ln1.b, then the mixer's input weight
+    const TensorInfo* t = &m.table.t[0];
+    while (!t->decay) { t++; }  // the first decayed tensor: the first layer's mixer input matrix
     for (size_t i = 0; i < t->numel; i++) { m.params_memory[t->offset + i] *= 1.001f; }
     forward_backward_errors(&m, &d, &e);
     snprintf(check, sizeof(check), "parity %s chunk %d: negative control (%s x 1.001 is detected)", name, chunk, t->name);
@@ -974,8 +976,9 @@ static void test_grad_accumulation(const char* dir) {
 
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "dev/test/ref";
-    const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid"};
-    for (int i = 0; i < 4; i++) {
+    // the foundation's four configurations, then one per trunk option (RMSNorm, SwiGLU, no MLP)
+    const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp"};
+    for (int i = 0; i < 7; i++) {
         test_parity(dir, configs[i], 64);
         if (i > 0) { test_parity(dir, configs[i], 32); }  // a second chunk length: T = 80 is 2.5 chunks of 32
         test_decode(dir, configs[i]);

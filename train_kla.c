@@ -42,6 +42,11 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 
 enum { MIXER_ATTN = 0, MIXER_GDN = 1, MIXER_KACZMARZ = 2, NUM_MIXERS = 3 };
 static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz"};
+// trunk options (FORMATS.md header slots 20-22)
+enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
+static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};
+enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_NONE = 2, NUM_MLPS = 3 };
+static const char* MLP_NAMES[NUM_MLPS] = {"gelu", "swiglu", "none"};
 #define MAX_LAYERS 128
 
 typedef struct {
@@ -54,7 +59,10 @@ typedef struct {
     int lin_heads;          // H of gdn/kaczmarz
     int lin_dk, lin_dv;     // per-head key and value dims of gdn/kaczmarz
     int conv_size;          // W, the short causal conv of gdn/kaczmarz
-    float ln_eps;           // LayerNorm eps (1e-5)
+    int norm;               // NORM_*: the block and final norms
+    int mlp;                // MLP_*: the block's MLP
+    int mlp_hidden;         // hidden width of the MLP (0 without one)
+    float norm_eps;         // eps of the block and final norms (1e-5)
     float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
     float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
     float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
@@ -217,6 +225,41 @@ static void layernorm_backward(float* dinp, float* dw, float* db, const float* d
         }
         dw[i] += sw;
         db[i] += sb;
+    }
+}
+
+// RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * w; saves 1/rms per row
+static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C, float eps) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float ss = 0.0f;
+        for (int i = 0; i < C; i++) { ss += x[i] * x[i]; }
+        float s = 1.0f / sqrtf(ss / C + eps);
+        float* o = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) { o[i] = x[i] * s * w[i]; }
+        rstd[n] = s;
+    }
+}
+
+// dinp += rstd * (dxhat - xhat * mean(dxhat * xhat)) with xhat = inp * rstd, dxhat = dout * w
+static void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                             const float* rstd, int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        float* dx = dinp + (size_t)n * C;
+        float dot = 0.0f;
+        for (int i = 0; i < C; i++) { dot += d[i] * w[i] * x[i] * rstd[n]; }
+        dot /= C;
+        for (int i = 0; i < C; i++) { dx[i] += (d[i] * w[i] - x[i] * rstd[n] * dot) * rstd[n]; }
+    }
+#pragma omp parallel for
+    for (int i = 0; i < C; i++) {
+        float sw = 0.0f;
+        for (int n = 0; n < N; n++) { sw += dout[(size_t)n * C + i] * inp[(size_t)n * C + i] * rstd[n]; }
+        dw[i] += sw;
     }
 }
 
@@ -444,6 +487,29 @@ static void gelu_backward(float* dinp, const float* inp, const float* dout, size
         float sech2 = 1.0f - th * th;
         float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] += grad * dout[i];
+    }
+}
+
+// SwiGLU: out[r][j] = SiLU(gate[r][j]) * up[r][j] with inp rows [gate (H) | up (H)]
+static void swiglu_forward(float* out, const float* inp, int N, int H) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *gate = inp + (size_t)n * 2 * H, *up = gate + H;
+        for (int j = 0; j < H; j++) { out[(size_t)n * H + j] = gate[j] / (1.0f + expf(-gate[j])) * up[j]; }
+    }
+}
+
+// dinp += d(gate), d(up): SiLU'(u) = sigmoid(u) * (1 + u * (1 - sigmoid(u)))
+static void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int H) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *gate = inp + (size_t)n * 2 * H, *up = gate + H;
+        float *dgate = dinp + (size_t)n * 2 * H, *dup = dgate + H;
+        for (int j = 0; j < H; j++) {
+            float sg = 1.0f / (1.0f + expf(-gate[j])), d = dout[(size_t)n * H + j];
+            dup[j] += d * gate[j] * sg;
+            dgate[j] += d * up[j] * sg * (1.0f + gate[j] * (1.0f - sg));
+        }
     }
 }
 
@@ -1192,7 +1258,7 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
     for (int l = 0; l < L; l++) {
         LayerParams* lp = p ? &p->layer[l] : NULL;
         T1(lp->ln1w, LNAME("ln1.w"), INIT_ONE, C);
-        T1(lp->ln1b, LNAME("ln1.b"), INIT_ZERO, C);
+        if (c->norm == NORM_LAYERNORM) { T1(lp->ln1b, LNAME("ln1.b"), INIT_ZERO, C); }
         if (c->mixer[l] == MIXER_ATTN) {
             T2(lp->qkvw, LNAME("attn.qkv.w"), 1, INIT_NORMAL, std, 3 * C, C);
             T1(lp->qkvb, LNAME("attn.qkv.b"), INIT_ZERO, 3 * C);
@@ -1209,15 +1275,22 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
             T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
         }
+        if (c->mlp == MLP_NONE) { continue; }
+        int Hm = c->mlp_hidden;
         T1(lp->ln2w, LNAME("ln2.w"), INIT_ONE, C);
-        T1(lp->ln2b, LNAME("ln2.b"), INIT_ZERO, C);
-        T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, 4 * C, C);
-        T1(lp->fcb, LNAME("mlp.fc.b"), INIT_ZERO, 4 * C);
-        T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, 4 * C);
-        T1(lp->fcprojb, LNAME("mlp.proj.b"), INIT_ZERO, C);
+        if (c->norm == NORM_LAYERNORM) { T1(lp->ln2b, LNAME("ln2.b"), INIT_ZERO, C); }
+        if (c->mlp == MLP_GELU) {
+            T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, Hm, C);
+            T1(lp->fcb, LNAME("mlp.fc.b"), INIT_ZERO, Hm);
+            T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, Hm);
+            T1(lp->fcprojb, LNAME("mlp.proj.b"), INIT_ZERO, C);
+        } else {  // SwiGLU: rows [gate | up], no biases
+            T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, 2 * Hm, C);
+            T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, Hm);
+        }
     }
     T1(p->lnfw, "lnf.w", INIT_ONE, C);
-    T1(p->lnfb, "lnf.b", INIT_ZERO, C);
+    if (c->norm == NORM_LAYERNORM) { T1(p->lnfb, "lnf.b", INIT_ZERO, C); }
 #undef T2
 #undef T1
 #undef LNAME
@@ -1296,9 +1369,10 @@ typedef struct {
     float *qkv, *atty, *att;           // attn: (B,T,3C), (B,T,C), (B,NH,T,T)
     GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
     float* residual2;                   // (B,T,C) residual after the mixer
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;              // (B,T,4C) MLP hidden before and after GELU
-    float* residual3;                   // (B,T,C) block output
+    float *ln2, *ln2_mean, *ln2_rstd;   // NULL without an MLP
+    float* fch;                         // (B,T,Hm) or (B,T,2Hm) for SwiGLU: the MLP's fc output
+    float* fch_act;                     // (B,T,Hm) after GELU / SwiGLU
+    float* residual3;                   // (B,T,C) block output (= residual2 without an MLP)
 } LayerActivations;
 
 typedef struct {
@@ -1314,7 +1388,7 @@ typedef struct {
 // the backward's working memory, shared by all layers (llm.c keeps a full mirror of the activations instead)
 typedef struct {
     float *dresidual, *dln, *dbtc;  // (B,T,C)
-    float *dfch, *dfch_gelu;        // (B,T,4C)
+    float *dfch, *dfch_act;         // like fch and fch_act
     float* dqkv;                    // (B,T,3C)
     float* attn;                    // T floats per thread
     float* gdn;                     // gdn_scratch_floats, the largest over the layers
@@ -1365,11 +1439,16 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
             if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
         }
         la->residual2 = carve(base, &cur, BT * C);
+        if (c->mlp == MLP_NONE) {
+            la->residual3 = la->residual2;
+            continue;
+        }
+        size_t Hm = c->mlp_hidden;
         la->ln2 = carve(base, &cur, BT * C);
         la->ln2_mean = carve(base, &cur, BT);
         la->ln2_rstd = carve(base, &cur, BT);
-        la->fch = carve(base, &cur, BT * 4 * C);
-        la->fch_gelu = carve(base, &cur, BT * 4 * C);
+        la->fch = carve(base, &cur, BT * Hm * (c->mlp == MLP_SWIGLU ? 2 : 1));
+        la->fch_act = carve(base, &cur, BT * Hm);
         la->residual3 = carve(base, &cur, BT * C);
     }
     a->lnf = carve(base, &cur, BT * C);
@@ -1389,8 +1468,9 @@ static size_t layout_scratch(Model* m, float* base, int B, int T) {
     s->dresidual = carve(base, &cur, BT * C);
     s->dln = carve(base, &cur, BT * C);
     s->dbtc = carve(base, &cur, BT * C);
-    s->dfch = carve(base, &cur, BT * 4 * C);
-    s->dfch_gelu = carve(base, &cur, BT * 4 * C);
+    size_t Hm = c->mlp_hidden;
+    s->dfch = carve(base, &cur, BT * Hm * (c->mlp == MLP_SWIGLU ? 2 : 1));
+    s->dfch_act = carve(base, &cur, BT * Hm);
     s->dqkv = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? BT * 3 * C : 0);
     s->attn = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? (size_t)max_threads() * T : 0);
     for (int l = 0; l < c->num_layers; l++) {
@@ -1440,6 +1520,53 @@ static void model_size_activations(Model* m, int B, int T) {
     layout_scratch(m, m->scratch_memory, B, T);
 }
 
+// The block and final norms: LayerNorm with bias or RMSNorm without (mean unused then).
+static void norm_forward(const Config* c, float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N) {
+    if (c->norm == NORM_RMSNORM) {
+        rmsnorm_forward(out, rstd, inp, w, N, c->channels, c->norm_eps);
+    } else {
+        layernorm_forward(out, mean, rstd, inp, w, b, N, c->channels, c->norm_eps);
+    }
+}
+
+static void norm_backward(const Config* c, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N) {
+    if (c->norm == NORM_RMSNORM) {
+        rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, c->channels);
+    } else {
+        layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->channels);
+    }
+}
+
+// The block's MLP: out = proj(act(fc(inp))), act = GELU or SwiGLU; keeps fc's output (pre) and act's (hidden).
+static void mlp_forward(const Config* c, float* out, float* pre, float* hidden, const LayerParams* lp, const float* inp, int N) {
+    int C = c->channels, Hm = c->mlp_hidden;
+    if (c->mlp == MLP_GELU) {
+        matmul_forward(pre, inp, lp->fcw, lp->fcb, N, C, Hm);
+        gelu_forward(hidden, pre, (size_t)N * Hm);
+    } else {
+        matmul_forward(pre, inp, lp->fcw, NULL, N, C, 2 * Hm);
+        swiglu_forward(hidden, pre, N, Hm);
+    }
+    matmul_forward(out, hidden, lp->fcprojw, lp->fcprojb, N, Hm, C);
+}
+
+// dinp += the MLP's input gradient, lg += its parameter gradients. dpre, dhidden: scratch like pre, hidden.
+static void mlp_backward(const Config* c, float* dinp, LayerParams* lg, const float* dout, const float* pre,
+                         const float* hidden, const LayerParams* lp, const float* inp, float* dpre, float* dhidden, int N) {
+    int C = c->channels, Hm = c->mlp_hidden, P = c->mlp == MLP_SWIGLU ? 2 * Hm : Hm;
+    memset(dhidden, 0, (size_t)N * Hm * sizeof(float));
+    matmul_backward(dhidden, lg->fcprojw, lg->fcprojb, dout, hidden, lp->fcprojw, N, Hm, C);
+    memset(dpre, 0, (size_t)N * P * sizeof(float));
+    if (c->mlp == MLP_GELU) {
+        gelu_backward(dpre, pre, dhidden, (size_t)N * Hm);
+    } else {
+        swiglu_backward(dpre, pre, dhidden, N, Hm);
+    }
+    matmul_backward(dinp, lg->fcw, lg->fcb, dpre, inp, lp->fcw, N, C, P);
+}
+
 // Forward pass. With targets, m->mean_loss is the mean cross-entropy over the B*T positions.
 static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
     const Config* c = &m->config;
@@ -1461,7 +1588,7 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         LayerParams* lp = &p->layer[l];
         LayerActivations* la = &a->layer[l];
         const float* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
-        layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT, C, c->ln_eps);
+        norm_forward(c, la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT);
         if (c->mixer[l] == MIXER_ATTN) {
             matmul_forward(la->qkv, la->ln1, lp->qkvw, lp->qkvb, BT, C, 3 * C);
             attention_forward(la->atty, la->att, la->qkv, B, T, C, c->num_heads);
@@ -1471,14 +1598,14 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
             gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
         }
         residual_forward(la->residual2, residual, a->block_out, (size_t)BT * C);
-        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, lp->ln2w, lp->ln2b, BT, C, c->ln_eps);
-        matmul_forward(la->fch, la->ln2, lp->fcw, lp->fcb, BT, C, 4 * C);
-        gelu_forward(la->fch_gelu, la->fch, (size_t)BT * 4 * C);
-        matmul_forward(a->block_out, la->fch_gelu, lp->fcprojw, lp->fcprojb, BT, 4 * C, C);
-        residual_forward(la->residual3, la->residual2, a->block_out, (size_t)BT * C);
+        if (c->mlp != MLP_NONE) {
+            norm_forward(c, la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, lp->ln2w, lp->ln2b, BT);
+            mlp_forward(c, a->block_out, la->fch, la->fch_act, lp, la->ln2, BT);
+            residual_forward(la->residual3, la->residual2, a->block_out, (size_t)BT * C);
+        }
     }
     const float* last = a->layer[c->num_layers - 1].residual3;
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT, C, c->ln_eps);
+    norm_forward(c, a->lnf, a->lnf_mean, a->lnf_rstd, last, p->lnfw, p->lnfb, BT);
     matmul_forward(a->logits, a->lnf, p->wte, NULL, BT, C, Vp);
     softmax_crossentropy_forward(a->probs, a->losses, a->logits, targets, BT, V, Vp);
     if (targets) {
@@ -1506,19 +1633,17 @@ static void model_backward(Model* m, float loss_scale) {
     matmul_backward(s->dln, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vp);
     memset(s->dresidual, 0, btc);
     const float* last = a->layer[c->num_layers - 1].residual3;
-    layernorm_backward(s->dresidual, g->lnfw, g->lnfb, s->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    norm_backward(c, s->dresidual, g->lnfw, g->lnfb, s->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd, BT);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerParams *lp = &p->layer[l], *lg = &g->layer[l];
         LayerActivations* la = &a->layer[l];
         const float* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
-        // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))); dresidual passes through the add
-        memset(s->dfch_gelu, 0, btc * 4);
-        matmul_backward(s->dfch_gelu, lg->fcprojw, lg->fcprojb, s->dresidual, la->fch_gelu, lp->fcprojw, BT, 4 * C, C);
-        memset(s->dfch, 0, btc * 4);
-        gelu_backward(s->dfch, la->fch, s->dfch_gelu, (size_t)BT * 4 * C);
-        memset(s->dln, 0, btc);
-        matmul_backward(s->dln, lg->fcw, lg->fcb, s->dfch, la->ln2, lp->fcw, BT, C, 4 * C);
-        layernorm_backward(s->dresidual, lg->ln2w, lg->ln2b, s->dln, la->residual2, lp->ln2w, la->ln2_mean, la->ln2_rstd, BT, C);
+        // MLP: residual3 = residual2 + mlp(ln2(residual2)); dresidual passes through the add
+        if (c->mlp != MLP_NONE) {
+            memset(s->dln, 0, btc);
+            mlp_backward(c, s->dln, lg, s->dresidual, la->fch, la->fch_act, lp, la->ln2, s->dfch, s->dfch_act, BT);
+            norm_backward(c, s->dresidual, lg->ln2w, lg->ln2b, s->dln, la->residual2, lp->ln2w, la->ln2_mean, la->ln2_rstd, BT);
+        }
         // mixer: residual2 = residual + mixer(ln1(residual))
         memset(s->dln, 0, btc);
         if (c->mixer[l] == MIXER_ATTN) {
@@ -1531,7 +1656,7 @@ static void model_backward(Model* m, float loss_scale) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
         }
-        layernorm_backward(s->dresidual, lg->ln1w, lg->ln1b, s->dln, residual, lp->ln1w, la->ln1_mean, la->ln1_rstd, BT, C);
+        norm_backward(c, s->dresidual, lg->ln1w, lg->ln1b, s->dln, residual, lp->ln1w, la->ln1_mean, la->ln1_rstd, BT);
     }
     encoder_backward(g->wte, g->wpe, s->dresidual, m->inputs, B, T, C);
 }
@@ -1635,10 +1760,13 @@ static void write_model_file(const Model* m, const char* path) {
     header[13] = 0;  // fp32
     header[14] = (int32_t)(payload_offset & 0xffffffff);
     header[15] = (int32_t)(payload_offset >> 32);
-    header[16] = f32_to_slot(c->ln_eps);
+    header[16] = f32_to_slot(c->norm_eps);
     header[17] = f32_to_slot(c->l2norm_eps);
     header[18] = f32_to_slot(c->onorm_eps);
     header[19] = f32_to_slot(c->kaczmarz_eps);
+    header[20] = c->norm;
+    header[21] = c->mlp;
+    header[22] = c->mlp_hidden;
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -1676,10 +1804,17 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->lin_dv = header[10];
     c->conv_size = header[11];
     *num_tensors = header[12];
-    c->ln_eps = slot_to_f32(header[16]);
+    c->norm_eps = slot_to_f32(header[16]);
     c->l2norm_eps = slot_to_f32(header[17]);
     c->onorm_eps = slot_to_f32(header[18]);
     c->kaczmarz_eps = slot_to_f32(header[19]);
+    c->norm = header[20];
+    c->mlp = header[21];
+    c->mlp_hidden = header[22];
+    if (c->norm < 0 || c->norm >= NUM_NORMS) { die("%s: unknown norm kind %d in the header", path, c->norm); }
+    if (c->mlp < 0 || c->mlp >= NUM_MLPS || (c->mlp != MLP_NONE) != (c->mlp_hidden > 0)) {
+        die("%s: invalid MLP kind %d / hidden width %d in the header", path, c->mlp, c->mlp_hidden);
+    }
     char pattern[513];
     memcpy(pattern, (char*)header + 512, 512);
     pattern[512] = '\0';
@@ -1843,7 +1978,7 @@ typedef struct {
     int pos;      // tokens consumed so far
     float *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];  // attn layers: (max_len, C)
     GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
-    float *x, *ln, *stats, *y, *hidden, *qkv, *att, *logits, *gdn_scratch;
+    float *x, *ln, *stats, *y, *hidden, *pre, *qkv, *att, *logits, *gdn_scratch;
     float* memory;
 } DecodeState;
 
@@ -1866,7 +2001,9 @@ static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max
     d->ln = carve(base, &cur, C);
     d->stats = carve(base, &cur, 2);
     d->y = carve(base, &cur, C);
-    d->hidden = carve(base, &cur, 4 * C);
+    size_t Hm = c->mlp_hidden;
+    d->hidden = carve(base, &cur, Hm > C ? Hm : C);  // the attention output, then the MLP's hidden
+    d->pre = carve(base, &cur, 2 * Hm);
     d->qkv = carve(base, &cur, 3 * C);
     d->att = carve(base, &cur, (size_t)max_len);
     d->logits = carve(base, &cur, (size_t)c->padded_vocab_size);
@@ -1900,7 +2037,7 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
     if (p->wpe) { for (int i = 0; i < C; i++) { d->x[i] += p->wpe[(size_t)t * C + i]; } }
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams* lp = &p->layer[l];
-        layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1, C, c->ln_eps);
+        norm_forward(c, d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1);
         if (c->mixer[l] == MIXER_ATTN) {
             int NH = c->num_heads, hs = C / NH;
             float scale = 1.0f / sqrtf((float)hs);
@@ -1928,13 +2065,13 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
             gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
         }
         for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
-        layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1, C, c->ln_eps);
-        matmul_forward(d->hidden, d->ln, lp->fcw, lp->fcb, 1, C, 4 * C);
-        gelu_forward(d->hidden, d->hidden, (size_t)4 * C);
-        matmul_forward(d->y, d->hidden, lp->fcprojw, lp->fcprojb, 1, 4 * C, C);
-        for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
+        if (c->mlp != MLP_NONE) {
+            norm_forward(c, d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1);
+            mlp_forward(c, d->y, d->pre, d->hidden, lp, d->ln, 1);
+            for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
+        }
     }
-    layernorm_forward(d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1, C, c->ln_eps);
+    norm_forward(c, d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1);
     matmul_forward(d->logits, d->ln, p->wte, NULL, 1, C, c->padded_vocab_size);
     d->pos++;
 }
@@ -2041,6 +2178,16 @@ static void require(int ok, const char* flag, const char* what) {
     if (!ok) { die("flag %s: %s", flag, what); }
 }
 
+// The index of value in names, or die naming the flag and the choices.
+static int parse_choice(const char* value, const char** names, int n, const char* flag) {
+    char choices[256] = "";
+    for (int i = 0; i < n; i++) {
+        if (strcmp(value, names[i]) == 0) { return i; }
+        snprintf(choices + strlen(choices), sizeof(choices) - strlen(choices), "%s%s", i ? ", " : "", names[i]);
+    }
+    die("flag %s: '%s' is not one of %s", flag, value, choices);
+}
+
 // Create dir (and parents) and prove it is writable, before any training happens.
 static void prepare_output_dir(const char* dir) {
     char path[4096];
@@ -2060,11 +2207,21 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     struct { const char* flag; int value; } fields[] = {
         {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
         {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
+        {"--mlp-hidden", c->mlp_hidden},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         Flag* f = find_flag(flags, n, fields[i].flag);
         if (f->given && *(int*)f->value != fields[i].value) {
             die("%s: the checkpoint has %s %d but the flags ask for %d", path, fields[i].flag, fields[i].value, *(int*)f->value);
+        }
+    }
+    struct { const char* flag; const char** names; int count, value; } choices[] = {
+        {"--norm", NORM_NAMES, NUM_NORMS, c->norm}, {"--mlp", MLP_NAMES, NUM_MLPS, c->mlp},
+    };
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
+        Flag* f = find_flag(flags, n, choices[i].flag);
+        if (f->given && parse_choice(*(char**)f->value, choices[i].names, choices[i].count, choices[i].flag) != choices[i].value) {
+            die("%s: the checkpoint has %s %s but the flags ask for %s", path, choices[i].flag, choices[i].names[choices[i].value], *(char**)f->value);
         }
     }
     Flag* f = find_flag(flags, n, "--mixer");
@@ -2117,7 +2274,9 @@ int main(int argc, char** argv) {
     int B = 8, T = 64, total_batch = 0, max_steps = -1, warmup = 20, val_every = 20, val_batches = 20;
     int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
     int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
-    int seed = 1337, shuffle = 1, chunk = 64;
+    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0;
+    char *norm = "layernorm", *mlp = "gelu";
+    float norm_eps = 1e-5f;
     float lr = 3e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
     float grad_clip = 1.0f, temperature = 1.0f;
     Flag flags[] = {
@@ -2148,6 +2307,10 @@ int main(int argc, char** argv) {
         {"--lin-heads", FLAG_INT, &lin_heads, "gdn/kaczmarz heads (0 = heads/2)", 0},
         {"--dk", FLAG_INT, &dk, "gdn/kaczmarz key head dim (0 = 2*C/heads)", 0},
         {"--dv", FLAG_INT, &dv, "gdn/kaczmarz value head dim (0 = dk)", 0},
+        {"--norm", FLAG_STRING, &norm, "block norms: layernorm (GPT-2) or rmsnorm", 0},
+        {"--norm-eps", FLAG_FLOAT, &norm_eps, "eps of the block norms", 0},
+        {"--mlp", FLAG_STRING, &mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
+        {"--mlp-hidden", FLAG_INT, &mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
         {"--max-seq-len", FLAG_INT, &max_seq_len, "position-embedding rows (all-attn models)", 0},
         {"--vocab-size", FLAG_INT, &vocab_size, "vocabulary size of a new model", 0},
         {"--seed", FLAG_INT, &seed, "seed of the initialisation and of the data shuffling", 0},
@@ -2221,7 +2384,15 @@ int main(int argc, char** argv) {
     flag_config.lin_dk = dk;
     flag_config.lin_dv = dv;
     flag_config.conv_size = 4;
-    flag_config.ln_eps = 1e-5f;
+    flag_config.norm = parse_choice(norm, NORM_NAMES, NUM_NORMS, "--norm");
+    flag_config.mlp = parse_choice(mlp, MLP_NAMES, NUM_MLPS, "--mlp");
+    require(mlp_hidden >= 0, "--mlp-hidden", "must be >= 0");
+    require(norm_eps > 0.0f, "--norm-eps", "must be > 0");
+    if (mlp_hidden == 0) {  // FLA's SwiGLU rule: floor(8C/3) rounded up to a multiple of 256
+        mlp_hidden = flag_config.mlp == MLP_GELU ? 4 * width : (width * 8 / 3 + 255) / 256 * 256;
+    }
+    flag_config.mlp_hidden = flag_config.mlp == MLP_NONE ? 0 : mlp_hidden;
+    flag_config.norm_eps = norm_eps;
     flag_config.l2norm_eps = 1e-6f;
     flag_config.onorm_eps = 1e-5f;
     flag_config.kaczmarz_eps = 1e-6f;
@@ -2297,6 +2468,9 @@ int main(int argc, char** argv) {
         snprintf(s, sizeof(s), "%d x (dk %d, dv %d)", cfg->lin_heads, cfg->lin_dk, cfg->lin_dv);
         printf("| %-21s | %-50s |\n", "gdn/kaczmarz heads", s);
     }
+    char trunk[64];
+    snprintf(trunk, sizeof(trunk), "%s, mlp %s (hidden %d)", NORM_NAMES[cfg->norm], MLP_NAMES[cfg->mlp], cfg->mlp_hidden);
+    printf("| %-21s | %-50s |\n", "trunk", trunk);
     printf("| %-21s | %-50zu |\n", "parameters", model.num_parameters);
     printf("| %-21s | %-50s |\n", "train data", train_glob);
     printf("| %-21s | %-50zu |\n", "train tokens", train_loader.num_tokens);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make_reference.sh: generate the PyTorch reference dumps that test_kla.c compares train_kla.c against.
-# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for four configurations:
-# attn (GPT-2), gdn, kaczmarz and a hybrid. A configuration whose two files are newer than
+# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for seven configurations:
+# attn (GPT-2), gdn, kaczmarz and a hybrid (LayerNorm, GELU MLP), then the trunk options: rmsnorm (RMSNorm with a
+# non-default eps), swiglu (SwiGLU MLP) and nomlp (RMSNorm, no MLP). A configuration whose two files are newer than
 # scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,3 +43,9 @@ make_config gdn      --mixer gdn:2 --depth 2 --width 64 --heads 4 --lin-heads 2 
 make_config kaczmarz --mixer kaczmarz:2 --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 --B 2 --T 80 --seed 3
 make_config hybrid   --mixer gdn:1,attn:1,kaczmarz:1 --depth 3 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 \
                      --max-seq-len 128 --B 2 --T 80 --seed 4
+make_config rmsnorm  --mixer gdn:2 --norm rmsnorm --norm-eps 1e-6 --depth 2 --width 64 --heads 4 --lin-heads 2 \
+                     --dk 16 --dv 24 --B 2 --T 80 --seed 5
+make_config swiglu   --mixer attn:1,kaczmarz:1 --mlp swiglu --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 \
+                     --dv 24 --max-seq-len 128 --B 2 --T 80 --seed 6
+make_config nomlp    --mixer gdn:1,attn:1 --norm rmsnorm --mlp none --depth 2 --width 64 --heads 4 --lin-heads 2 \
+                     --dk 16 --dv 24 --max-seq-len 128 --B 2 --T 80 --seed 7

@@ -5,7 +5,8 @@ It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer m
 (`attn`), Gated DeltaNet (`gdn`) or Kaczmarz Linear Attention (`kaczmarz`), chosen by a pattern such as
 `gdn:1,attn:1,kaczmarz:1`. The recurrent mixers run the plain token-by-token recurrence of
 ../shared/spec/gdn_kaczmarz.md section 2.1 (independent of any chunkwise algorithm), attention the plain masked
-softmax. Then it
+softmax. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
+--mlp, --mlp-hidden) are FORMATS.md header slots 16 and 20-22. Then it
   1. draws the initial fp32 weights from --seed (FORMATS.md "Initialisation") and writes PREFIX_model.bin,
   2. draws one batch of random tokens, runs forward/backward in --dtype (float64 by default, for tight
      comparisons of fp32 C code) and writes PREFIX_debug.bin: x, y, logits, loss, every parameter gradient,
@@ -40,13 +41,15 @@ PATTERN_OFFSET = 512                    # bytes 512..1023 of the checkpoint head
 TABLE_ENTRY_BYTES = 128                 # name[96] | dtype | ndim | shape[4] | int64 offset
 TABLE_NAME_BYTES = 96
 
-LN_EPS = 1e-5                           # LayerNorm eps (biased variance)
+NORM_EPS = 1e-5                         # default eps of the block and final norms (LayerNorm or RMSNorm)
 L2N_EPS = 1e-6                          # inside the sqrt of the q/k L2 normalisation (spec 1.2 step 4)
 ONORM_EPS = 1e-5                        # gated output RMSNorm of gdn/kaczmarz (FORMATS.md; spec 1.2 step 8)
 KACZMARZ_EPS = 1e-6                     # beta = eta / (||k||^2 + KACZMARZ_EPS) (spec 1.2 step 5)
 CONV_SIZE = 4                           # W, taps of the short causal depthwise conv
 
 MIXERS = ("attn", "gdn", "kaczmarz")
+NORMS = ("layernorm", "rmsnorm")        # header slot 20: index in this tuple
+MLPS = ("gelu", "swiglu", "none")       # header slot 21: index in this tuple
 RECURRENT_MIXERS = ("gdn", "kaczmarz")
 
 # matrices that get decoupled weight decay (FORMATS.md "Weight decay"), matched as name suffixes
@@ -59,7 +62,17 @@ RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
 
 
 Config = collections.namedtuple(
-    "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv")
+    "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv "
+              "norm mlp mlp_hidden norm_eps")
+
+
+def default_mlp_hidden(mlp, C):
+    """GELU: 4C; SwiGLU: 256 * ceil(floor(8C/3) / 256) (FLA's rule); none: 0."""
+    if mlp == "gelu":
+        return 4 * C
+    if mlp == "swiglu":
+        return 256 * -(-(8 * C // 3) // 256)
+    return 0
 
 
 def parse_pattern(pattern):
@@ -97,7 +110,7 @@ def tensor_shapes(cfg):
         shapes.append(("wpe", (cfg.max_seq_len, C)))
     for l, mixer in enumerate(cfg.mixers):
         p = f"h{l}."
-        shapes += [(p + "ln1.w", (C,)), (p + "ln1.b", (C,))]
+        shapes += norm_shapes(cfg, p + "ln1")
         if mixer == "attn":
             shapes += [(p + "attn.qkv.w", (3 * C, C)), (p + "attn.qkv.b", (3 * C,)),
                        (p + "attn.proj.w", (C, C)), (p + "attn.proj.b", (C,))]
@@ -108,11 +121,22 @@ def tensor_shapes(cfg):
             shapes += [(m + "in_proj.w", (proj_rows, C)), (m + "conv.w", (conv_channels, CONV_SIZE)),
                        (m + "b_bias", (H,)), (m + "A_log", (H,)), (m + "dt_bias", (H,)),
                        (m + "onorm.w", (dv,)), (m + "out_proj.w", (C, H * dv))]
-        shapes += [(p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
-                   (p + "mlp.fc.w", (4 * C, C)), (p + "mlp.fc.b", (4 * C,)),
-                   (p + "mlp.proj.w", (C, 4 * C)), (p + "mlp.proj.b", (C,))]
-    shapes += [("lnf.w", (C,)), ("lnf.b", (C,))]
+        Hm = cfg.mlp_hidden
+        if cfg.mlp == "gelu":
+            shapes += norm_shapes(cfg, p + "ln2") + [
+                (p + "mlp.fc.w", (Hm, C)), (p + "mlp.fc.b", (Hm,)),
+                (p + "mlp.proj.w", (C, Hm)), (p + "mlp.proj.b", (C,))]
+        elif cfg.mlp == "swiglu":                         # fc rows [gate | up], no biases
+            shapes += norm_shapes(cfg, p + "ln2") + [(p + "mlp.fc.w", (2 * Hm, C)), (p + "mlp.proj.w", (C, Hm))]
+        # mlp none: no ln2, no MLP tensors
+    shapes += norm_shapes(cfg, "lnf")
     return shapes
+
+
+def norm_shapes(cfg, p):
+    """LayerNorm: weight and bias; RMSNorm: weight only."""
+    C = cfg.n_embd
+    return [(p + ".w", (C,))] + ([(p + ".b", (C,))] if cfg.norm == "layernorm" else [])
 
 
 def is_decayed(name):
@@ -186,8 +210,12 @@ REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rul
 # layers (params is the {name: tensor} dict; p the layer's name prefix)
 
 
-def layernorm(x, params, p):
-    return F.layer_norm(x, x.shape[-1:], params[p + "w"], params[p + "b"], LN_EPS)
+def norm(x, params, p, cfg):
+    """Block/final norm: LayerNorm (x - mean) / sqrt(biased var + eps) * w + b, or RMSNorm
+    x / sqrt(mean(x^2) + eps) * w (no bias), eps = cfg.norm_eps."""
+    if cfg.norm == "layernorm":
+        return F.layer_norm(x, x.shape[-1:], params[p + "w"], params[p + "b"], cfg.norm_eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * params[p + "w"]
 
 
 def attention_mixer(x, params, p, cfg, cores):
@@ -237,9 +265,13 @@ def recurrent_mixer(x, params, p, kind, cfg, cores):
     return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
 
 
-def mlp(x, params, p):
-    h = F.gelu(F.linear(x, params[p + "fc.w"], params[p + "fc.b"]), approximate="tanh")
-    return F.linear(h, params[p + "proj.w"], params[p + "proj.b"])
+def mlp(x, params, p, cfg):
+    """GELU: proj(GELU_tanh(fc(x))) with biases; SwiGLU: proj(SiLU(gate) * up), [gate | up] = fc(x), no biases."""
+    if cfg.mlp == "gelu":
+        h = F.gelu(F.linear(x, params[p + "fc.w"], params[p + "fc.b"]), approximate="tanh")
+        return F.linear(h, params[p + "proj.w"], params[p + "proj.b"])
+    gate, up = F.linear(x, params[p + "fc.w"]).split(cfg.mlp_hidden, dim=-1)
+    return F.linear(F.silu(gate) * up, params[p + "proj.w"])
 
 
 def forward(params, cfg, idx, cores=REFERENCE_CORES):
@@ -249,13 +281,14 @@ def forward(params, cfg, idx, cores=REFERENCE_CORES):
         x = x + params["wpe"][: idx.shape[1]]
     for l, mixer in enumerate(cfg.mixers):
         p = f"h{l}."
-        h = layernorm(x, params, p + "ln1.")
+        h = norm(x, params, p + "ln1.", cfg)
         if mixer == "attn":
             x = x + attention_mixer(h, params, p, cfg, cores)
         else:
             x = x + recurrent_mixer(h, params, p, mixer, cfg, cores)
-        x = x + mlp(layernorm(x, params, p + "ln2."), params, p + "mlp.")
-    return layernorm(x, params, "lnf.") @ params["wte"].t()
+        if cfg.mlp != "none":
+            x = x + mlp(norm(x, params, p + "ln2.", cfg), params, p + "mlp.", cfg)
+    return norm(x, params, "lnf.", cfg) @ params["wte"].t()
 
 
 def cross_entropy_loss(logits, targets, vocab_size):
@@ -329,8 +362,9 @@ def write_checkpoint(path, cfg, params):
         {0: CHECKPOINT_MAGIC, 1: CHECKPOINT_VERSION, 2: cfg.vocab_size, 3: cfg.padded_vocab_size,
          4: cfg.max_seq_len, 5: len(cfg.mixers), 6: cfg.n_embd, 7: cfg.n_head, 8: cfg.lin_heads,
          9: cfg.lin_dk, 10: cfg.lin_dv, 11: CONV_SIZE, 12: len(shapes), 13: 0,
-         14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32},
-        {16: LN_EPS, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS}))
+         14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32,
+         20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden},
+        {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
     header[PATTERN_OFFSET:PATTERN_OFFSET + len(pattern)] = pattern       # rest of the area stays NUL
     table, offset = [], 0
@@ -371,6 +405,13 @@ def add_model_args(parser, max_seq_len):
     parser.add_argument("--dv", type=int, default=0, help="value head dim of gdn/kaczmarz (0: dk)")
     parser.add_argument("--max-seq-len", type=int, default=max_seq_len, help="rows of wpe (all-attn models)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="vocabulary size V")
+    parser.add_argument("--norm", choices=NORMS, default="layernorm",
+                        help="block and final norm: LayerNorm with bias (GPT-2) or RMSNorm without bias")
+    parser.add_argument("--norm-eps", type=float, default=NORM_EPS, help="eps of the block and final norms")
+    parser.add_argument("--mlp", choices=MLPS, default="gelu",
+                        help="MLP: GELU (GPT-2), SwiGLU (no biases) or none (no MLP and no second norm)")
+    parser.add_argument("--mlp-hidden", type=int, default=0, help="MLP hidden width (0: GELU 4C, SwiGLU "
+                                                                  "256*ceil(floor(8C/3)/256))")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the initial weights and of the tokens")
 
 
@@ -390,12 +431,20 @@ def config_from_args(args, parser):
     for flag in ("lin_heads", "dk", "dv"):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag.replace('_', '-')} must be positive, or 0 for the default")
+    if args.mlp_hidden < 0:
+        parser.error("--mlp-hidden must be positive, or 0 for the default")
+    if args.mlp == "none" and args.mlp_hidden:
+        parser.error("--mlp-hidden makes no sense with --mlp none")
+    if not args.norm_eps > 0:
+        parser.error("--norm-eps must be positive")
     if args.width % args.heads:
         parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
     dk = args.dk or 2 * args.width // args.heads
     cfg = Config(vocab_size=args.vocab_size, padded_vocab_size=(args.vocab_size + 127) // 128 * 128,
                  max_seq_len=args.max_seq_len, mixers=mixers, n_embd=args.width, n_head=args.heads,
-                 lin_heads=args.lin_heads or max(args.heads // 2, 1), lin_dk=dk, lin_dv=args.dv or dk)
+                 lin_heads=args.lin_heads or max(args.heads // 2, 1), lin_dk=dk, lin_dv=args.dv or dk,
+                 norm=args.norm, mlp=args.mlp, mlp_hidden=args.mlp_hidden or default_mlp_hidden(args.mlp, args.width),
+                 norm_eps=args.norm_eps)
     if has_wpe(cfg) and args.T > cfg.max_seq_len:
         parser.error(f"--T {args.T} exceeds --max-seq-len {cfg.max_seq_len} (the all-attn model has wpe)")
     return cfg
@@ -461,7 +510,8 @@ def main():
     write_checkpoint(args.out + "_model.bin", cfg, weights)
     write_debug_state(args.out + "_debug.bin", cfg, hp, x, y, logits, losses[0], grads, losses)
     nparams = sum(w.numel() for w in weights.values())
-    print(f"{canonical_pattern(cfg.mixers)} L={len(cfg.mixers)} C={cfg.n_embd} params={nparams} "
+    print(f"{canonical_pattern(cfg.mixers)} L={len(cfg.mixers)} C={cfg.n_embd} norm={cfg.norm} mlp={cfg.mlp}"
+          f"({cfg.mlp_hidden}) params={nparams} "
           f"B={args.B} T={args.T} seed={args.seed} {args.dtype} on {args.device}")
     print(f"step 0: loss {losses[0]:.6f}  grad norm {norm:.6f}")
     print("losses: " + " ".join(f"{l:.6f}" for l in losses))

@@ -52,6 +52,9 @@ expect_error "mixer kla is ambiguous" "kla" "kaczmarz" "kalman" -- ./train_kla -
 expect_error "unknown mixer" "--mixer" "mamba" -- ./train_kla --mixer gdn:2,mamba:1
 expect_error "bad layer count" "--mixer" -- ./train_kla --mixer gdn:x
 expect_error "pattern vs depth" "--mixer" "3" -- ./train_kla --mixer gdn:2 --depth 3
+expect_error "unknown norm" "--norm" "rmsnorm" -- ./train_kla --norm batchnorm
+expect_error "unknown mlp" "--mlp" "swiglu" -- ./train_kla --mlp relu
+expect_error "negative mlp hidden" "--mlp-hidden" -- ./train_kla --mlp-hidden -4
 expect_error "T above max_seq_len (attn)" "-t" "max_seq_len" -- ./train_kla --mixer attn:2 --max-seq-len 64 -t 128
 
 # ---- data
@@ -105,6 +108,7 @@ expect_error "checkpoint truncated" "ck_truncated.bin" "truncated" -- ./train_kl
 expect_error "checkpoint tensor shape" "ck_shape.bin" "h0.ln1.b" "shape" -- ./train_kla "${SMALL[@]}" -e "$tmp/ck_shape.bin"
 expect_error "checkpoint config vs flags" "model_00000002.bin" "--width" -- ./train_kla "${SMALL[@]}" -e "$good" --width 128 --heads 4
 expect_error "checkpoint pattern vs flags" "model_00000002.bin" "--mixer" -- ./train_kla "${SMALL[@]}" -e "$good" --mixer gdn:3
+expect_error "checkpoint trunk vs flags" "model_00000002.bin" "--mlp" -- ./train_kla "${SMALL[@]}" -e "$good" --mlp swiglu
 touch "$tmp/a_file"
 expect_error "output dir not creatable" "-o" "a_file/sub" -- ./train_kla "${SMALL[@]}" -o "$tmp/a_file/sub"
 if [ -e "$tmp/a_file/sub" ]; then fail "nothing left behind" "output dir created"; fi
