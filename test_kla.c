@@ -974,11 +974,751 @@ static void test_grad_accumulation(const char* dir) {
     model_free(&m);
 }
 
+// ----------------------------------------------------------------------------
+// pdn / pgdn / pkda mixer properties (spec/pdn.md section 9). Uses the gdnt_ rng and check helpers above.
+// Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative unless stated.
+
+static const char* pdnt_vname[3] = {"pdn", "pgdn", "pkda"};
+
+// plain double recurrence of spec 2.1 for one head (the test's own reference). g [T*dk]; x = 1 drops the
+// preconditioner (m = 1). Writes o [T*dv], S [dk*dv], A [dk], m [T*dk] (may be NULL).
+static void pdnt_core_ref(double* o, double* S, double* A, double* mo, const float* q, const float* k, const float* v,
+                          int stride_k, int stride_v, const float* beta, const float* g, const float* gP,
+                          const float* bP, double cs, double x, double eps, double qscale, int T, int dk, int dv) {
+    double* m = (double*)malloc((size_t)dk * sizeof(double));
+    double* p = (double*)malloc((size_t)dv * sizeof(double));
+    for (int t = 0; t < T; t++) {
+        const float* qt = q + (size_t)t * stride_k;
+        const float* kt = k + (size_t)t * stride_k;
+        const float* vt = v + (size_t)t * stride_v;
+        for (int d = 0; d < dk; d++) {
+            A[d] = exp((double)gP[t]) * A[d] + (double)bP[t] * kt[d] * kt[d];
+            const double r = log(A[d] + eps) - cs;
+            m[d] = exp(-log(x) * r / (1.0 + fabs(r)));
+            if (mo) { mo[(size_t)t * dk + d] = m[d]; }
+        }
+        for (int j = 0; j < dv; j++) {
+            double acc = 0.0;
+            for (int d = 0; d < dk; d++) { acc += exp((double)g[(size_t)t * dk + d]) * S[d * dv + j] * kt[d]; }
+            p[j] = vt[j] - acc;
+        }
+        for (int d = 0; d < dk; d++) {
+            for (int j = 0; j < dv; j++) {
+                S[d * dv + j] = exp((double)g[(size_t)t * dk + d]) * S[d * dv + j] + m[d] * kt[d] * beta[t] * p[j];
+            }
+        }
+        for (int j = 0; j < dv; j++) {
+            double acc = 0.0;
+            for (int d = 0; d < dk; d++) { acc += S[d * dv + j] * qt[d]; }
+            o[(size_t)t * dv + j] = qscale * acc;
+        }
+    }
+    free(m); free(p);
+}
+
+static double pdnt_relerr_d(const float* a, const double* b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= num)) { num = d; }
+        if (fabs(b[i]) > den) { den = fabs(b[i]); }
+    }
+    return num / (den > 0.0 ? den : 1.0);
+}
+
+// 1. golden vector of spec 11 (PGDN, T = 2, dk = dv = 2, q = k passed pre-scaled: qscale = 1)
+static int pdnt_golden(void) {
+    const float qkv[2][6] = {{1, 0, 1, 0, 1, 2}, {0.6f, 0.8f, 0.6f, 0.8f, 3, -1}};
+    const float beta[2] = {0.5f, 0.8f}, g[4] = {-0.1f, -0.1f, -0.2f, -0.2f}, gP[2] = {0.0f, -0.5f}, bP[2] = {1.0f, 0.5f};
+    const float cs = -0.2f;
+    float o[4], A[4], m[4], Sck[4], S[4] = {0}, Af[2] = {0};
+    pdn_core_forward(o, A, m, Sck, S, Af, &qkv[0][0], beta, g, gP, bP, &cs, 1, 2, 1, 2, 2, 4, 1.0f, logf(1.5f), 1e-6f);
+    const double o_ref[4] = {0.4673275010, 0.9346550020, 2.7663186569, -0.8769240352};
+    const double S_ref[4] = {1.7333847181, 0.0538037058, 2.1578597825, -1.1365078233};
+    const double A_ref[4] = {1.0, 0.0, 0.7865306597, 0.32};
+    const double m_ref[4] = {0.9346550020, 1.4589587519, 1.0157636102, 1.2170150421};
+    double err = 0.0;
+    for (int i = 0; i < 4; i++) {
+        err = fmax(err, fabs(o[i] - o_ref[i]));
+        err = fmax(err, fabs(S[i] - S_ref[i]));
+        err = fmax(err, fabs(A[i] - A_ref[i]));
+        err = fmax(err, fabs(m[i] - m_ref[i]));
+    }
+    for (int i = 0; i < 2; i++) { err = fmax(err, fabs(Af[i] - A_ref[2 + i])); }
+    return gdnt_check("pdn_golden_vector_spec11 (max abs)", err, 1e-6);
+}
+
+// random core inputs for B, T, H: unit q, k; v ~ N(0,1); beta in (0,1); g per variant (pkda: per channel);
+// gP = -exp(U(-4,1)), bP in (0,1); cs ~ -0.2 + N(0, 0.5)
+static void pdnt_core_inputs(float* qkv, float* beta, float* g, float* gP, float* bP, float* cs,
+                             int B, int T, int H, int dk, int dv, int variant) {
+    const int D = 2 * H * dk + H * dv;
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        float* row = qkv + r * D;
+        for (int i = 0; i < D; i++) { row[i] = (float)gdnt_normal(); }
+        for (int hh = 0; hh < H; hh++) {
+            float* q = row + hh * dk;
+            float* k = row + H * dk + hh * dk;
+            const float nq = sqrtf(gdn_dot(q, q, dk)), nk = sqrtf(gdn_dot(k, k, dk));
+            for (int d = 0; d < dk; d++) { q[d] /= nq; k[d] /= nk; }
+            const size_t e = r * H + hh;
+            beta[e] = (float)gdnt_unif();
+            gP[e] = (float)-exp(-4.0 + 5.0 * gdnt_unif());
+            bP[e] = (float)gdnt_unif();
+            const float gs = (float)-exp(-5.0 + 5.0 * gdnt_unif());
+            for (int d = 0; d < dk; d++) {
+                g[e * dk + d] = variant == 0 ? 0.0f : variant == 1 ? gs : (float)-exp(-5.0 + 5.0 * gdnt_unif());
+            }
+        }
+    }
+    for (int hh = 0; hh < H; hh++) { cs[hh] = (float)(-0.2 + 0.5 * gdnt_normal()); }
+}
+
+// 2. x = 1: m = 1, so pdn == DeltaNet and pgdn == GDN (against the plain double recurrence without the
+//    preconditioner, and pgdn also against train_kla's gdn_core_recurrent); dgP, dbP, dc exactly 0.
+static int pdnt_x1(void) {
+    const int B = 2, T = 29, H = 2, dk = 8, dv = 6, D = 2 * H * dk + H * dv, CK = 8;
+    const size_t BT = (size_t)B * T, nO = BT * H * dv;
+    int fails = 0;
+    float* qkv = (float*)malloc(BT * D * sizeof(float));
+    float* beta = (float*)malloc(BT * H * sizeof(float));
+    float* gP = (float*)malloc(BT * H * sizeof(float));
+    float* bP = (float*)malloc(BT * H * sizeof(float));
+    float* g = (float*)malloc(BT * H * dk * sizeof(float));
+    float* A = (float*)malloc(BT * H * dk * sizeof(float));
+    float* m = (float*)malloc(BT * H * dk * sizeof(float));
+    float* o = (float*)malloc(nO * sizeof(float));
+    float* o2 = (float*)malloc(nO * sizeof(float));
+    float* Sck = (float*)malloc((size_t)B * H * pdn_NT(T, CK) * dk * dv * sizeof(float));
+    float* S = (float*)malloc((size_t)B * H * dk * dv * sizeof(float));
+    float* Af = (float*)malloc((size_t)B * H * dk * sizeof(float));
+    float* dqkv = (float*)malloc(BT * D * sizeof(float));
+    float* dO = (float*)malloc(nO * sizeof(float));
+    float* dbeta = (float*)malloc(BT * H * sizeof(float));
+    float* dgP = (float*)malloc(BT * H * sizeof(float));
+    float* dbP = (float*)malloc(BT * H * sizeof(float));
+    float* dg = (float*)malloc(BT * H * dk * sizeof(float));
+    float* dcs = (float*)malloc((size_t)B * H * sizeof(float));
+    float* scr = (float*)malloc((size_t)max_threads() * pdn_core_bwd_floats(CK, dk, dv) * sizeof(float));
+    double* od = (double*)malloc((size_t)T * dv * sizeof(double));
+    double* Sd = (double*)malloc((size_t)dk * dv * sizeof(double));
+    double Ad[8];
+    float cs[2];
+    for (int variant = 0; variant < 2; variant++) {
+        gdnt_seed(700 + variant);
+        pdnt_core_inputs(qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, variant);
+        memset(S, 0, (size_t)B * H * dk * dv * sizeof(float));
+        memset(Af, 0, (size_t)B * H * dk * sizeof(float));
+        pdn_core_forward(o, A, m, Sck, S, Af, qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, CK,
+                         1.0f / sqrtf((float)dk), logf(1.0f), 1e-6f);
+        double err = 0.0;
+        int m_not_one = 0;
+        for (size_t i = 0; i < BT * H * dk; i++) { m_not_one += m[i] != 1.0f; }
+        for (int b = 0; b < B; b++) {
+            for (int hh = 0; hh < H; hh++) {
+                float* bb = (float*)malloc(T * sizeof(float));
+                float* gg = (float*)malloc((size_t)T * dk * sizeof(float));
+                float* ones = (float*)malloc(T * sizeof(float));
+                for (int t = 0; t < T; t++) {
+                    const size_t e = ((size_t)b * T + t) * H + hh;
+                    bb[t] = beta[e]; ones[t] = 0.0f;
+                    for (int d = 0; d < dk; d++) { gg[(size_t)t * dk + d] = g[e * dk + d]; }
+                }
+                memset(Sd, 0, (size_t)dk * dv * sizeof(double));
+                for (int d = 0; d < dk; d++) { Ad[d] = 0.0; }
+                const float* base = qkv + (size_t)b * T * D;
+                pdnt_core_ref(od, Sd, Ad, NULL, base + hh * dk, base + H * dk + hh * dk, base + 2 * H * dk + hh * dv,
+                              D, D, bb, gg, ones, ones, 0.0, 1.0, 1e-6, 1.0 / sqrt((double)dk), T, dk, dv);
+                double num = 0.0, den = 0.0;
+                for (int t = 0; t < T; t++) {
+                    for (int j = 0; j < dv; j++) {
+                        const double ref = od[(size_t)t * dv + j];
+                        num = fmax(num, fabs(o[(((size_t)b * T + t) * H + hh) * dv + j] - ref));
+                        den = fmax(den, fabs(ref));
+                    }
+                }
+                err = fmax(err, num / den);
+                free(bb); free(gg); free(ones);
+            }
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "pdn_x1_%s_equals_%s (m != 1: %d)", pdnt_vname[variant],
+                 variant ? "gdn" : "deltanet", m_not_one);
+        fails += gdnt_check(name, m_not_one ? 1.0 : err, 1e-6);
+        if (variant == 1) {
+            // gdn_core_recurrent takes the per-head scalar g and the same normalised q (it scales by dk^-1/2)
+            float* gs = (float*)malloc(BT * H * sizeof(float));
+            float* Sg = (float*)calloc((size_t)B * H * dk * dv, sizeof(float));
+            for (size_t e = 0; e < BT * H; e++) { gs[e] = g[e * dk]; }
+            gdn_core_recurrent(o2, Sg, qkv, beta, gs, B, T, H, dk, dv);
+            fails += gdnt_check("pdn_x1_pgdn_equals_gdn_core_recurrent", gdnt_relerr(o, o2, nO), 1e-6);
+            fails += gdnt_check("pdn_x1_pgdn_final_S_equals_gdn", gdnt_relerr(S, Sg, (size_t)B * H * dk * dv), 1e-6);
+            free(gs); free(Sg);
+        }
+        for (size_t i = 0; i < nO; i++) { dO[i] = (float)gdnt_normal(); }
+        pdn_core_backward(dqkv, dbeta, dg, dgP, dbP, dcs, NULL, NULL, dO, NULL, NULL, Sck, qkv, beta, g, gP, bP, A, m,
+                          cs, B, T, H, dk, dv, CK, 1.0f / sqrtf((float)dk), logf(1.0f), 1e-6f, scr, max_threads());
+        double z = 0.0;
+        for (size_t e = 0; e < BT * H; e++) { z = fmax(z, fmax(fabs(dgP[e]), fabs(dbP[e]))); }
+        for (int i = 0; i < B * H; i++) { z = fmax(z, fabs(dcs[i])); }
+        snprintf(name, sizeof(name), "pdn_x1_%s_precond_grads_exactly_zero (max |dgP|,|dbP|,|dc|)", pdnt_vname[variant]);
+        fails += gdnt_check(name, z, 0.0);
+    }
+    free(qkv); free(beta); free(gP); free(bP); free(g); free(A); free(m); free(o); free(o2); free(Sck); free(S);
+    free(Af); free(dqkv); free(dO); free(dbeta); free(dgP); free(dbP); free(dg); free(dcs); free(scr); free(od); free(Sd);
+    return fails;
+}
+
+// ----------------------------------------------------------------------------
+// layer-level tests: a small random layer
+
+typedef struct {
+    PDNConfig c;
+    int B, T;
+    size_t n[12], nprm;            // sizes of the 12 tensors (PDNParams order, 0 = absent) and their total
+    float *prm, *grad, *x, *dx, *R, *out;
+    PDNParams p, gp;
+} PDNTLayer;
+
+static const char* pdnt_names[13] = {"in_proj_w", "conv_w", "A_log", "dt_bias", "f2_w", "g2_w", "g2_b",
+                                     "A_log_P", "dt_bias_P", "log_scale", "onorm_w", "out_proj_w", "x"};
+
+// the i-th tensor pointer of a PDNParams, in FORMATS.md order
+static float** pdnt_tensor(PDNParams* p, int i) {
+    float** f[12] = {&p->in_proj_w, &p->conv_w, &p->A_log, &p->dt_bias, &p->f2_w, &p->g2_w, &p->g2_b,
+                     &p->A_log_P, &p->dt_bias_P, &p->log_scale, &p->onorm_w, &p->out_proj_w};
+    return f[i];
+}
+
+static void pdnt_point(PDNParams* p, float* base, const size_t* n) {
+    for (int i = 0; i < 12; i++) { *pdnt_tensor(p, i) = n[i] ? base : NULL; base += n[i]; }
+}
+
+static double pdnt_dt_bias_draw(void) {
+    const double dt = exp(gdnt_unif() * (log(0.1) - log(0.001)) + log(0.001));
+    return dt + log(-expm1(-dt));
+}
+
+// random weights with O(1) activations; decays as in FORMATS.md; the centre, gate bias and onorm_w away
+// from their init so that their gradients are checked in general position
+static void pdnt_layer_init(PDNTLayer* L, const PDNConfig* c, int B, int T, uint64_t seed) {
+    L->c = *c; L->B = B; L->T = T;
+    const int P = pdn_P(c), D = pdn_D(c), H = c->H, HV = c->H * c->dv, HK = c->H * c->dk, C = c->C, dv = c->dv;
+    const int v = c->variant;
+    const size_t n[12] = {(size_t)P * C, (size_t)D * c->W, v ? (size_t)H : 0, v == 1 ? (size_t)H : v == 2 ? (size_t)HK : 0,
+                          v == 2 ? (size_t)HK * dv : 0, v == 2 ? (size_t)HV * dv : 0, v == 2 ? (size_t)HV : 0,
+                          (size_t)H, (size_t)H, (size_t)H, (size_t)dv, (size_t)C * HV};
+    L->nprm = 0;
+    for (int i = 0; i < 12; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
+    const size_t nx = (size_t)B * T * C;
+    L->prm = (float*)malloc(L->nprm * sizeof(float));
+    L->grad = (float*)calloc(L->nprm, sizeof(float));
+    L->x = (float*)malloc(nx * sizeof(float));
+    L->dx = (float*)calloc(nx, sizeof(float));
+    L->R = (float*)malloc(nx * sizeof(float));
+    L->out = (float*)malloc(nx * sizeof(float));
+    pdnt_point(&L->p, L->prm, L->n);
+    pdnt_point(&L->gp, L->grad, L->n);
+    gdnt_seed(seed);
+    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
+    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
+    for (size_t i = 0; i < n[2]; i++) { L->p.A_log[i] = (float)log(1.0 + 15.0 * gdnt_unif()); }
+    for (size_t i = 0; i < n[3]; i++) { L->p.dt_bias[i] = (float)pdnt_dt_bias_draw(); }
+    for (size_t i = 0; i < n[4]; i++) { L->p.f2_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / dv)); }
+    for (size_t i = 0; i < n[5]; i++) { L->p.g2_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / dv)); }
+    for (size_t i = 0; i < n[6]; i++) { L->p.g2_b[i] = (float)(0.5 * gdnt_normal()); }
+    for (int hh = 0; hh < H; hh++) {
+        L->p.A_log_P[hh] = (float)log(1.0 + 15.0 * gdnt_unif());
+        L->p.dt_bias_P[hh] = (float)pdnt_dt_bias_draw();
+        L->p.log_scale[hh] = (float)(-0.2 + 0.5 * gdnt_normal());
+    }
+    for (int i = 0; i < dv; i++) { L->p.onorm_w[i] = (float)(1.0 + 0.2 * gdnt_normal()); }
+    for (size_t i = 0; i < n[11]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / HV)); }
+    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
+}
+
+static void pdnt_layer_free(PDNTLayer* L) {
+    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
+}
+
+// pdn_forward into L->out (acts returned if keep != NULL, else freed); returns sum(out * R) in double
+static double pdnt_layer_loss(PDNTLayer* L, float** keep, PDNActs* akeep) {
+    float* acts = (float*)malloc(pdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
+    PDNActs a;
+    pdn_acts_point(&a, acts, L->B, L->T, &L->c);
+    pdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
+    double loss = 0.0;
+    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
+    if (keep) { *keep = acts; *akeep = a; } else { free(acts); }
+    return loss;
+}
+
+// forward, then backward with dout = R; gradients into L->grad and L->dx
+static void pdnt_layer_grad(PDNTLayer* L) {
+    float* acts = (float*)malloc(pdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
+    float* scratch = (float*)malloc(pdn_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
+    PDNActs a;
+    pdn_acts_point(&a, acts, L->B, L->T, &L->c);
+    pdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
+    memset(L->grad, 0, L->nprm * sizeof(float));
+    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
+    pdn_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
+    free(acts); free(scratch);
+}
+
+static double pdnt_sigmoid(double u) { return 1.0 / (1.0 + exp(-u)); }
+static double pdnt_softplus(double u) { return u > 20.0 ? u : log1p(exp(u)); }
+
+// independent double-precision layer forward (spec 1.1-1.5 with the token recurrence 2.1).
+// prm: the 12 tensors in PDNParams order (absent ones empty); out [B,T,C] (may be NULL); returns sum(out * R)
+static double pdnt_ref_forward(const PDNTLayer* L, const double* prm, const double* x, double* out) {
+    const PDNConfig* c = &L->c;
+    const int B = L->B, T = L->T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W, v = c->variant;
+    const int HV = H * dv, D = pdn_D(c), P = pdn_P(c);
+    const double* t_[12];
+    const double* base = prm;
+    for (int i = 0; i < 12; i++) { t_[i] = base; base += L->n[i]; }
+    const double *Win = t_[0], *Wc = t_[1], *Al = t_[2], *dtb = t_[3], *f2 = t_[4], *g2 = t_[5], *g2b = t_[6];
+    const double *AlP = t_[7], *dtbP = t_[8], *cs = t_[9], *wo = t_[10], *Wout = t_[11];
+    double* proj = (double*)malloc((size_t)T * P * sizeof(double));
+    double* S = (double*)malloc((size_t)H * dk * dv * sizeof(double));
+    double* A = (double*)malloc((size_t)H * dk * sizeof(double));
+    double* f = (double*)malloc((size_t)D * sizeof(double));
+    double* pe = (double*)malloc((size_t)dv * sizeof(double));
+    double* y = (double*)malloc((size_t)HV * sizeof(double));
+    double* gd = (double*)malloc((size_t)dk * sizeof(double));
+    double* md = (double*)malloc((size_t)dk * sizeof(double));
+    double loss = 0.0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < P; i++) {
+                double acc = 0.0;
+                for (int j = 0; j < C; j++) { acc += Win[(size_t)i * C + j] * x[((size_t)b * T + t) * C + j]; }
+                proj[(size_t)t * P + i] = acc;
+            }
+        }
+        for (int i = 0; i < H * dk * dv; i++) { S[i] = 0.0; }
+        for (int i = 0; i < H * dk; i++) { A[i] = 0.0; }
+        for (int t = 0; t < T; t++) {
+            const double* pr = proj + (size_t)t * P;
+            for (int ch = 0; ch < D; ch++) {
+                double acc = 0.0;
+                for (int j = 0; j < W; j++) {
+                    const int s = t - (W - 1) + j;
+                    if (s >= 0) { acc += Wc[ch * W + j] * proj[(size_t)s * P + ch]; }
+                }
+                f[ch] = acc / (1.0 + exp(-acc));
+            }
+            for (int hh = 0; hh < H; hh++) {
+                double* q = f + hh * dk;
+                double* k = f + H * dk + hh * dk;
+                const double* vv = f + 2 * H * dk + hh * dv;
+                double nq = 0.0, nk = 0.0;
+                for (int d = 0; d < dk; d++) { nq += q[d] * q[d]; nk += k[d] * k[d]; }
+                nq = sqrt(nq + (double)c->l2norm_eps);
+                nk = sqrt(nk + (double)c->l2norm_eps);
+                for (int d = 0; d < dk; d++) { q[d] /= nq * sqrt((double)dk); k[d] /= nk; }
+                const double beta = pdnt_sigmoid(pr[D + hh]);
+                const double gP = -exp(AlP[hh]) * pdnt_softplus(pr[D + H + hh] + dtbP[hh]);
+                const double bP = pdnt_sigmoid(pr[D + 2 * H + hh]);
+                for (int d = 0; d < dk; d++) {
+                    if (v == 0) {
+                        gd[d] = 0.0;
+                    } else if (v == 1) {
+                        gd[d] = -exp(Al[hh]) * pdnt_softplus(pr[D + 3 * H + hh] + dtb[hh]);
+                    } else {
+                        double fr = 0.0;   // f = f1 @ f2^T, f1 = proj[D+3H : D+3H+dv]
+                        for (int j = 0; j < dv; j++) { fr += f2[(size_t)(hh * dk + d) * dv + j] * pr[D + 3 * H + j]; }
+                        gd[d] = -exp(Al[hh]) * pdnt_softplus(fr + dtb[hh * dk + d]);
+                    }
+                    double* Ah = A + hh * dk;
+                    Ah[d] = exp(gP) * Ah[d] + bP * k[d] * k[d];
+                    const double r = log(Ah[d] + (double)c->precond_eps) - cs[hh];
+                    md[d] = exp(-log((double)c->x) * r / (1.0 + fabs(r)));
+                }
+                double* Sh = S + (size_t)hh * dk * dv;
+                for (int j = 0; j < dv; j++) {
+                    double sk = 0.0;
+                    for (int d = 0; d < dk; d++) { sk += exp(gd[d]) * Sh[d * dv + j] * k[d]; }
+                    pe[j] = vv[j] - sk;
+                }
+                for (int d = 0; d < dk; d++) {
+                    for (int j = 0; j < dv; j++) {
+                        Sh[d * dv + j] = exp(gd[d]) * Sh[d * dv + j] + md[d] * k[d] * beta * pe[j];
+                    }
+                }
+                double ms = 0.0;
+                for (int j = 0; j < dv; j++) {
+                    double acc = 0.0;
+                    for (int d = 0; d < dk; d++) { acc += Sh[d * dv + j] * q[d]; }
+                    y[hh * dv + j] = acc;
+                    ms += acc * acc;
+                }
+                const double rs = 1.0 / sqrt(ms / dv + (double)c->onorm_eps);
+                for (int j = 0; j < dv; j++) {
+                    double sg = 1.0;
+                    if (v == 2) {
+                        double gt = g2b[hh * dv + j];   // gate = g1 @ g2^T + b, g1 = proj[D+3H+dv : D+3H+2dv]
+                        for (int i = 0; i < dv; i++) { gt += g2[(size_t)(hh * dv + j) * dv + i] * pr[D + 3 * H + dv + i]; }
+                        sg = pdnt_sigmoid(gt);
+                    }
+                    y[hh * dv + j] *= rs * wo[j] * sg;
+                }
+            }
+            for (int i = 0; i < C; i++) {
+                double acc = 0.0;
+                for (int j = 0; j < HV; j++) { acc += Wout[(size_t)i * HV + j] * y[j]; }
+                const size_t e = ((size_t)b * T + t) * C + i;
+                if (out) { out[e] = acc; }
+                loss += acc * L->R[e];
+            }
+        }
+    }
+    free(proj); free(S); free(A); free(f); free(pe); free(y); free(gd); free(md);
+    return loss;
+}
+
+// the small configuration of the layer tests (T = 37 is not a multiple of the checkpoint interval)
+static PDNConfig pdnt_small_config(int variant, int chunk) {
+    PDNConfig c = {24, 2, 8, 6, 4, variant, 1.5f, 1e-6f, 1e-6f, 1e-6f, chunk};
+    return c;
+}
+
+// 3. pgdn with g = 0 (A_log = -200) == pdn; pkda with equal channels (f2 = 0, dt_bias[h,:] = pgdn's dt_bias[h],
+//    pgdn's a rows = 0, gate saturated: g2 = 0, g2_b = 30) == pgdn; pkda's dt_bias gradient summed over the
+//    channels of a head == pgdn's (that is dg summed over channels, through the same softplus chain), dA_log equal.
+static int pdnt_variants(void) {
+    int fails = 0;
+    PDNTLayer L0, L1, L2;
+    PDNConfig c0 = pdnt_small_config(0, 8), c1 = pdnt_small_config(1, 8), c2 = pdnt_small_config(2, 8);
+    pdnt_layer_init(&L0, &c0, 2, 37, 800);
+    pdnt_layer_init(&L1, &c1, 2, 37, 801);
+    pdnt_layer_init(&L2, &c2, 2, 37, 802);
+    const int C = c0.C, H = c0.H, dk = c0.dk, dv = c0.dv, P0 = pdn_P(&c0), D = pdn_D(&c0);
+    const size_t nx = (size_t)2 * 37 * C;
+    // pgdn: copy pdn's weights, A_log = -200 (g = -0 exactly)
+    memcpy(L1.p.in_proj_w, L0.p.in_proj_w, (size_t)P0 * C * sizeof(float));
+    memcpy(L1.p.conv_w, L0.p.conv_w, L0.n[1] * sizeof(float));
+    for (int i = 7; i < 12; i++) { memcpy(*pdnt_tensor(&L1.p, i), *pdnt_tensor(&L0.p, i), L0.n[i] * sizeof(float)); }
+    memcpy(L1.x, L0.x, nx * sizeof(float));
+    memcpy(L1.R, L0.R, nx * sizeof(float));
+    for (int hh = 0; hh < H; hh++) { L1.p.A_log[hh] = -200.0f; }
+    pdnt_layer_loss(&L0, NULL, NULL);
+    pdnt_layer_loss(&L1, NULL, NULL);
+    fails += gdnt_check("pdn_pgdn_g0_equals_pdn", gdnt_relerr(L1.out, L0.out, nx), 1e-6);
+    // pkda from pgdn (with pgdn's own A_log restored to a random value)
+    gdnt_seed(803);
+    for (int hh = 0; hh < H; hh++) { L1.p.A_log[hh] = (float)log(1.0 + 15.0 * gdnt_unif()); }
+    for (int i = 0; i < C; i++) {
+        for (int hh = 0; hh < H; hh++) { L1.p.in_proj_w[(size_t)(D + 3 * H + hh) * C + i] = 0.0f; }
+    }
+    memcpy(L2.p.in_proj_w, L1.p.in_proj_w, (size_t)P0 * C * sizeof(float));   // f1, g1 rows stay random
+    memcpy(L2.p.conv_w, L1.p.conv_w, L1.n[1] * sizeof(float));
+    memcpy(L2.p.A_log, L1.p.A_log, H * sizeof(float));
+    for (int hh = 0; hh < H; hh++) {
+        for (int d = 0; d < dk; d++) { L2.p.dt_bias[hh * dk + d] = L1.p.dt_bias[hh]; }
+    }
+    memset(L2.p.f2_w, 0, L2.n[4] * sizeof(float));
+    memset(L2.p.g2_w, 0, L2.n[5] * sizeof(float));
+    for (size_t i = 0; i < L2.n[6]; i++) { L2.p.g2_b[i] = 30.0f; }
+    for (int i = 7; i < 12; i++) { memcpy(*pdnt_tensor(&L2.p, i), *pdnt_tensor(&L1.p, i), L1.n[i] * sizeof(float)); }
+    memcpy(L2.x, L1.x, nx * sizeof(float));
+    memcpy(L2.R, L1.R, nx * sizeof(float));
+    pdnt_layer_grad(&L1);
+    pdnt_layer_grad(&L2);
+    fails += gdnt_check("pdn_pkda_equal_channels_equals_pgdn", gdnt_relerr(L2.out, L1.out, nx), 1e-6);
+    float dts[8];
+    for (int hh = 0; hh < H; hh++) {
+        double s = 0.0;
+        for (int d = 0; d < dk; d++) { s += L2.gp.dt_bias[hh * dk + d]; }
+        dts[hh] = (float)s;
+    }
+    fails += gdnt_check("pdn_pkda_dg_channel_sum_equals_pgdn_dg (ddt_bias)", gdnt_relerr(dts, L1.gp.dt_bias, H), 1e-5);
+    fails += gdnt_check("pdn_pkda_dA_log_equals_pgdn", gdnt_relerr(L2.gp.A_log, L1.gp.A_log, H), 1e-5);
+    fails += gdnt_check("pdn_pkda_dx_equals_pgdn", gdnt_relerr(L2.dx, L1.dx, nx), 1e-5);
+    (void)dv;
+    pdnt_layer_free(&L0); pdnt_layer_free(&L1); pdnt_layer_free(&L2);
+    return fails;
+}
+
+// 4. state carry. (a) core: [0,T1) then [T1,T) with S and A carried (random S0, A0) == one pass, T1 on and off
+//    a checkpoint boundary; (b) layer: pdn_forward over [0,T1), its final S, A and the last W-1 pre-conv inputs
+//    as a PDNState, then decode [T1,T) == pdn_forward over [0,T).
+static int pdnt_state_carry(int variant) {
+    int fails = 0;
+    char name[96];
+    const int B = 2, T = 37, H = 2, dk = 8, dv = 6, D = 2 * H * dk + H * dv, CK = 8;
+    const size_t BT = (size_t)B * T, nS = (size_t)B * H * dk * dv, nA = (size_t)B * H * dk;
+    float* qkv = (float*)malloc(BT * D * sizeof(float));
+    float* beta = (float*)malloc(BT * H * sizeof(float));
+    float* gP = (float*)malloc(BT * H * sizeof(float));
+    float* bP = (float*)malloc(BT * H * sizeof(float));
+    float* g = (float*)malloc(BT * H * dk * sizeof(float));
+    float* A = (float*)malloc(BT * H * dk * sizeof(float));
+    float* m = (float*)malloc(BT * H * dk * sizeof(float));
+    float* o1 = (float*)malloc(BT * H * dv * sizeof(float));
+    float* o2 = (float*)malloc(BT * H * dv * sizeof(float));
+    float* S1 = (float*)malloc(nS * sizeof(float));
+    float* S2 = (float*)malloc(nS * sizeof(float));
+    float* A1 = (float*)malloc(nA * sizeof(float));
+    float* A2 = (float*)malloc(nA * sizeof(float));
+    float* sl[6];
+    for (int i = 0; i < 6; i++) { sl[i] = (float*)malloc(BT * D * sizeof(float)); }
+    float cs[2];
+    gdnt_seed(900 + variant);
+    pdnt_core_inputs(qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, variant);
+    float* S0 = (float*)malloc(nS * sizeof(float));
+    float* A0 = (float*)malloc(nA * sizeof(float));
+    for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * gdnt_normal()); }
+    for (size_t i = 0; i < nA; i++) { A0[i] = (float)gdnt_unif(); }
+    const float qs = 1.0f / sqrtf((float)dk), lnx = logf(1.5f);
+    memcpy(S1, S0, nS * sizeof(float)); memcpy(A1, A0, nA * sizeof(float));
+    pdn_core_forward(o1, A, m, NULL, S1, A1, qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, CK, qs, lnx, 1e-6f);
+    const int splits[2] = {16, 21};
+    for (int si = 0; si < 2; si++) {
+        memcpy(S2, S0, nS * sizeof(float)); memcpy(A2, A0, nA * sizeof(float));
+        int t0 = 0;
+        for (int part = 0; part < 2; part++) {
+            const int t1 = part == 0 ? splits[si] : T, Tn = t1 - t0;
+            gdnt_slice(sl[0], qkv, B, T, t0, t1, D);
+            gdnt_slice(sl[1], beta, B, T, t0, t1, H);
+            gdnt_slice(sl[2], g, B, T, t0, t1, H * dk);
+            gdnt_slice(sl[3], gP, B, T, t0, t1, H);
+            gdnt_slice(sl[4], bP, B, T, t0, t1, H);
+            pdn_core_forward(sl[5], A, m, NULL, S2, A2, sl[0], sl[1], sl[2], sl[3], sl[4], cs, B, Tn, H, dk, dv, CK,
+                             qs, lnx, 1e-6f);
+            gdnt_unslice(o2, sl[5], B, T, t0, t1, H * dv);
+            t0 = t1;
+        }
+        double err = fmax(gdnt_relerr(o2, o1, BT * H * dv), fmax(gdnt_relerr(S2, S1, nS), gdnt_relerr(A2, A1, nA)));
+        snprintf(name, sizeof(name), "pdn_core_state_carry_%s_T1_%d", pdnt_vname[variant], splits[si]);
+        fails += gdnt_check(name, err, 1e-6);
+    }
+    // (b) layer
+    PDNConfig c = pdnt_small_config(variant, 8);
+    PDNTLayer L, Lp;
+    pdnt_layer_init(&L, &c, 2, 37, 950 + variant);
+    pdnt_layer_loss(&L, NULL, NULL);
+    const int Dl = pdn_D(&c), P = pdn_P(&c), W = c.W, Cm = c.C;
+    float* st = (float*)malloc(pdn_state_floats(&c) * sizeof(float));
+    float* scratch = (float*)malloc(pdn_decode_scratch_floats(&c) * sizeof(float));
+    float* dec = (float*)malloc((size_t)Cm * sizeof(float));
+    for (int si = 0; si < 2; si++) {
+        const int T1 = splits[si];
+        pdnt_layer_init(&Lp, &c, 2, T1, 950 + variant);    // same weights (same seed, same draws first)
+        gdnt_slice(Lp.x, L.x, 2, 37, 0, T1, Cm);
+        float* acts;
+        PDNActs a;
+        pdnt_layer_loss(&Lp, &acts, &a);
+        double num = 0.0, den = 0.0;
+        for (int b = 0; b < 2; b++) {
+            PDNState s;
+            pdn_state_point(&s, st, &c);
+            pdn_state_reset(&s, &c);
+            for (int j = 0; j < W - 1; j++) {
+                const int t = T1 - (W - 1) + j;
+                if (t >= 0) { memcpy(s.conv + (size_t)j * Dl, a.proj + ((size_t)b * T1 + t) * P, Dl * sizeof(float)); }
+            }
+            memcpy(s.S, a.S + (size_t)b * H * dk * dv, (size_t)H * dk * dv * sizeof(float));
+            memcpy(s.A, a.Af + (size_t)b * H * dk, (size_t)H * dk * sizeof(float));
+            for (int t = T1; t < 37; t++) {
+                const size_t r = (size_t)b * 37 + t;
+                pdn_decode_step(dec, &s, &L.p, L.x + r * Cm, scratch, &c);
+                for (int i = 0; i < Cm; i++) {
+                    num = fmax(num, fabs(dec[i] - L.out[r * Cm + i]));
+                    den = fmax(den, fabs(L.out[r * Cm + i]));
+                }
+            }
+        }
+        snprintf(name, sizeof(name), "pdn_layer_state_carry_%s_T1_%d", pdnt_vname[variant], T1);
+        fails += gdnt_check(name, num / den, 1e-5);
+        free(acts);
+        pdnt_layer_free(&Lp);
+    }
+    free(st); free(scratch); free(dec);
+    pdnt_layer_free(&L);
+    free(qkv); free(beta); free(gP); free(bP); free(g); free(A); free(m); free(o1); free(o2);
+    free(S1); free(S2); free(A1); free(A2); free(S0); free(A0);
+    for (int i = 0; i < 6; i++) { free(sl[i]); }
+    return fails;
+}
+
+// 5. decode token by token == layer forward; 6. bounds 1/x <= m <= x and |k|^2/x <= k.k~ <= x|k|^2 in that forward
+static int pdnt_decode_bounds(int variant, int chunk) {
+    int fails = 0;
+    char name[96];
+    PDNTLayer L;
+    PDNConfig c = pdnt_small_config(variant, chunk);
+    pdnt_layer_init(&L, &c, 2, 37, 1000 + variant);
+    float* acts;
+    PDNActs a;
+    pdnt_layer_loss(&L, &acts, &a);
+    const int C = c.C, H = c.H, dk = c.dk, D = pdn_D(&c);
+    float* st = (float*)malloc(pdn_state_floats(&c) * sizeof(float));
+    float* scratch = (float*)malloc(pdn_decode_scratch_floats(&c) * sizeof(float));
+    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
+    PDNState s;
+    pdn_state_point(&s, st, &c);
+    for (int b = 0; b < L.B; b++) {
+        pdn_state_reset(&s, &c);
+        for (int t = 0; t < L.T; t++) {
+            const size_t r = (size_t)b * L.T + t;
+            pdn_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
+        }
+    }
+    snprintf(name, sizeof(name), "pdn_decode_equals_forward_%s_chunk%d", pdnt_vname[variant], chunk);
+    fails += gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 1e-5);
+    double viol = 0.0, mmin = 1e30, mmax = 0.0;
+    const double xx = c.x;
+    for (size_t e = 0; e < (size_t)L.B * L.T * H; e++) {
+        const float* m = a.m + e * dk;
+        const float* k = a.qkv + (e / H) * D + H * dk + (e % H) * dk;
+        double kk = 0.0, kkt = 0.0;
+        for (int d = 0; d < dk; d++) {
+            mmin = fmin(mmin, m[d]); mmax = fmax(mmax, m[d]);
+            viol = fmax(viol, fmax(1.0 / xx - m[d], m[d] - xx));
+            kk += (double)k[d] * k[d];
+            kkt += (double)k[d] * k[d] * m[d];
+        }
+        viol = fmax(viol, fmax(kk / xx - kkt, kkt - xx * kk) - 1e-6);
+    }
+    snprintf(name, sizeof(name), "pdn_bounds_%s (m in [%.4f, %.4f]; violation)", pdnt_vname[variant], mmin, mmax);
+    fails += gdnt_check(name, fmax(viol, 0.0), 0.0);
+    free(st); free(scratch); free(dec); free(acts);
+    pdnt_layer_free(&L);
+    return fails;
+}
+
+// 7. layer backward (pdn_backward) vs central finite differences of the independent double forward
+//    pdnt_ref_forward, 4-point stencil [8(L(h)-L(-h)) - (L(2h)-L(-2h))]/12h, h = 1e-4 (truncation ~h^4,
+//    round-off ~1e-16 |L| / h ~ 1e-11: exact to ~1e-9). 5 samples of every tensor (all if fewer), 8 of x.
+//    Tolerance 1e-4 max-norm relative per tensor; A_log_P, dt_bias_P, log_scale 1e-3 (spec 5: the
+//    1/(A + eps) factor amplifies fp32 round-off). Also the fp32 forward vs the double forward (1e-5).
+//    8. negative control: one sampled in_proj_w gradient shifted by 1% of the tensor's max must fail.
+#define PDNT_MAXS 96
+static int pdnt_layer_fd(int variant) {
+    const char* kind = pdnt_vname[variant];
+    PDNTLayer L;
+    PDNConfig c = pdnt_small_config(variant, 8);
+    pdnt_layer_init(&L, &c, 2, 37, 1100 + variant);
+    pdnt_layer_grad(&L);
+    const size_t nx = (size_t)L.B * L.T * c.C;
+    int st[PDNT_MAXS];
+    size_t so[PDNT_MAXS];
+    int ns = 0;
+    size_t base = 0;
+    for (int t = 0; t < 13; t++) {
+        const size_t n = t < 12 ? L.n[t] : nx;
+        const int take = t < 12 ? 5 : 8;
+        for (int i = 0; i < take && (size_t)i < n; i++) {
+            st[ns] = t;
+            so[ns] = (t < 12 ? base : 0) + (n <= (size_t)take ? (size_t)i : (size_t)(gdnt_unif() * n));
+            ns++;
+        }
+        if (t < 12) { base += n; }
+    }
+    double a[PDNT_MAXS], f[PDNT_MAXS];
+    double* pd = (double*)malloc(L.nprm * sizeof(double));
+    double* xd = (double*)malloc(nx * sizeof(double));
+    double* outd = (double*)malloc(nx * sizeof(double));
+    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
+    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
+    int fails = 0;
+    char name[128];
+    pdnt_ref_forward(&L, pd, xd, outd);
+    snprintf(name, sizeof(name), "pdn_layer_forward_vs_ref64_%s", kind);
+    fails += gdnt_check(name, pdnt_relerr_d(L.out, outd, nx), 1e-5);
+    for (int i = 0; i < ns; i++) {
+        const int isx = st[i] == 12;
+        a[i] = isx ? L.dx[so[i]] : L.grad[so[i]];
+        double* vd = isx ? xd + so[i] : pd + so[i];
+        const double h = 1e-4, v0 = *vd;
+        double l[4];
+        const double off[4] = {h, -h, 2 * h, -2 * h};
+        for (int j = 0; j < 4; j++) { *vd = v0 + off[j]; l[j] = pdnt_ref_forward(&L, pd, xd, NULL); }
+        *vd = v0;
+        f[i] = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h);
+    }
+    for (int t = 0; t < 13; t++) {
+        if (t < 12 && L.n[t] == 0) { continue; }
+        double num = 0.0, den = 0.0;
+        for (int i = 0; i < ns; i++) {
+            if (st[i] != t) { continue; }
+            num = fmax(num, fabs(a[i] - f[i])); if (!(num == num)) { break; }
+            den = fmax(den, fabs(f[i]));
+        }
+        const double tol = (t == 7 || t == 8 || t == 9) ? 1e-3 : 1e-4;
+        snprintf(name, sizeof(name), "pdn_layer_grad_vs_fd64_%s_%s", kind, pdnt_names[t]);
+        fails += gdnt_check(name, num / (den > 0.0 ? den : 1.0), tol);
+    }
+    // negative control
+    {
+        double num = 0.0, den = 0.0;
+        int first = -1;
+        for (int i = 0; i < ns; i++) { if (st[i] == 0) { den = fmax(den, fabs(f[i])); if (first < 0) { first = i; } } }
+        for (int i = 0; i < ns; i++) {
+            if (st[i] != 0) { continue; }
+            const double ai = a[i] + (i == first ? 0.01 * den : 0.0);
+            num = fmax(num, fabs(ai - f[i]));
+        }
+        const int caught = !(num / den <= 1e-4);
+        snprintf(name, sizeof(name), "pdn_negative_control_%s (perturbed gradient err %.2e must exceed 1e-4)", kind,
+                 num / den);
+        printf("%s %s\n", caught ? "PASS" : "FAIL", name);
+        fails += !caught;
+    }
+    free(pd); free(xd); free(outd);
+    pdnt_layer_free(&L);
+    return fails;
+}
+
+// determinism: the layer backward with 1 thread == with the default thread count, bit for bit
+static int pdnt_thread_invariance(int variant) {
+    PDNTLayer L;
+    PDNConfig c = pdnt_small_config(variant, 8);
+    pdnt_layer_init(&L, &c, 3, 37, 1200 + variant);
+    const int nt = max_threads();
+    pdnt_layer_grad(&L);
+    float* g1 = (float*)malloc(L.nprm * sizeof(float));
+    memcpy(g1, L.grad, L.nprm * sizeof(float));
+#ifdef OMP
+    omp_set_num_threads(1);
+#endif
+    pdnt_layer_grad(&L);
+#ifdef OMP
+    omp_set_num_threads(nt);
+#endif
+    size_t diff = 0;
+    for (size_t i = 0; i < L.nprm; i++) { diff += memcmp(&g1[i], &L.grad[i], sizeof(float)) != 0; }
+    char name[96];
+    snprintf(name, sizeof(name), "pdn_param_grads_thread_count_invariant_%s (%d vs 1 threads; differing)",
+             pdnt_vname[variant], nt);
+    free(g1);
+    pdnt_layer_free(&L);
+    return gdnt_check(name, (double)diff, 0.0);
+}
+
+static int test_pdn_properties(void) {
+    int fails = 0;
+    fails += pdnt_golden();
+    fails += pdnt_x1();
+    fails += pdnt_variants();
+    for (int v = 0; v < 3; v++) {
+        fails += pdnt_state_carry(v);
+        fails += pdnt_decode_bounds(v, 8);
+        fails += pdnt_decode_bounds(v, 64);
+        fails += pdnt_layer_fd(v);
+        fails += pdnt_thread_invariance(v);
+    }
+    return fails;
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "dev/test/ref";
-    // the foundation's four configurations, then one per trunk option (RMSNorm, SwiGLU, no MLP)
-    const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp"};
-    for (int i = 0; i < 7; i++) {
+    // the foundation's four configurations, one per trunk option (RMSNorm, SwiGLU, no MLP), one per pdn-family
+    // mixer and a model that mixes all six mixers
+    const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp", "pdn", "pgdn", "pkda", "mixed"};
+    for (int i = 0; i < 11; i++) {
         test_parity(dir, configs[i], 64);
         if (i > 0) { test_parity(dir, configs[i], 32); }  // a second chunk length: T = 80 is 2.5 chunks of 32
         test_decode(dir, configs[i]);
@@ -989,8 +1729,8 @@ int main(int argc, char** argv) {
     test_sampling();
     test_checkpoint_dir(dir);
     test_grad_accumulation(dir);
-    int gdn_failures = test_gdn_properties();  // prints its own PASS/FAIL lines
-    printf("test_kla: parity/decode/checkpoint checks %d passed, %d failed; gdn property failures %d\n",
+    int gdn_failures = test_gdn_properties() + test_pdn_properties();  // print their own PASS/FAIL lines
+    printf("test_kla: parity/decode/checkpoint checks %d passed, %d failed; gdn/pdn property failures %d\n",
            tests_passed, tests_failed, gdn_failures);
     return tests_failed + gdn_failures > 0;
 }

@@ -40,8 +40,11 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 // ----------------------------------------------------------------------------------------------------------
 // model configuration and the mixer pattern
 
-enum { MIXER_ATTN = 0, MIXER_GDN = 1, MIXER_KACZMARZ = 2, NUM_MIXERS = 3 };
-static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz"};
+enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, NUM_MIXERS };
+static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda"};
+// gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
+static int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
+static int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
 // trunk options (FORMATS.md header slots 20-22)
 enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
 static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};
@@ -66,6 +69,9 @@ typedef struct {
     float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
     float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
     float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
+    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (pdn spec 1.3: 1.5)
+    float precond_eps;      // pdn family: r = log(A + eps) - c (pdn spec 1.3: 1e-6)
+    float precond_onorm_eps;  // pdn family: output RMSNorm eps (pdn spec 1.5: 1e-6)
     int mixer[MAX_LAYERS];  // MIXER_* per layer
 } Config;
 
@@ -87,7 +93,7 @@ static int parse_mixer_pattern(const char* pattern, int* mixer, const char* what
             if (len == 3 && strncmp(p, "kla", 3) == 0) {
                 die("%s: mixer 'kla' is ambiguous: use 'kaczmarz' (Kaczmarz Linear Attention) or 'kalman' (Kalman Linear Attention)", what);
             }
-            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz)", what, (int)len, p, pattern);
+            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda)", what, (int)len, p, pattern);
         }
         long count = 1;
         if (*end == ':') {
@@ -879,16 +885,76 @@ static void gdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dS0, 
 // ----------------------------------------------------------------------------
 // per-token pieces of the layer, shared by the forward, the backward and decode
 
+// The short causal depthwise conv (+ SiLU) in front of q, k, v; shared by the gdn and the pdn families.
 // spec 1.2 step 2: causal depthwise conv pre-activation of the first D projection channels at time t of a
 // sequence; proj_row points at the token's projection row, earlier tokens are P floats apart, taps that
 // reach before the sequence start read zeros. Tap W-1 multiplies the current token.
-static void gdn_conv_row(float* yc, const float* proj_row, int t, const float* conv_w, int D, int P, int W) {
+static void shortconv_row(float* yc, const float* proj_row, int t, const float* conv_w, int D, int P, int W) {
     for (int ch = 0; ch < D; ch++) { yc[ch] = 0.0f; }
     for (int j = 0; j < W; j++) {
         const int back = W - 1 - j;
         if (back > t) { continue; }
         const float* src = proj_row - (ptrdiff_t)back * P;
         for (int ch = 0; ch < D; ch++) { yc[ch] += conv_w[ch * W + j] * src[ch]; }
+    }
+}
+
+// Through the SiLU after the conv: drow *= SiLU'(y) with the pre-activation y recomputed into yrow;
+// SiLU'(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
+static void shortconv_silu_backward_row(float* drow, float* yrow, const float* proj_row, int t, const float* conv_w,
+                                        int D, int P, int W) {
+    shortconv_row(yrow, proj_row, t, conv_w, D, P, W);
+    for (int ch = 0; ch < D; ch++) {
+        const float sy = gdn_sigmoidf(yrow[ch]);
+        drow[ch] *= sy * (1.0f + yrow[ch] * (1.0f - sy));
+    }
+}
+
+// spec 1.6: dy [BT,D] = dL/d(conv output). Overwrites the first D channels of every dproj row [BT,P] with
+// d in_s[ch] = sum_j w[ch,j] dy_{s+(W-1)-j}[ch] (within each sequence of T), and adds
+// dw[ch,j] += sum_{b,t} dy_t[ch] in_{t-(W-1)+j}[ch] (blocks of channels in parallel, tokens in order).
+static void shortconv_backward(float* dproj, float* dconv_w, const float* dy, const float* proj, const float* conv_w,
+                               int BT, int T, int D, int P, int W) {
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const int t = r % T;
+        float* dprow = dproj + (size_t)r * P;
+        for (int ch = 0; ch < D; ch++) { dprow[ch] = 0.0f; }
+        for (int j = 0; j < W; j++) {
+            const int fwd = W - 1 - j;   // this input is tap j of token t + fwd
+            if (t + fwd >= T) { continue; }
+            const float* dyc = dy + (size_t)(r + fwd) * D;
+            for (int ch = 0; ch < D; ch++) { dprow[ch] += conv_w[ch * W + j] * dyc[ch]; }
+        }
+    }
+    const int CB = 32;
+    #pragma omp parallel for schedule(static)
+    for (int ch0 = 0; ch0 < D; ch0 += CB) {
+        const int ch1 = ch0 + CB < D ? ch0 + CB : D;
+        for (int r = 0; r < BT; r++) {
+            const int t = r % T;
+            const float* dyc = dy + (size_t)r * D;
+            for (int j = 0; j < W; j++) {
+                const int back = W - 1 - j;
+                if (back > t) { continue; }
+                const float* in = proj + (size_t)(r - back) * P;
+                for (int ch = ch0; ch < ch1; ch++) { dconv_w[ch * W + j] += dyc[ch] * in[ch]; }
+            }
+        }
+    }
+}
+
+// Decode (spec 4): the conv over the cached inputs (cache row j is tap j) and the current token (tap W-1),
+// then SiLU into qkv [D]; the cache [W-1, D] then shifts by one token.
+static void shortconv_decode_step(float* qkv, float* cache, const float* proj, const float* conv_w, int D, int W) {
+    for (int ch = 0; ch < D; ch++) {
+        float acc = conv_w[ch * W + W - 1] * proj[ch];
+        for (int j = 0; j < W - 1; j++) { acc += conv_w[ch * W + j] * cache[(size_t)j * D + ch]; }
+        qkv[ch] = acc * gdn_sigmoidf(acc);
+    }
+    if (W > 1) {
+        memmove(cache, cache + D, (size_t)(W - 2) * D * sizeof(float));
+        memcpy(cache + (size_t)(W - 2) * D, proj, (size_t)D * sizeof(float));
     }
 }
 
@@ -982,7 +1048,7 @@ static void gdn_forward(float* out, GDNActs* a, const GDNParams* p, const float*
     for (int r = 0; r < BT; r++) {
         float* row = a->qkv + (size_t)r * D;
         const float* prow = a->proj + (size_t)r * P;
-        gdn_conv_row(row, prow, r % T, p->conv_w, D, P, c->W);
+        shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
         for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
         gdn_token_features(row, a->qn + (size_t)r * H, a->kn + (size_t)r * H, a->beta + (size_t)r * H,
                            a->g + (size_t)r * H, prow, p, c);
@@ -1086,12 +1152,7 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
             const float u = prow[D + HV + hh] + p->dt_bias[hh];
             dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * (u > 20.0f ? 1.0f : gdn_sigmoidf(u));
         }
-        // SiLU'(y) = sigmoid(y) (1 + y (1 - sigmoid(y)))
-        gdn_conv_row(dprow, prow, r % T, p->conv_w, D, P, W);
-        for (int ch = 0; ch < D; ch++) {
-            const float sy = gdn_sigmoidf(dprow[ch]);
-            drow[ch] *= sy * (1.0f + dprow[ch] * (1.0f - sy));
-        }
+        shortconv_silu_backward_row(drow, dprow, prow, r % T, p->conv_w, D, P, W);
     }
     // gate and beta parameters: dA_log = sum dg g, ddt_bias = sum da, db_bias = sum db
     for (size_t r = 0; r < (size_t)BT; r++) {
@@ -1102,35 +1163,8 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
         }
     }
 
-    // conv backward (spec 1.6): d in_s[ch] = sum_j w[ch,j] dy_{s+(W-1)-j}[ch] within the sequence
-    #pragma omp parallel for schedule(static)
-    for (int r = 0; r < BT; r++) {
-        const int t = r % T;
-        float* dprow = dproj + (size_t)r * P;
-        for (int ch = 0; ch < D; ch++) { dprow[ch] = 0.0f; }
-        for (int j = 0; j < W; j++) {
-            const int fwd = W - 1 - j;   // this input is tap j of token t + fwd
-            if (t + fwd >= T) { continue; }
-            const float* dyc = dqkv + (size_t)(r + fwd) * D;
-            for (int ch = 0; ch < D; ch++) { dprow[ch] += p->conv_w[ch * W + j] * dyc[ch]; }
-        }
-    }
-    // dw[ch,j] = sum_{b,t} dy_t[ch] in_{t-(W-1)+j}[ch]: blocks of channels in parallel, tokens in order
-    const int CB = 32;
-    #pragma omp parallel for schedule(static)
-    for (int ch0 = 0; ch0 < D; ch0 += CB) {
-        const int ch1 = ch0 + CB < D ? ch0 + CB : D;
-        for (int r = 0; r < BT; r++) {
-            const int t = r % T;
-            const float* dyc = dqkv + (size_t)r * D;
-            for (int j = 0; j < W; j++) {
-                const int back = W - 1 - j;
-                if (back > t) { continue; }
-                const float* in = a->proj + (size_t)(r - back) * P;
-                for (int ch = ch0; ch < ch1; ch++) { grads->conv_w[ch * W + j] += dyc[ch] * in[ch]; }
-            }
-        }
-    }
+    // conv backward (spec 1.6)
+    shortconv_backward(dproj, grads->conv_w, dqkv, a->proj, p->conv_w, BT, T, D, P, W);
 
     // proj = x W_in^T
     matmul_backward(dx, grads->in_proj_w, NULL, dproj, x, p->in_proj_w, BT, C, P);
@@ -1169,20 +1203,599 @@ static void gdn_decode_step(float* out, GDNState* s, const GDNParams* p, const f
     float* o = rstd + H;
     float* y = o + H * dv;
     matmul_forward(proj, x, p->in_proj_w, NULL, 1, c->C, P);
-    // causal conv over the cached inputs (cache row j is tap j) and the current token (tap W-1), then SiLU
-    for (int ch = 0; ch < D; ch++) {
-        float acc = p->conv_w[ch * W + W - 1] * proj[ch];
-        for (int j = 0; j < W - 1; j++) { acc += p->conv_w[ch * W + j] * s->conv[(size_t)j * D + ch]; }
-        qkv[ch] = acc * gdn_sigmoidf(acc);
-    }
-    if (W > 1) {
-        memmove(s->conv, s->conv + D, (size_t)(W - 2) * D * sizeof(float));
-        memcpy(s->conv + (size_t)(W - 2) * D, proj, (size_t)D * sizeof(float));
-    }
+    shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
     gdn_token_features(qkv, qn, kn, beta, g, proj, p, c);
     gdn_core_recurrent(o, s->S, qkv, beta, g, 1, 1, H, c->dk, dv);
     gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
     matmul_forward(out, y, p->out_proj_w, NULL, 1, H * dv, c->C);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the pdn / pgdn / pkda mixers (spec/pdn.md)
+
+// ----------------------------------------------------------------------------------------------------------
+// the pdn / pgdn / pkda mixer (spec/pdn.md)
+
+// ----------------------------------------------------------------------------
+// Preconditioned DeltaNet family, fp32, OpenMP. Math: spec/pdn.md ("spec"). Parameter layout: FORMATS.md.
+// One code path for the three variants (variant 0 pdn, 1 pgdn, 2 pkda): the main decay g is kept as a
+// dk-vector per head and token (pdn: 0; pgdn: the per-head scalar broadcast; pkda: per channel), spec 2.
+// Layouts (row-major, last index fastest), with D = 2*H*dk + H*dv and
+// P = D + 3H (pdn), D + 4H (pgdn), D + 3H + 2*dv (pkda):
+//   proj [B,T,P]  in_proj output, blocks q | k | v | b | aP | bP, then pgdn: a (H), pkda: f1 (dv) | g1 (dv)
+//   qkv  [B,T,D]  conv + SiLU output, blocks q | k | v, q and k l2-normalised (q unscaled; the core scales it)
+//   beta, gP, bP [B,T,H]; g, A, m [B,T,H*dk]; o, y [B,T,H*dv]; state S [dk, dv] per head ("K-first", spec 0)
+// The core is the sequential recurrence of spec 2.1 (no chunk form on CPU, spec 2.5), parallel over (b, head),
+// with S checkpointed every `chunk` tokens; the backward recomputes each segment from its checkpoint (spec 2.2).
+
+typedef struct {
+    int C, H, dk, dv, W;   // model width, heads, key/query head dim, value head dim, conv taps
+    int variant;           // 0: pdn (no main decay), 1: pgdn (scalar decay per head), 2: pkda (diagonal decay, gate)
+    float x;               // squash range precond_x: m in (1/x, x)
+    float precond_eps, onorm_eps, l2norm_eps;
+    int chunk;             // checkpoint interval of the backward's recomputation
+} PDNConfig;
+
+// the layer's tensors in FORMATS.md order; those absent for a variant are NULL; the same struct holds gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W)
+    float* A_log;       // (H)            pgdn, pkda
+    float* dt_bias;     // (H) pgdn, (H*dk) pkda
+    float* f2_w;        // (H*dk, dv)     pkda
+    float* g2_w;        // (H*dv, dv)     pkda
+    float* g2_b;        // (H*dv)         pkda
+    float* A_log_P;     // (H)
+    float* dt_bias_P;   // (H)
+    float* log_scale;   // (H)  c, the squash centre
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} PDNParams;
+
+// everything the backward needs, written by pdn_forward
+typedef struct {
+    float* proj;   // [B,T,P] in_proj output
+    float* qkv;    // [B,T,D] q, k (l2-normalised), v after conv and SiLU
+    float* qn;     // [B,T,H] sqrt(||q||^2 + l2norm_eps) of the un-normalised q
+    float* kn;     // [B,T,H] same for k
+    float* beta;   // [B,T,H] sigmoid(b)
+    float* gP;     // [B,T,H] preconditioner log decay
+    float* bP;     // [B,T,H] preconditioner gain sigmoid(bP)
+    float* g;      // [B,T,H*dk] main log decay (pdn: 0)
+    float* A;      // [B,T,H*dk] preconditioner state A_t
+    float* m;      // [B,T,H*dk] multiplier m_t (k~ = m k)
+    float* Sck;    // [B,H,NT,dk,dv] S at the start of each checkpoint segment
+    float* S;      // [B,H,dk,dv] final state S_T
+    float* Af;     // [B,H,dk] final preconditioner state A_T
+    float* o;      // [B,T,H*dv] core output
+    float* rstd;   // [B,T,H] output RMSNorm 1/rms
+    float* y;      // [B,T,H*dv] output norm (and gate) = out_proj input
+    float* f1;     // [B,T,dv] pkda: contiguous copy of the f1 block of proj (else NULL)
+    float* g1;     // [B,T,dv] pkda: contiguous copy of the g1 block
+    float* fpre;   // [B,T,H*dk] pkda: f = f1 @ f2^T
+    float* gate;   // [B,T,H*dv] pkda: g1 @ g2^T + g2_b (pre-sigmoid)
+    int nthr;      // threads the scratch was sized for (max_threads() at pdn_acts_point)
+} PDNActs;
+
+// decode state of one sequence (spec 4)
+typedef struct {
+    float* conv;   // [W-1, D] the last W-1 pre-conv inputs, oldest first (zeros at start)
+    float* S;      // [H, dk, dv] recurrent state
+    float* A;      // [H, dk] preconditioner state
+} PDNState;
+
+static inline int pdn_D(const PDNConfig* c) { return 2 * c->H * c->dk + c->H * c->dv; }
+static inline int pdn_P(const PDNConfig* c) {
+    return pdn_D(c) + 3 * c->H + (c->variant == 1 ? c->H : 0) + (c->variant == 2 ? 2 * c->dv : 0);
+}
+static inline int pdn_NT(int T, int CK) { return (T + CK - 1) / CK; }
+static inline float pdn_softplusf(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
+static inline float pdn_dsoftplusf(float u) { return u > 20.0f ? 1.0f : gdn_sigmoidf(u); }
+
+// ----------------------------------------------------------------------------
+// mixer core (spec 2.1-2.3): inputs qkv [B,T,D] (q unscaled), beta, gP, bP [B,T,H], g [B,T,H*dk],
+// cs [H] (log_scale); qscale multiplies q (dk^-1/2 in the layer); lnx = ln(x).
+
+// preconditioner step for one token of one head: A <- exp(gP) A + bP k^2, m = exp(-lnx softsign(log(A+eps) - c))
+static inline void pdn_precond_step(float* A, float* m, const float* k, float gP, float bP, float cs,
+                                    float lnx, float eps, int dk) {
+    const float eg = expf(gP);
+    for (int d = 0; d < dk; d++) {
+        A[d] = eg * A[d] + bP * k[d] * k[d];
+        const float r = logf(A[d] + eps) - cs;
+        m[d] = expf(-lnx * (r / (1.0f + fabsf(r))));
+    }
+}
+
+// main step for one token of one head: S' = exp(g) S_prev (rows), p = v - S'^T k, S = S' + (m k)(beta p)^T.
+// S may alias S_prev. p [dv] receives the prediction error; ek [dk] is workspace.
+static inline void pdn_delta_step(float* S, const float* S_prev, const float* k, const float* v, const float* g,
+                                  const float* m, float beta, float* p, float* ek, int dk, int dv) {
+    for (int d = 0; d < dk; d++) { ek[d] = expf(g[d]) * k[d]; }
+    for (int j = 0; j < dv; j++) { p[j] = v[j]; }
+    gdn_vecmat(p, -1.0f, ek, S_prev, dv, dk, dv);
+    for (int d = 0; d < dk; d++) {
+        const float* sp = S_prev + (size_t)d * dv;
+        float* s = S + (size_t)d * dv;
+        const float al = expf(g[d]), bk = beta * m[d] * k[d];
+        for (int j = 0; j < dv; j++) { s[j] = al * sp[j] + bk * p[j]; }
+    }
+}
+
+// spec 2.1. S [B,H,dk,dv] and Ast [B,H,dk]: initial states in, final states out. Writes o [B,T,H*dv],
+// A and m [B,T,H*dk], and (if Sck) the states S_{t0} at t0 = 0, CK, 2CK, ... into Sck [B,H,NT,dk,dv].
+static void pdn_core_forward(float* o, float* A, float* m, float* Sck, float* S, float* Ast,
+                             const float* qkv, const float* beta, const float* g, const float* gP, const float* bP,
+                             const float* cs, int B, int T, int H, int dk, int dv, int CK,
+                             float qscale, float lnx, float eps) {
+    const int D = 2 * H * dk + H * dv, NT = pdn_NT(T, CK);
+    const size_t dkdv = (size_t)dk * dv;
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Sb = S + (size_t)bh * dkdv;
+        float* Ab = Ast + (size_t)bh * dk;
+        float ek[dk];
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t, e = r * H + hh;
+            if (Sck && t % CK == 0) { memcpy(Sck + ((size_t)bh * NT + t / CK) * dkdv, Sb, dkdv * sizeof(float)); }
+            const float* q = qkv + r * D + hh * dk;
+            const float* k = qkv + r * D + H * dk + hh * dk;
+            const float* v = qkv + r * D + 2 * H * dk + hh * dv;
+            float* At = A + e * dk;
+            float* mt = m + e * dk;
+            pdn_precond_step(Ab, mt, k, gP[e], bP[e], cs[hh], lnx, eps, dk);
+            memcpy(At, Ab, (size_t)dk * sizeof(float));
+            float* ot = o + e * dv;   // holds p_t until o_t is written
+            pdn_delta_step(Sb, Sb, k, v, g + e * dk, mt, beta[e], ot, ek, dk, dv);
+            for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
+            gdn_vecmat(ot, qscale, q, Sb, dv, dk, dv);
+        }
+    }
+}
+
+// per-thread scratch of pdn_core_backward: the CK+1 states of a segment, dL/dS, p [CK,dv], du, ek
+static size_t pdn_core_bwd_floats(int CK, int dk, int dv) {
+    return (size_t)(CK + 2) * dk * dv + (size_t)CK * dv + dv + dk;
+}
+
+// spec 2.2 + 2.3: exact reverse-time backward per (b, head), segment by segment from the last; each segment's
+// states are recomputed from its checkpoint. The preconditioner backward (2.3) runs in the same reverse loop:
+// token t's dk~_t is known once the main step is done, and the A carry runs backwards too.
+// dO [B,T,H*dv]; dST [B,H,dk,dv], dAT [B,H,dk] (NULL: 0). Outputs (overwritten): dqkv [B,T,D] (w.r.t. the
+// unscaled normalised q, k and v), dbeta, dgP, dbP [B,T,H], dg [B,T,H*dk], dcs [B*H] (per (b,h) partial of
+// dL/dc), dS0 [B,H,dk,dv] and dA0 [B,H,dk] (NULL: not returned). scratch: nthr * pdn_core_bwd_floats.
+static void pdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dgP, float* dbP, float* dcs,
+                              float* dS0, float* dA0, const float* dO, const float* dST, const float* dAT,
+                              const float* Sck, const float* qkv, const float* beta, const float* g,
+                              const float* gP, const float* bP, const float* A, const float* m, const float* cs,
+                              int B, int T, int H, int dk, int dv, int CK, float qscale, float lnx, float eps,
+                              float* scratch, int nthr) {
+    const int D = 2 * H * dk + H * dv, NT = pdn_NT(T, CK);
+    const size_t dkdv = (size_t)dk * dv;
+    (void)nthr;   // read only by the OpenMP pragma
+    #pragma omp parallel for num_threads(nthr) schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Sbuf = scratch + (size_t)thread_id() * pdn_core_bwd_floats(CK, dk, dv);  // [CK+1,dk,dv]
+        float* Dm = Sbuf + (size_t)(CK + 1) * dkdv;    // dL/dS_t
+        float* pbuf = Dm + dkdv;                        // [CK,dv] prediction errors p_t of the segment
+        float* du = pbuf + (size_t)CK * dv;             // [dv]
+        float* ek = du + dv;                            // [dk]
+        float carry[dk];                                // dL/dA_t flowing from later tokens
+        float dc = 0.0f;
+        if (dST) { memcpy(Dm, dST + bh * dkdv, dkdv * sizeof(float)); } else { memset(Dm, 0, dkdv * sizeof(float)); }
+        for (int d = 0; d < dk; d++) { carry[d] = dAT ? dAT[(size_t)bh * dk + d] : 0.0f; }
+        for (int n = NT - 1; n >= 0; n--) {
+            const int t0 = n * CK;
+            const int L = T - t0 < CK ? T - t0 : CK;
+            const size_t r0 = (size_t)b * T + t0;
+            memcpy(Sbuf, Sck + ((size_t)bh * NT + n) * dkdv, dkdv * sizeof(float));
+            for (int i = 0; i < L; i++) {
+                const size_t e = (r0 + i) * H + hh;
+                pdn_delta_step(Sbuf + (i + 1) * dkdv, Sbuf + i * dkdv, qkv + (r0 + i) * D + H * dk + hh * dk,
+                               qkv + (r0 + i) * D + 2 * H * dk + hh * dv, g + e * dk, m + e * dk, beta[e],
+                               pbuf + (size_t)i * dv, ek, dk, dv);
+            }
+            for (int i = L - 1; i >= 0; i--) {
+                const size_t r = r0 + i, e = r * H + hh;
+                const float* q = qkv + r * D + hh * dk;
+                const float* k = qkv + r * D + H * dk + hh * dk;
+                const float* St = Sbuf + (i + 1) * dkdv;   // S_t
+                const float* Sp = Sbuf + i * dkdv;         // S_{t-1}; S'_t = exp(g_t) S_{t-1}
+                const float* pt = pbuf + (size_t)i * dv;
+                const float* dOt = dO + e * dv;
+                const float* gt = g + e * dk;
+                const float* mt = m + e * dk;
+                const float* At = A + e * dk;
+                float* dq = dqkv + r * D + hh * dk;
+                float* dk_ = dqkv + r * D + H * dk + hh * dk;
+                float* dvv = dqkv + r * D + 2 * H * dk + hh * dv;
+                float* dgt = dg + e * dk;
+                const float bt = beta[e];
+                // Dm += (s q) dO^T; dq = s S_t dO; dk~ = Dm u (u = beta p); du = Dm^T k~
+                for (int j = 0; j < dv; j++) { du[j] = 0.0f; }
+                for (int d = 0; d < dk; d++) {
+                    float* Dd = Dm + d * dv;
+                    gdn_axpy(Dd, qscale * q[d], dOt, dv);
+                    dq[d] = qscale * gdn_dot(St + d * dv, dOt, dv);
+                    gdn_axpy(du, mt[d] * k[d], Dd, dv);
+                    ek[d] = bt * gdn_dot(Dd, pt, dv);   // dk~_d (ek reused as workspace)
+                }
+                // dbeta = du.p; dv = beta du (du <- beta du below)
+                dbeta[e] = gdn_dot(du, pt, dv);
+                for (int j = 0; j < dv; j++) { du[j] *= bt; dvv[j] = du[j]; }
+                // read path: dk = -S' (beta du); dS' = Dm - k (beta du)^T; dg = rowsum(S' * dS'); Dm <- exp(g) dS'
+                for (int d = 0; d < dk; d++) {
+                    float* Dd = Dm + d * dv;
+                    const float al = expf(gt[d]);
+                    dk_[d] = -al * gdn_dot(Sp + d * dv, du, dv);
+                    gdn_axpy(Dd, -k[d], du, dv);
+                    dgt[d] = al * gdn_dot(Dd, Sp + d * dv, dv);
+                    for (int j = 0; j < dv; j++) { Dd[j] *= al; }
+                }
+                // preconditioner (spec 2.3): write-key path, squash, log, then the A recurrence
+                float sgP = 0.0f, sbP = 0.0f;
+                const float bPt = bP[e], egP = expf(gP[e]);
+                for (int d = 0; d < dk; d++) {
+                    const float dkt = ek[d];
+                    dk_[d] += dkt * mt[d];
+                    const float ds = -lnx * mt[d] * (dkt * k[d]);
+                    const float rr = logf(At[d] + eps) - cs[hh];
+                    const float den = 1.0f + fabsf(rr);
+                    const float dr = ds / (den * den);
+                    dc -= dr;
+                    const float dAtot = dr / (At[d] + eps) + carry[d];
+                    const float kk = k[d] * k[d];
+                    sgP += dAtot * (At[d] - bPt * kk);
+                    sbP += dAtot * kk;
+                    dk_[d] += 2.0f * bPt * k[d] * dAtot;
+                    carry[d] = egP * dAtot;
+                }
+                dgP[e] = sgP;
+                dbP[e] = sbP;
+            }
+        }
+        dcs[bh] = dc;
+        if (dS0) { memcpy(dS0 + bh * dkdv, Dm, dkdv * sizeof(float)); }
+        if (dA0) { memcpy(dA0 + (size_t)bh * dk, carry, (size_t)dk * sizeof(float)); }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// per-token pieces of the layer, shared by the forward, the backward and decode
+
+// spec 1.1 steps 4-5 and 1.2 for one token, on the SiLU output qkv_row (modified in place): q, k <- l2n;
+// beta = sigmoid(b); gP = -exp(A_log_P) softplus(aP + dt_bias_P); bP = sigmoid(bP);
+// g [H*dk]: pdn 0, pgdn -exp(A_log) softplus(a + dt_bias) broadcast over dk, pkda from fpre_row [H*dk].
+static void pdn_token_features(float* qkv_row, float* qn, float* kn, float* beta, float* gP, float* bP, float* g,
+                               const float* proj_row, const float* fpre_row, const PDNParams* p, const PDNConfig* c) {
+    const int H = c->H, dk = c->dk, D = pdn_D(c);
+    const float* b_pre = proj_row + D;
+    const float* aP_pre = b_pre + H;
+    const float* bP_pre = aP_pre + H;
+    const float* a_pre = bP_pre + H;   // pgdn
+    for (int hh = 0; hh < H; hh++) {
+        float* q = qkv_row + hh * dk;
+        float* k = qkv_row + H * dk + hh * dk;
+        qn[hh] = sqrtf(gdn_dot(q, q, dk) + c->l2norm_eps);
+        kn[hh] = sqrtf(gdn_dot(k, k, dk) + c->l2norm_eps);
+        const float qs = 1.0f / qn[hh], ks = 1.0f / kn[hh];
+        for (int d = 0; d < dk; d++) { q[d] *= qs; k[d] *= ks; }
+        beta[hh] = gdn_sigmoidf(b_pre[hh]);
+        gP[hh] = -expf(p->A_log_P[hh]) * pdn_softplusf(aP_pre[hh] + p->dt_bias_P[hh]);
+        bP[hh] = gdn_sigmoidf(bP_pre[hh]);
+        float* gh = g + hh * dk;
+        if (c->variant == 0) {
+            for (int d = 0; d < dk; d++) { gh[d] = 0.0f; }
+        } else if (c->variant == 1) {
+            const float gs = -expf(p->A_log[hh]) * pdn_softplusf(a_pre[hh] + p->dt_bias[hh]);
+            for (int d = 0; d < dk; d++) { gh[d] = gs; }
+        } else {
+            const float ea = -expf(p->A_log[hh]);
+            for (int d = 0; d < dk; d++) { gh[d] = ea * pdn_softplusf(fpre_row[hh * dk + d] + p->dt_bias[hh * dk + d]); }
+        }
+    }
+}
+
+// spec 1.5 for one token: y = o * rstd * onorm_w (* sigmoid(gate) if gate), rstd = 1/sqrt(mean(o^2) + eps)
+static void pdn_norm_row(float* y, float* rstd, const float* o, const float* gate, const float* w,
+                         int H, int dv, float eps) {
+    for (int hh = 0; hh < H; hh++) {
+        const float* oh = o + hh * dv;
+        const float rs = 1.0f / sqrtf(gdn_dot(oh, oh, dv) / dv + eps);
+        rstd[hh] = rs;
+        for (int i = 0; i < dv; i++) {
+            const float sg = gate ? gdn_sigmoidf(gate[hh * dv + i]) : 1.0f;
+            y[hh * dv + i] = oh[i] * rs * w[i] * sg;
+        }
+    }
+}
+
+// pkda: copy the f1 | g1 blocks of proj rows into contiguous [N,dv] rows, then fpre = f1 f2^T, gate = g1 g2^T + b
+static void pdn_lowrank_forward(float* f1, float* g1, float* fpre, float* gate, const float* proj, const PDNParams* p,
+                                int N, const PDNConfig* c) {
+    const int P = pdn_P(c), dv = c->dv, off = pdn_D(c) + 3 * c->H;
+    for (int r = 0; r < N; r++) {
+        memcpy(f1 + (size_t)r * dv, proj + (size_t)r * P + off, (size_t)dv * sizeof(float));
+        memcpy(g1 + (size_t)r * dv, proj + (size_t)r * P + off + dv, (size_t)dv * sizeof(float));
+    }
+    matmul_forward(fpre, f1, p->f2_w, NULL, N, dv, c->H * c->dk);
+    matmul_forward(gate, g1, p->g2_w, p->g2_b, N, dv, c->H * dv);
+}
+
+// ----------------------------------------------------------------------------
+// layer forward / backward
+
+static size_t pdn_acts_floats(int B, int T, const PDNConfig* c) {
+    const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    size_t n = BT * pdn_P(c) + BT * pdn_D(c) + 6 * BT * c->H + 3 * BT * HK
+             + (size_t)B * c->H * pdn_NT(T, c->chunk) * c->dk * c->dv + (size_t)B * HK * c->dv + (size_t)B * HK
+             + 2 * BT * HV;
+    if (c->variant == 2) { n += 2 * BT * c->dv + BT * HK + BT * HV; }
+    return n;
+}
+
+static void pdn_acts_point(PDNActs* a, float* base, int B, int T, const PDNConfig* c) {
+    const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    a->proj = base;   base += BT * pdn_P(c);
+    a->qkv = base;    base += BT * pdn_D(c);
+    a->qn = base;     base += BT * c->H;
+    a->kn = base;     base += BT * c->H;
+    a->beta = base;   base += BT * c->H;
+    a->gP = base;     base += BT * c->H;
+    a->bP = base;     base += BT * c->H;
+    a->rstd = base;   base += BT * c->H;
+    a->g = base;      base += BT * HK;
+    a->A = base;      base += BT * HK;
+    a->m = base;      base += BT * HK;
+    a->Sck = base;    base += (size_t)B * c->H * pdn_NT(T, c->chunk) * c->dk * c->dv;
+    a->S = base;      base += (size_t)B * HK * c->dv;
+    a->Af = base;     base += (size_t)B * HK;
+    a->o = base;      base += BT * HV;
+    a->y = base;      base += BT * HV;
+    a->f1 = a->g1 = a->fpre = a->gate = NULL;
+    if (c->variant == 2) {
+        a->f1 = base;   base += BT * c->dv;
+        a->g1 = base;   base += BT * c->dv;
+        a->fpre = base; base += BT * HK;
+        a->gate = base;
+    }
+    a->nthr = max_threads();
+}
+
+// scratch of pdn_backward: dy/do [BT,HV], dqkv [BT,D], dbeta, dgP, dbP [BT,H], dg [BT,H*dk], dproj [BT,P],
+// dc partials [B*H], pkda: dfpre [BT,H*dk], dgate [BT,HV], df1, dg1 [BT,dv]; core scratch.
+// Sized for max_threads() at the time of the call (as PDNActs): do not raise the thread count later.
+static size_t pdn_scratch_floats(int B, int T, const PDNConfig* c) {
+    const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    size_t n = BT * (HV + pdn_D(c) + 3 * c->H + HK + pdn_P(c)) + (size_t)B * c->H
+             + (size_t)max_threads() * pdn_core_bwd_floats(c->chunk, c->dk, c->dv);
+    if (c->variant == 2) { n += BT * (HK + HV + 2 * c->dv); }
+    return n;
+}
+
+// spec 1.1-1.5. x [B,T,C] (the normed mixer input); out [B,T,C] overwritten. S_0 = 0, A_0 = 0;
+// the final states are left in a->S, a->Af.
+static void pdn_forward(float* out, PDNActs* a, const PDNParams* p, const float* x, int B, int T, const PDNConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, D = pdn_D(c), P = pdn_P(c);
+    matmul_forward(a->proj, x, p->in_proj_w, NULL, BT, C, P);
+    if (c->variant == 2) { pdn_lowrank_forward(a->f1, a->g1, a->fpre, a->gate, a->proj, p, BT, c); }
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* row = a->qkv + (size_t)r * D;
+        const float* prow = a->proj + (size_t)r * P;
+        shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
+        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        const size_t e = (size_t)r * H;
+        pdn_token_features(row, a->qn + e, a->kn + e, a->beta + e, a->gP + e, a->bP + e, a->g + e * dk, prow,
+                           c->variant == 2 ? a->fpre + e * dk : NULL, p, c);
+    }
+    memset(a->S, 0, (size_t)B * H * dk * dv * sizeof(float));
+    memset(a->Af, 0, (size_t)B * H * dk * sizeof(float));
+    pdn_core_forward(a->o, a->A, a->m, a->Sck, a->S, a->Af, a->qkv, a->beta, a->g, a->gP, a->bP, p->log_scale,
+                     B, T, H, dk, dv, c->chunk, 1.0f / sqrtf((float)dk), logf(c->x), c->precond_eps);
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        pdn_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
+                     c->variant == 2 ? a->gate + (size_t)r * H * dv : NULL, p->onorm_w, H, dv, c->onorm_eps);
+    }
+    matmul_forward(out, a->y, p->out_proj_w, NULL, BT, H * dv, C);
+}
+
+// spec 2.2-2.4. dout [B,T,C]; dx += dL/dx; grads += dL/dparams. Parameter-gradient sums run in a fixed
+// order, so the result does not depend on the thread count.
+static void pdn_backward(float* dx, PDNParams* grads, const float* dout, const PDNActs* a, const PDNParams* p,
+                         const float* x, float* scratch, int B, int T, const PDNConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
+    const int HV = H * dv, HK = H * dk, D = pdn_D(c), P = pdn_P(c), pk = c->variant == 2;
+    float* dyo = scratch;                          // dL/dy, then dL/do in place
+    float* dqkv = dyo + (size_t)BT * HV;           // dL/d(core q,k,v), then dL/d(conv pre-activation)
+    float* dbeta = dqkv + (size_t)BT * D;
+    float* dgP = dbeta + (size_t)BT * H;
+    float* dbP = dgP + (size_t)BT * H;
+    float* dg = dbP + (size_t)BT * H;              // [BT,HK]
+    float* dproj = dg + (size_t)BT * HK;
+    float* dcs = dproj + (size_t)BT * P;           // [B*H]
+    float* core_scratch = dcs + (size_t)B * H;
+    float *dfpre = NULL, *dgate = NULL, *df1 = NULL, *dg1 = NULL;
+    if (pk) {
+        dfpre = core_scratch;                      core_scratch += (size_t)BT * HK;
+        dgate = core_scratch;                      core_scratch += (size_t)BT * HV;
+        df1 = core_scratch;                        core_scratch += (size_t)BT * dv;
+        dg1 = core_scratch;                        core_scratch += (size_t)BT * dv;
+    }
+
+    // out = y W_o^T
+    memset(dyo, 0, (size_t)BT * HV * sizeof(float));
+    matmul_backward(dyo, grads->out_proj_w, NULL, dout, a->y, p->out_proj_w, BT, HV, C);
+
+    // output norm (spec 2.4), xh = o rstd, sg = sigmoid(gate) (1 ungated): e = dy w sg,
+    // do = rstd (e - xh mean(xh e)), dw += dy xh sg (staged in dqkv, reduced below), dgate = dy xh w sg (1-sg)
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t off = (size_t)r * HV + hh * dv;
+            float* dy = dyo + off;
+            float* tw = dqkv + off;
+            const float* o = a->o + off;
+            const float rs = a->rstd[(size_t)r * H + hh];
+            float mm = 0.0f;
+            for (int i = 0; i < dv; i++) {
+                const float xh = o[i] * rs;
+                const float sg = pk ? gdn_sigmoidf(a->gate[off + i]) : 1.0f;
+                tw[i] = dy[i] * xh * sg;
+                if (pk) { dgate[off + i] = dy[i] * xh * p->onorm_w[i] * sg * (1.0f - sg); }
+                const float ei = dy[i] * p->onorm_w[i] * sg;
+                dy[i] = ei;
+                mm += ei * xh;
+            }
+            mm /= dv;
+            for (int i = 0; i < dv; i++) { dy[i] = rs * (dy[i] - o[i] * rs * mm); }
+        }
+    }
+    for (size_t e = 0; e < (size_t)BT * H; e++) {
+        for (int i = 0; i < dv; i++) { grads->onorm_w[i] += dqkv[e * dv + i]; }
+    }
+
+    // the recurrence and the preconditioner (spec 2.2, 2.3), dS_T = 0, dA_T = 0
+    pdn_core_backward(dqkv, dbeta, dg, dgP, dbP, dcs, NULL, NULL, dyo, NULL, NULL, a->Sck, a->qkv, a->beta, a->g,
+                      a->gP, a->bP, a->A, a->m, p->log_scale, B, T, H, dk, dv, c->chunk, 1.0f / sqrtf((float)dk),
+                      logf(c->x), c->precond_eps, core_scratch, a->nthr);
+
+    // per token: l2n, sigmoid gains, softplus decays (spec 2.4); then SiLU'(conv pre-activation),
+    // recomputed into dproj[r, 0:D) which the conv backward below overwrites
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const float* prow = a->proj + (size_t)r * P;
+        const float* row = a->qkv + (size_t)r * D;
+        float* drow = dqkv + (size_t)r * D;
+        float* dprow = dproj + (size_t)r * P;
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = (size_t)r * H + hh;
+            const float* qh = row + hh * dk;
+            float* dq = drow + hh * dk;
+            const float cq = gdn_dot(qh, dq, dk);
+            for (int d = 0; d < dk; d++) { dq[d] = (dq[d] - qh[d] * cq) / a->qn[e]; }
+            const float* kh = row + HK + hh * dk;
+            float* dkk = drow + HK + hh * dk;
+            const float ck = gdn_dot(kh, dkk, dk);
+            for (int d = 0; d < dk; d++) { dkk[d] = (dkk[d] - kh[d] * ck) / a->kn[e]; }
+            const float bt = a->beta[e], bp = a->bP[e];
+            dprow[D + hh] = dbeta[e] * bt * (1.0f - bt);
+            dprow[D + 2 * H + hh] = dbP[e] * bp * (1.0f - bp);
+            const float uP = prow[D + H + hh] + p->dt_bias_P[hh];
+            dprow[D + H + hh] = dgP[e] * -expf(p->A_log_P[hh]) * pdn_dsoftplusf(uP);
+            if (c->variant == 1) {
+                float dgs = 0.0f;
+                for (int d = 0; d < dk; d++) { dgs += dg[e * dk + d]; }
+                const float u = prow[D + 3 * H + hh] + p->dt_bias[hh];
+                dprow[D + 3 * H + hh] = dgs * -expf(p->A_log[hh]) * pdn_dsoftplusf(u);
+            } else if (pk) {
+                const float ea = -expf(p->A_log[hh]);
+                for (int d = 0; d < dk; d++) {
+                    const int i = hh * dk + d;
+                    dfpre[(size_t)r * HK + i] = dg[e * dk + d] * ea
+                                              * pdn_dsoftplusf(a->fpre[(size_t)r * HK + i] + p->dt_bias[i]);
+                }
+            }
+        }
+        shortconv_silu_backward_row(drow, dprow, prow, r % T, p->conv_w, D, P, W);
+    }
+    // decay, gain and centre parameters, tokens in order
+    for (size_t r = 0; r < (size_t)BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = r * H + hh;
+            grads->A_log_P[hh] += dgP[e] * a->gP[e];
+            grads->dt_bias_P[hh] += dproj[r * P + D + H + hh];
+            if (c->variant == 1) {
+                float dgs = 0.0f;
+                for (int d = 0; d < dk; d++) { dgs += dg[e * dk + d]; }
+                grads->A_log[hh] += dgs * a->g[e * dk];
+                grads->dt_bias[hh] += dproj[r * P + D + 3 * H + hh];
+            } else if (pk) {
+                float s = 0.0f;
+                for (int d = 0; d < dk; d++) {
+                    s += dg[e * dk + d] * a->g[e * dk + d];
+                    grads->dt_bias[hh * dk + d] += dfpre[r * HK + hh * dk + d];
+                }
+                grads->A_log[hh] += s;
+            }
+        }
+    }
+    for (int bh = 0; bh < B * H; bh++) { grads->log_scale[bh % H] += dcs[bh]; }
+
+    // pkda low-rank projections: f = f1 f2^T, gate = g1 g2^T + b; df1, dg1 go to the f1 | g1 blocks of dproj
+    if (pk) {
+        memset(df1, 0, (size_t)BT * dv * sizeof(float));
+        memset(dg1, 0, (size_t)BT * dv * sizeof(float));
+        matmul_backward(df1, grads->f2_w, NULL, dfpre, a->f1, p->f2_w, BT, dv, HK);
+        matmul_backward(dg1, grads->g2_w, grads->g2_b, dgate, a->g1, p->g2_w, BT, dv, HV);
+        const int off = D + 3 * H;
+        for (int r = 0; r < BT; r++) {
+            memcpy(dproj + (size_t)r * P + off, df1 + (size_t)r * dv, (size_t)dv * sizeof(float));
+            memcpy(dproj + (size_t)r * P + off + dv, dg1 + (size_t)r * dv, (size_t)dv * sizeof(float));
+        }
+    }
+
+    // conv backward (spec 1.6)
+    shortconv_backward(dproj, grads->conv_w, dqkv, a->proj, p->conv_w, BT, T, D, P, W);
+
+    // proj = x W_in^T
+    matmul_backward(dx, grads->in_proj_w, NULL, dproj, x, p->in_proj_w, BT, C, P);
+}
+
+// ----------------------------------------------------------------------------
+// decode (spec 4): one token of one sequence with the recurrent state carried in PDNState
+
+static size_t pdn_state_floats(const PDNConfig* c) {
+    return (size_t)(c->W - 1) * pdn_D(c) + (size_t)c->H * c->dk * c->dv + (size_t)c->H * c->dk;
+}
+
+static void pdn_state_point(PDNState* s, float* base, const PDNConfig* c) {
+    s->conv = base;
+    s->S = base + (size_t)(c->W - 1) * pdn_D(c);
+    s->A = s->S + (size_t)c->H * c->dk * c->dv;
+}
+
+static void pdn_state_reset(PDNState* s, const PDNConfig* c) {
+    memset(s->conv, 0, pdn_state_floats(c) * sizeof(float));   // conv cache, S and A are contiguous
+}
+
+// scratch of pdn_decode_step: proj [P], qkv [D], qn, kn, beta, gP, bP, rstd [H each], g, A, m [H*dk],
+// o, y [H*dv], pkda: f1, g1 [dv], fpre [H*dk], gate [H*dv]
+static size_t pdn_decode_scratch_floats(const PDNConfig* c) {
+    const size_t HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    return (size_t)pdn_P(c) + pdn_D(c) + 6 * c->H + 3 * HK + 2 * HV + (c->variant == 2 ? 2 * c->dv + HK + HV : 0);
+}
+
+static void pdn_decode_step(float* out, PDNState* s, const PDNParams* p, const float* x, float* scratch,
+                            const PDNConfig* c) {
+    const int H = c->H, dk = c->dk, dv = c->dv, W = c->W, D = pdn_D(c), P = pdn_P(c);
+    const int HK = H * dk, HV = H * dv;
+    float* proj = scratch;
+    float* qkv = proj + P;
+    float* qn = qkv + D;
+    float* kn = qn + H;
+    float* beta = kn + H;
+    float* gP = beta + H;
+    float* bP = gP + H;
+    float* rstd = bP + H;
+    float* g = rstd + H;
+    float* A = g + HK;
+    float* m = A + HK;
+    float* o = m + HK;
+    float* y = o + HV;
+    float *f1 = NULL, *g1 = NULL, *fpre = NULL, *gate = NULL;
+    if (c->variant == 2) { f1 = y + HV; g1 = f1 + dv; fpre = g1 + dv; gate = fpre + HK; }
+    matmul_forward(proj, x, p->in_proj_w, NULL, 1, c->C, P);
+    if (c->variant == 2) { pdn_lowrank_forward(f1, g1, fpre, gate, proj, p, 1, c); }
+    shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
+    pdn_token_features(qkv, qn, kn, beta, gP, bP, g, proj, fpre, p, c);
+    pdn_core_forward(o, A, m, NULL, s->S, s->A, qkv, beta, g, gP, bP, p->log_scale, 1, 1, H, dk, dv, 1,
+                     1.0f / sqrtf((float)dk), logf(c->x), c->precond_eps);
+    pdn_norm_row(y, rstd, o, gate, p->onorm_w, H, dv, c->onorm_eps);
+    matmul_forward(out, y, p->out_proj_w, NULL, 1, HV, c->C);
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -1192,6 +1805,7 @@ typedef struct {
     float *ln1w, *ln1b;
     float *qkvw, *qkvb, *attprojw, *attprojb;  // attn
     GDNParams gdn;                              // gdn, kaczmarz
+    PDNParams pdn;                              // pdn, pgdn, pkda
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerParams;
 
@@ -1213,7 +1827,7 @@ typedef struct {
     float std;      // for INIT_NORMAL
 } TensorInfo;
 
-enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_DT_BIAS };
+enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_A_LOG_1_16, INIT_DT_BIAS, INIT_LOG_SCALE };
 #define MAX_TENSORS (4 + 16 * MAX_LAYERS)
 
 typedef struct {
@@ -1264,7 +1878,7 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             T1(lp->qkvb, LNAME("attn.qkv.b"), INIT_ZERO, 3 * C);
             T2(lp->attprojw, LNAME("attn.proj.w"), 1, INIT_NORMAL, std_resid, C, C);
             T1(lp->attprojb, LNAME("attn.proj.b"), INIT_ZERO, C);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
             int P = 2 * H * dk + 2 * H * dv + 2 * H, D = 2 * H * dk + H * dv;
             T2(lp->gdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
@@ -1274,6 +1888,25 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
             T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
             T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        } else {  // pdn family (FORMATS.md): in_proj rows [q | k | v | b | aP | bP] then pgdn [a], pkda [f1 | g1]
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, D = 2 * H * dk + H * dv, mixer = c->mixer[l];
+            int P = D + 3 * H + (mixer == MIXER_PGDN ? H : mixer == MIXER_PKDA ? 2 * dv : 0);
+            T2(lp->pdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->pdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            if (mixer != MIXER_PDN) {
+                T1(lp->pdn.A_log, MNAME("A_log"), INIT_A_LOG_1_16, H);
+                T1(lp->pdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, mixer == MIXER_PKDA ? H * dk : H);
+            }
+            if (mixer == MIXER_PKDA) {
+                T2(lp->pdn.f2_w, MNAME("f2.w"), 1, INIT_NORMAL, std, H * dk, dv);
+                T2(lp->pdn.g2_w, MNAME("g2.w"), 1, INIT_NORMAL, std, H * dv, dv);
+                T1(lp->pdn.g2_b, MNAME("g2.b"), INIT_ZERO, H * dv);
+            }
+            T1(lp->pdn.A_log_P, MNAME("A_log_P"), INIT_A_LOG_1_16, H);
+            T1(lp->pdn.dt_bias_P, MNAME("dt_bias_P"), INIT_DT_BIAS, H);
+            T1(lp->pdn.log_scale, MNAME("log_scale"), INIT_LOG_SCALE, H);
+            T1(lp->pdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->pdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
         }
         if (c->mlp == MLP_NONE) { continue; }
         int Hm = c->mlp_hidden;
@@ -1295,6 +1928,22 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
 #undef T1
 #undef LNAME
 #undef MNAME
+}
+
+static PDNConfig pdn_config(const Config* c, int layer, int chunk) {
+    PDNConfig p;
+    p.C = c->channels;
+    p.H = c->lin_heads;
+    p.dk = c->lin_dk;
+    p.dv = c->lin_dv;
+    p.W = c->conv_size;
+    p.variant = c->mixer[layer] == MIXER_PDN ? 0 : c->mixer[layer] == MIXER_PGDN ? 1 : 2;
+    p.x = c->precond_x;
+    p.precond_eps = c->precond_eps;
+    p.onorm_eps = c->precond_onorm_eps;
+    p.l2norm_eps = c->l2norm_eps;
+    p.chunk = chunk;
+    return p;
 }
 
 static GDNConfig gdn_config(const Config* c, int layer, int chunk) {
@@ -1346,6 +1995,11 @@ static void init_parameters(float* params, const Config* c, const TensorTable* t
                     w[j] = logf(A > 1e-30f ? A : 1e-30f);
                     break;
                 }
+                case INIT_A_LOG_1_16: {  // pdn spec 10.7: A ~ U(1, 16), A_log = log(A)
+                    w[j] = logf(1.0f + 15.0f * rng_uniform(&rng));
+                    break;
+                }
+                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // pdn spec 10.7: the squash centre c starts at -0.2
                 case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
                     double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
                     if (dt < 1e-4) { dt = 1e-4; }
@@ -1368,6 +2022,7 @@ typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T): LN1 output = the mixer input
     float *qkv, *atty, *att;           // attn: (B,T,3C), (B,T,C), (B,NH,T,T)
     GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
+    PDNActs pdn;                        // pdn, pgdn, pkda
     float* residual2;                   // (B,T,C) residual after the mixer
     float *ln2, *ln2_mean, *ln2_rstd;   // NULL without an MLP
     float* fch;                         // (B,T,Hm) or (B,T,2Hm) for SwiGLU: the MLP's fc output
@@ -1391,7 +2046,7 @@ typedef struct {
     float *dfch, *dfch_act;         // like fch and fch_act
     float* dqkv;                    // (B,T,3C)
     float* attn;                    // T floats per thread
-    float* gdn;                     // gdn_scratch_floats, the largest over the layers
+    float* gdn;                     // gdn_scratch_floats / pdn_scratch_floats, the largest over the layers
 } BackwardScratch;
 
 typedef struct {
@@ -1433,10 +2088,14 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
             la->qkv = carve(base, &cur, BT * 3 * C);
             la->atty = carve(base, &cur, BT * C);
             la->att = carve(base, &cur, (size_t)B * c->num_heads * T * T);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             float* g = carve(base, &cur, gdn_acts_floats(B, T, &gc));
             if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
+        } else {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            float* g = carve(base, &cur, pdn_acts_floats(B, T, &pc));
+            if (base) { pdn_acts_point(&la->pdn, g, B, T, &pc); }
         }
         la->residual2 = carve(base, &cur, BT * C);
         if (c->mlp == MLP_NONE) {
@@ -1474,11 +2133,15 @@ static size_t layout_scratch(Model* m, float* base, int B, int T) {
     s->dqkv = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? BT * 3 * C : 0);
     s->attn = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? (size_t)max_threads() * T : 0);
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->mixer[l] != MIXER_ATTN) {
+        size_t n = 0;
+        if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
-            size_t n = gdn_scratch_floats(B, T, &gc);
-            if (n > gdn) { gdn = n; }
+            n = gdn_scratch_floats(B, T, &gc);
+        } else if (is_pdn_family(c->mixer[l])) {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            n = pdn_scratch_floats(B, T, &pc);
         }
+        if (n > gdn) { gdn = n; }
     }
     s->gdn = carve(base, &cur, gdn);
     return cur;
@@ -1593,9 +2256,12 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
             matmul_forward(la->qkv, la->ln1, lp->qkvw, lp->qkvb, BT, C, 3 * C);
             attention_forward(la->atty, la->att, la->qkv, B, T, C, c->num_heads);
             matmul_forward(a->block_out, la->atty, lp->attprojw, lp->attprojb, BT, C, C);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
+        } else {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            pdn_forward(a->block_out, &la->pdn, &lp->pdn, la->ln1, B, T, &pc);
         }
         residual_forward(la->residual2, residual, a->block_out, (size_t)BT * C);
         if (c->mlp != MLP_NONE) {
@@ -1652,9 +2318,12 @@ static void model_backward(Model* m, float loss_scale) {
             memset(s->dqkv, 0, btc * 3);
             attention_backward(s->dqkv, s->dbtc, la->qkv, la->att, s->attn, B, T, C, c->num_heads);
             matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->dqkv, la->ln1, lp->qkvw, BT, C, 3 * C);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
+        } else {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            pdn_backward(s->dln, &lg->pdn, s->dresidual, &la->pdn, &lp->pdn, la->ln1, s->gdn, B, T, &pc);
         }
         norm_backward(c, s->dresidual, lg->ln1w, lg->ln1b, s->dln, residual, lp->ln1w, la->ln1_mean, la->ln1_rstd, BT);
     }
@@ -1767,6 +2436,9 @@ static void write_model_file(const Model* m, const char* path) {
     header[20] = c->norm;
     header[21] = c->mlp;
     header[22] = c->mlp_hidden;
+    header[23] = f32_to_slot(c->precond_x);
+    header[24] = f32_to_slot(c->precond_eps);
+    header[25] = f32_to_slot(c->precond_onorm_eps);
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -1811,6 +2483,9 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->norm = header[20];
     c->mlp = header[21];
     c->mlp_hidden = header[22];
+    c->precond_x = slot_to_f32(header[23]);
+    c->precond_eps = slot_to_f32(header[24]);
+    c->precond_onorm_eps = slot_to_f32(header[25]);
     if (c->norm < 0 || c->norm >= NUM_NORMS) { die("%s: unknown norm kind %d in the header", path, c->norm); }
     if (c->mlp < 0 || c->mlp >= NUM_MLPS || (c->mlp != MLP_NONE) != (c->mlp_hidden > 0)) {
         die("%s: invalid MLP kind %d / hidden width %d in the header", path, c->mlp, c->mlp_hidden);
@@ -1978,6 +2653,7 @@ typedef struct {
     int pos;      // tokens consumed so far
     float *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];  // attn layers: (max_len, C)
     GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
+    PDNState pdn[MAX_LAYERS];                         // pdn/pgdn/pkda layers
     float *x, *ln, *stats, *y, *hidden, *pre, *qkv, *att, *logits, *gdn_scratch;
     float* memory;
 } DecodeState;
@@ -1989,11 +2665,17 @@ static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max
         if (c->mixer[l] == MIXER_ATTN) {
             d->kcache[l] = carve(base, &cur, (size_t)max_len * C);
             d->vcache[l] = carve(base, &cur, (size_t)max_len * C);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             float* s = carve(base, &cur, gdn_state_floats(&gc));
             if (base) { gdn_state_point(&d->gdn[l], s, &gc); }
             size_t n = gdn_decode_scratch_floats(&gc);
+            if (n > gdn_scratch) { gdn_scratch = n; }
+        } else {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            float* s = carve(base, &cur, pdn_state_floats(&pc));
+            if (base) { pdn_state_point(&d->pdn[l], s, &pc); }
+            size_t n = pdn_decode_scratch_floats(&pc);
             if (n > gdn_scratch) { gdn_scratch = n; }
         }
     }
@@ -2018,9 +2700,12 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
     d->memory = (float*)calloc_or_die(n, sizeof(float));
     layout_decode(m, d, d->memory, max_len);
     for (int l = 0; l < m->config.num_layers; l++) {
-        if (m->config.mixer[l] != MIXER_ATTN) {
+        if (is_gdn_family(m->config.mixer[l])) {
             GDNConfig gc = gdn_config(&m->config, l, m->chunk);
             gdn_state_reset(&d->gdn[l], &gc);
+        } else if (is_pdn_family(m->config.mixer[l])) {
+            PDNConfig pc = pdn_config(&m->config, l, m->chunk);
+            pdn_state_reset(&d->pdn[l], &pc);
         }
     }
 }
@@ -2060,9 +2745,12 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
                 }
             }
             matmul_forward(d->y, d->hidden, lp->attprojw, lp->attprojb, 1, C, C);
-        } else {
+        } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
+        } else {
+            PDNConfig pc = pdn_config(c, l, m->chunk);
+            pdn_decode_step(d->y, &d->pdn[l], &lp->pdn, d->ln, d->gdn_scratch, &pc);
         }
         for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
         if (c->mlp != MLP_NONE) {
@@ -2396,6 +3084,9 @@ int main(int argc, char** argv) {
     flag_config.l2norm_eps = 1e-6f;
     flag_config.onorm_eps = 1e-5f;
     flag_config.kaczmarz_eps = 1e-6f;
+    flag_config.precond_x = 1.5f;
+    flag_config.precond_eps = 1e-6f;
+    flag_config.precond_onorm_eps = 1e-6f;
 
     if (out_dir) { prepare_output_dir(out_dir); }
 
@@ -2463,10 +3154,10 @@ int main(int argc, char** argv) {
     printf("| %-21s | %-50d |\n", "layers L", cfg->num_layers);
     printf("| %-21s | %-50d |\n", "width C", cfg->channels);
     if (config_has_mixer(cfg, MIXER_ATTN)) { printf("| %-21s | %-50d |\n", "attn heads", cfg->num_heads); }
-    if (config_has_mixer(cfg, MIXER_GDN) || config_has_mixer(cfg, MIXER_KACZMARZ)) {
+    if (config_has_wpe(cfg) == 0) {
         char s[64];
         snprintf(s, sizeof(s), "%d x (dk %d, dv %d)", cfg->lin_heads, cfg->lin_dk, cfg->lin_dv);
-        printf("| %-21s | %-50s |\n", "gdn/kaczmarz heads", s);
+        printf("| %-21s | %-50s |\n", "recurrent heads", s);
     }
     char trunk[64];
     snprintf(trunk, sizeof(trunk), "%s, mlp %s (hidden %d)", NORM_NAMES[cfg->norm], MLP_NAMES[cfg->mlp], cfg->mlp_hidden);

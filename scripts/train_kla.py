@@ -2,10 +2,10 @@
 train_kla.py: the PyTorch reference of train_kla (the ground truth that train_kla.c is tested against).
 
 It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer mixer is softmax attention
-(`attn`), Gated DeltaNet (`gdn`) or Kaczmarz Linear Attention (`kaczmarz`), chosen by a pattern such as
-`gdn:1,attn:1,kaczmarz:1`. The recurrent mixers run the plain token-by-token recurrence of
-../shared/spec/gdn_kaczmarz.md section 2.1 (independent of any chunkwise algorithm), attention the plain masked
-softmax. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
+(`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`) or one of the Preconditioned DeltaNet
+family (`pdn`, `pgdn`, `pkda`), chosen by a pattern such as `gdn:1,attn:1,kaczmarz:1,pdn:1`. The recurrent mixers
+run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1 and ../shared/spec/pdn.md
+section 2.1 (independent of any chunkwise algorithm), attention the plain masked softmax. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
 --mlp, --mlp-hidden) are FORMATS.md header slots 16 and 20-22. Then it
   1. draws the initial fp32 weights from --seed (FORMATS.md "Initialisation") and writes PREFIX_model.bin,
   2. draws one batch of random tokens, runs forward/backward in --dtype (float64 by default, for tight
@@ -46,14 +46,20 @@ L2N_EPS = 1e-6                          # inside the sqrt of the q/k L2 normalis
 ONORM_EPS = 1e-5                        # gated output RMSNorm of gdn/kaczmarz (FORMATS.md; spec 1.2 step 8)
 KACZMARZ_EPS = 1e-6                     # beta = eta / (||k||^2 + KACZMARZ_EPS) (spec 1.2 step 5)
 CONV_SIZE = 4                           # W, taps of the short causal depthwise conv
+PRECOND_X = 1.5                         # pdn/pgdn/pkda squash range: m in (1/x, x) (pdn spec 1.3)
+PRECOND_EPS = 1e-6                      # pdn/pgdn/pkda eps inside log(A + eps) (pdn spec 1.3)
+PRECOND_ONORM_EPS = 1e-6                # pdn/pgdn/pkda output RMSNorm eps (pdn spec 1.5)
+PRECOND_LOG_SCALE_INIT = -0.2           # c = log_scale, the squash centre (pdn spec 10.7)
 
-MIXERS = ("attn", "gdn", "kaczmarz")
+MIXERS = ("attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda")
 NORMS = ("layernorm", "rmsnorm")        # header slot 20: index in this tuple
 MLPS = ("gelu", "swiglu", "none")       # header slot 21: index in this tuple
 RECURRENT_MIXERS = ("gdn", "kaczmarz")
+PRECOND_MIXERS = ("pdn", "pgdn", "pkda")
 
 # matrices that get decoupled weight decay (FORMATS.md "Weight decay"), matched as name suffixes
-DECAYED_SUFFIXES = ("attn.qkv.w", "attn.proj.w", "in_proj.w", "conv.w", "out_proj.w", "mlp.fc.w", "mlp.proj.w")
+DECAYED_SUFFIXES = ("attn.qkv.w", "attn.proj.w", "in_proj.w", "conv.w", "out_proj.w", "f2.w", "g2.w",
+                    "mlp.fc.w", "mlp.proj.w")
 # residual output projections, initialised with std 0.02/sqrt(2L) (GPT-2)
 RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
 
@@ -114,6 +120,8 @@ def tensor_shapes(cfg):
         if mixer == "attn":
             shapes += [(p + "attn.qkv.w", (3 * C, C)), (p + "attn.qkv.b", (3 * C,)),
                        (p + "attn.proj.w", (C, C)), (p + "attn.proj.b", (C,))]
+        elif mixer in PRECOND_MIXERS:
+            shapes += precond_shapes(cfg, p + mixer + ".", mixer)
         else:
             m = p + mixer + "."
             proj_rows = 2 * H * dk + 2 * H * dv + 2 * H     # [q | k | v | z | a | b]
@@ -131,6 +139,32 @@ def tensor_shapes(cfg):
         # mlp none: no ln2, no MLP tensors
     shapes += norm_shapes(cfg, "lnf")
     return shapes
+
+
+def precond_split(cfg, mixer):
+    """Row blocks of a pdn/pgdn/pkda in_proj.w: [q, k, v, b, aP, bP] (conv'd q|k|v first), then pgdn [a],
+    pkda [f1 (dv), g1 (dv)] (FORMATS.md)."""
+    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    rows = [2 * H * dk + H * dv, H, H, H]
+    if mixer == "pgdn":
+        rows += [H]
+    elif mixer == "pkda":
+        rows += [dv, dv]
+    return rows
+
+
+def precond_shapes(cfg, m, mixer):
+    """Tensors of one pdn/pgdn/pkda layer in checkpoint order; m = 'h<l>.<mixer>.'."""
+    C, H, dk, dv = cfg.n_embd, cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    shapes = [(m + "in_proj.w", (sum(precond_split(cfg, mixer)), C)),
+              (m + "conv.w", (2 * H * dk + H * dv, CONV_SIZE))]
+    if mixer == "pgdn":
+        shapes += [(m + "A_log", (H,)), (m + "dt_bias", (H,))]
+    elif mixer == "pkda":
+        shapes += [(m + "A_log", (H,)), (m + "dt_bias", (H * dk,)),
+                   (m + "f2.w", (H * dk, dv)), (m + "g2.w", (H * dv, dv)), (m + "g2.b", (H * dv,))]
+    return shapes + [(m + "A_log_P", (H,)), (m + "dt_bias_P", (H,)), (m + "log_scale", (H,)),
+                     (m + "onorm.w", (dv,)), (m + "out_proj.w", (C, H * dv))]
 
 
 def norm_shapes(cfg, p):
@@ -156,13 +190,16 @@ def init_tensor(name, shape, cfg, gen):
         t.normal_(0.0, 0.02, generator=gen)
     elif name.endswith(("ln1.w", "ln2.w", "lnf.w", "onorm.w")):
         t.fill_(1.0)
-    elif name.endswith("A_log"):                            # A ~ U(0, 16), A_log = log(A)
-        t = t.uniform_(0.0, 16.0, generator=gen).log()
-    elif name.endswith("dt_bias"):                          # dt log-uniform in [1e-3, 1e-1], softplus^-1(dt)
+    elif name.endswith(("A_log", "A_log_P")):               # A_log = log(A), A ~ U(0, 16); pdn family U(1, 16)
+        precond = name.split(".")[1] in PRECOND_MIXERS
+        t = t.uniform_(1.0 if precond else 0.0, 16.0, generator=gen).log()
+    elif name.endswith("log_scale"):                        # squash centre c of pdn/pgdn/pkda
+        t.fill_(PRECOND_LOG_SCALE_INIT)
+    elif name.endswith(("dt_bias", "dt_bias_P")):           # dt log-uniform in [1e-3, 1e-1], softplus^-1(dt)
         u = t.uniform_(0.0, 1.0, generator=gen)
         dt = torch.exp(u * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         t = dt + torch.log(-torch.expm1(-dt))
-    # everything else (biases, b_bias, LayerNorm biases) stays 0
+    # everything else (biases, b_bias, g2.b, LayerNorm biases) stays 0
     if name == "wte":
         t[cfg.vocab_size:] = 0.0                            # padding rows of the tied embedding
     return t
@@ -203,8 +240,38 @@ def delta_rule_recurrent(q, k, v, beta, g, scale):
     return torch.stack(outputs, dim=1)
 
 
-Cores = collections.namedtuple("Cores", "attention delta_rule")
-REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rule_recurrent)
+def precond_delta_rule_recurrent(q, k, v, beta, g, gP, bP, c, x, eps, return_state=False):
+    """Preconditioned (gated / KDA) delta rule, token by token (pdn spec 2.1), per head, S_0 = 0, A_0 = 0:
+    A_t = exp(gP) A_{t-1} + bP k^2; r = log(A_t + eps) - c; m = exp(-ln(x) r / (1 + |r|)); k~ = m k;
+    S' = exp(g) S_{t-1} (row d by exp(g[d])); u = beta (v - S'^T k); S_t = S' + k~ u^T; o_t = S_t^T q_t.
+
+    q (already scaled by dk^-1/2), k (unit): [B, T, H, dk]; v: [B, T, H, dv]; beta, gP, bP: [B, T, H];
+    g: None (pdn, no decay), [B, T, H, 1] (pgdn, scalar per head) or [B, T, H, dk] (pkda); c: [H]; x, eps: floats.
+    Returns o [B, T, H, dv], and with return_state also (S_T [B, H, dk, dv], A_T [B, H, dk]).
+    """
+    B, T, H, dk = k.shape
+    S = k.new_zeros(B, H, dk, v.shape[-1])
+    A = k.new_zeros(B, H, dk)
+    ln_x = math.log(x)
+    outputs = []
+    for t in range(T):
+        kt = k[:, t]
+        A = torch.exp(gP[:, t])[..., None] * A + bP[:, t, :, None] * kt * kt    # A_t
+        r = torch.log(A + eps) - c[:, None]
+        m = torch.exp(-ln_x * (r / (1 + r.abs())))                              # "fast" symmetric squash
+        if g is not None:
+            S = torch.exp(g[:, t])[..., None] * S                                # S'_t
+        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", S, kt))   # read with k
+        S = S + (m * kt)[..., None] * u[:, :, None, :]                          # write along k~ = m k
+        outputs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))               # o_t = S_t^T q_t
+    o = torch.stack(outputs, dim=1)
+    return (o, S, A) if return_state else o
+
+
+Cores = collections.namedtuple("Cores", "attention delta_rule precond_delta_rule",
+                               defaults=(precond_delta_rule_recurrent,))
+REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rule_recurrent,
+                        precond_delta_rule=precond_delta_rule_recurrent)
 
 # ----------------------------------------------------------------------------------------------------------------
 # layers (params is the {name: tensor} dict; p the layer's name prefix)
@@ -265,6 +332,37 @@ def recurrent_mixer(x, params, p, kind, cfg, cores):
     return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
 
 
+def precond_mixer(x, params, p, kind, cfg, cores):
+    """pdn / pgdn / pkda layer (pdn spec 1.1-1.5, FORMATS.md): fused in_proj, HV = H, W = 4, fast symmetric squash."""
+    B, T, _ = x.shape
+    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    m = p + kind + "."
+    proj = F.linear(x, params[m + "in_proj.w"])
+    qkv, b, aP, bP, *extra = proj.split(precond_split(cfg, kind), dim=-1)
+    qkv = F.silu(causal_depthwise_conv(qkv, params[m + "conv.w"]))
+    q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
+    q = l2n(q.view(B, T, H, dk)) * dk ** -0.5                              # scaled read query
+    k = l2n(k.view(B, T, H, dk))                                           # unit key
+    v = v.view(B, T, H, dv)
+    beta = torch.sigmoid(b)                                                # [B, T, H]
+    gP = -torch.exp(params[m + "A_log_P"]) * F.softplus(aP + params[m + "dt_bias_P"])
+    bP = torch.sigmoid(bP)
+    if kind == "pdn":
+        g = None                                                           # no main decay
+    elif kind == "pgdn":
+        g = (-torch.exp(params[m + "A_log"]) * F.softplus(extra[0] + params[m + "dt_bias"]))[..., None]
+    else:   # pkda: per-channel decay from the low-rank f projection
+        f = F.linear(extra[0], params[m + "f2.w"]).view(B, T, H, dk)
+        g = -torch.exp(params[m + "A_log"])[:, None] * F.softplus(f + params[m + "dt_bias"].view(H, dk))
+    o = cores.precond_delta_rule(q, k, v, beta, g, gP, bP, params[m + "log_scale"], PRECOND_X, PRECOND_EPS)
+    # output RMSNorm per head, weight shared by the heads (pdn spec 1.5)
+    y = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + PRECOND_ONORM_EPS) * params[m + "onorm.w"]
+    if kind == "pkda":
+        gate = F.linear(extra[1], params[m + "g2.w"], params[m + "g2.b"])
+        y = y * torch.sigmoid(gate.view(B, T, H, dv))
+    return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
+
+
 def mlp(x, params, p, cfg):
     """GELU: proj(GELU_tanh(fc(x))) with biases; SwiGLU: proj(SiLU(gate) * up), [gate | up] = fc(x), no biases."""
     if cfg.mlp == "gelu":
@@ -284,6 +382,8 @@ def forward(params, cfg, idx, cores=REFERENCE_CORES):
         h = norm(x, params, p + "ln1.", cfg)
         if mixer == "attn":
             x = x + attention_mixer(h, params, p, cfg, cores)
+        elif mixer in PRECOND_MIXERS:
+            x = x + precond_mixer(h, params, p, mixer, cfg, cores)
         else:
             x = x + recurrent_mixer(h, params, p, mixer, cfg, cores)
         if cfg.mlp != "none":
@@ -364,7 +464,8 @@ def write_checkpoint(path, cfg, params):
          9: cfg.lin_dk, 10: cfg.lin_dv, 11: CONV_SIZE, 12: len(shapes), 13: 0,
          14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32,
          20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden},
-        {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS}))
+        {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS,
+         23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
     header[PATTERN_OFFSET:PATTERN_OFFSET + len(pattern)] = pattern       # rest of the area stays NUL
     table, offset = [], 0
@@ -396,13 +497,13 @@ def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
 def add_model_args(parser, max_seq_len):
     """The model flags, shared with scripts/bench_cpu.py; defaults as train_kla.c's except --max-seq-len."""
     parser.add_argument("--mixer", default="gdn", help="per-layer mixer pattern name[:count],... with names attn, "
-                                                       "gdn, kaczmarz, e.g. attn:2,gdn:1,kaczmarz:1")
+                                                       "gdn, kaczmarz, pdn, pgdn, pkda, e.g. attn:2,gdn:1,pdn:1")
     parser.add_argument("--depth", type=int, help="number of layers; must equal the pattern's (default: that)")
     parser.add_argument("--width", type=int, default=128, help="model width C")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (head size C / heads)")
-    parser.add_argument("--lin-heads", type=int, default=0, help="heads H of gdn/kaczmarz (0: heads/2, at least 1)")
-    parser.add_argument("--dk", type=int, default=0, help="key/query head dim of gdn/kaczmarz (0: 2*width/heads)")
-    parser.add_argument("--dv", type=int, default=0, help="value head dim of gdn/kaczmarz (0: dk)")
+    parser.add_argument("--lin-heads", type=int, default=0, help="heads H of the recurrent mixers (0: heads/2, at least 1)")
+    parser.add_argument("--dk", type=int, default=0, help="key/query head dim of the recurrent mixers (0: 2*width/heads)")
+    parser.add_argument("--dv", type=int, default=0, help="value head dim of the recurrent mixers (0: dk)")
     parser.add_argument("--max-seq-len", type=int, default=max_seq_len, help="rows of wpe (all-attn models)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="vocabulary size V")
     parser.add_argument("--norm", choices=NORMS, default="layernorm",
