@@ -40,8 +40,8 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 // ----------------------------------------------------------------------------------------------------------
 // model configuration and the mixer pattern
 
-enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, NUM_MIXERS };
-static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda"};
+enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, MIXER_GKA, NUM_MIXERS };
+static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka"};
 // gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
 static int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
 static int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
@@ -72,6 +72,9 @@ typedef struct {
     float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (pdn spec 1.3: 1.5)
     float precond_eps;      // pdn family: r = log(A + eps) - c (pdn spec 1.3: 1e-6)
     float precond_onorm_eps;  // pdn family: output RMSNorm eps (pdn spec 1.5: 1e-6)
+    int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
+    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
+    float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
     int mixer[MAX_LAYERS];  // MIXER_* per layer
 } Config;
 
@@ -93,7 +96,7 @@ static int parse_mixer_pattern(const char* pattern, int* mixer, const char* what
             if (len == 3 && strncmp(p, "kla", 3) == 0) {
                 die("%s: mixer 'kla' is ambiguous: use 'kaczmarz' (Kaczmarz Linear Attention) or 'kalman' (Kalman Linear Attention)", what);
             }
-            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda)", what, (int)len, p, pattern);
+            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda, gka)", what, (int)len, p, pattern);
         }
         long count = 1;
         if (*end == ':') {
@@ -612,6 +615,9 @@ static inline int gdn_P(const GDNConfig* c) { return 2 * c->H * c->dk + 2 * c->H
 static inline int gdn_NT(int T, int BT) { return (T + BT - 1) / BT; }
 
 static inline float gdn_sigmoidf(float u) { return 1.0f / (1.0f + expf(-u)); }
+// softplus with torch's threshold (u above 20 passes through), and its derivative; used by every decay gate
+static inline float softplusf(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
+static inline float dsoftplusf(float u) { return u > 20.0f ? 1.0f : gdn_sigmoidf(u); }
 
 // 16 partial sums in a fixed order: vectorises without -ffast-math, same result for any thread count
 static inline float gdn_dot(const float* a, const float* b, int n) {
@@ -984,7 +990,7 @@ static void gdn_token_features(float* qkv_row, float* qn, float* kn, float* beta
             beta[hh] = eta;
         }
         const float u = a_pre[hh] + p->dt_bias[hh];
-        g[hh] = -expf(p->A_log[hh]) * (u > 20.0f ? u : log1pf(expf(u)));
+        g[hh] = -expf(p->A_log[hh]) * softplusf(u);
     }
 }
 
@@ -999,6 +1005,45 @@ static void gdn_gated_norm_row(float* y, float* rstd, const float* o, const floa
             const float zi = z[hh * dv + i];
             y[hh * dv + i] = oh[i] * rs * w[i] * zi * gdn_sigmoidf(zi);
         }
+    }
+}
+
+// Backward of gdn_gated_norm_row over BT rows (gdn spec 1.6; gka uses the same norm, gka spec 3.3): with
+// xh = o rstd and s = SiLU(z), z the gate block that starts at column D of each proj row [P]:
+// dz = dy xh w SiLU'(z) is written at the same place of dproj, dw += sum over rows and heads of dy xh s (staged
+// in `stage` [BT, H*dv], then summed in row order), and dyo [BT, H*dv] is replaced in place by
+// do = rstd (dxh - xh mean(dxh xh)) with dxh = dy w s.
+static void gated_norm_backward(float* dyo, float* dproj, float* donorm_w, float* stage, const float* o,
+                                const float* proj, const float* rstd, const float* onorm_w, int BT, int H, int dv,
+                                int P, int D) {
+    const int HV = H * dv;
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t off = (size_t)r * HV + hh * dv;
+            float* dy = dyo + off;
+            float* tw = stage + off;
+            const float* oh = o + off;
+            const float* z = proj + (size_t)r * P + D + hh * dv;
+            float* dz = dproj + (size_t)r * P + D + hh * dv;
+            const float rs = rstd[(size_t)r * H + hh];
+            float m = 0.0f;
+            for (int i = 0; i < dv; i++) {
+                const float xh = oh[i] * rs;
+                const float sz = gdn_sigmoidf(z[i]);
+                const float sw = z[i] * sz;
+                tw[i] = dy[i] * xh * sw;
+                dz[i] = dy[i] * xh * onorm_w[i] * sz * (1.0f + z[i] * (1.0f - sz));
+                const float dxh = dy[i] * onorm_w[i] * sw;
+                dy[i] = dxh;
+                m += dxh * xh;
+            }
+            m /= dv;
+            for (int i = 0; i < dv; i++) { dy[i] = rs * (dy[i] - oh[i] * rs * m); }
+        }
+    }
+    for (size_t e = 0; e < (size_t)BT * H; e++) {
+        for (int i = 0; i < dv; i++) { donorm_w[i] += stage[e * dv + i]; }
     }
 }
 
@@ -1081,36 +1126,8 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
     memset(dyo, 0, (size_t)BT * HV * sizeof(float));
     matmul_backward(dyo, grads->out_proj_w, NULL, dout, a->y, p->out_proj_w, BT, HV, C);
 
-    // gated RMSNorm (spec 1.6), xh = o rstd, s = SiLU(z): dz = dy xh w SiLU'(z), dxh = dy w s,
-    // do = rstd (dxh - xh mean(dxh xh)); the onorm_w terms dy xh s go to dqkv (free until the core backward)
-    #pragma omp parallel for schedule(static)
-    for (int r = 0; r < BT; r++) {
-        for (int hh = 0; hh < H; hh++) {
-            const size_t off = (size_t)r * HV + hh * dv;
-            float* dy = dyo + off;
-            float* tw = dqkv + off;
-            const float* o = a->o + off;
-            const float* z = a->proj + (size_t)r * P + D + hh * dv;
-            float* dz = dproj + (size_t)r * P + D + hh * dv;
-            const float rs = a->rstd[(size_t)r * H + hh];
-            float m = 0.0f;
-            for (int i = 0; i < dv; i++) {
-                const float xh = o[i] * rs;
-                const float sz = gdn_sigmoidf(z[i]);
-                const float s = z[i] * sz;
-                tw[i] = dy[i] * xh * s;
-                dz[i] = dy[i] * xh * p->onorm_w[i] * sz * (1.0f + z[i] * (1.0f - sz));
-                const float dxh = dy[i] * p->onorm_w[i] * s;
-                dy[i] = dxh;
-                m += dxh * xh;
-            }
-            m /= dv;
-            for (int i = 0; i < dv; i++) { dy[i] = rs * (dy[i] - o[i] * rs * m); }
-        }
-    }
-    for (size_t e = 0; e < (size_t)BT * H; e++) {
-        for (int i = 0; i < dv; i++) { grads->onorm_w[i] += dqkv[e * dv + i]; }
-    }
+    // gated RMSNorm (spec 1.6)
+    gated_norm_backward(dyo, dproj, grads->onorm_w, dqkv, a->o, a->proj, a->rstd, p->onorm_w, BT, H, dv, P, D);
 
     // the recurrence (spec 2.4), dS_T = 0
     gdn_core_backward(dqkv, dbeta, dg, NULL, dyo, NULL, a->h, a->qkv, a->beta, a->g,
@@ -1150,7 +1167,7 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
             dprow[D + HV + H + hh] = deta * eta * (1.0f - eta);
             // g = -exp(A_log) softplus(a + dt_bias), softplus'(u) = sigmoid(u) (1 above the threshold 20)
             const float u = prow[D + HV + hh] + p->dt_bias[hh];
-            dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * (u > 20.0f ? 1.0f : gdn_sigmoidf(u));
+            dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * dsoftplusf(u);
         }
         shortconv_silu_backward_row(drow, dprow, prow, r % T, p->conv_w, D, P, W);
     }
@@ -1289,8 +1306,6 @@ static inline int pdn_P(const PDNConfig* c) {
     return pdn_D(c) + 3 * c->H + (c->variant == 1 ? c->H : 0) + (c->variant == 2 ? 2 * c->dv : 0);
 }
 static inline int pdn_NT(int T, int CK) { return (T + CK - 1) / CK; }
-static inline float pdn_softplusf(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
-static inline float pdn_dsoftplusf(float u) { return u > 20.0f ? 1.0f : gdn_sigmoidf(u); }
 
 // ----------------------------------------------------------------------------
 // mixer core (spec 2.1-2.3): inputs qkv [B,T,D] (q unscaled), beta, gP, bP [B,T,H], g [B,T,H*dk],
@@ -1483,17 +1498,17 @@ static void pdn_token_features(float* qkv_row, float* qn, float* kn, float* beta
         const float qs = 1.0f / qn[hh], ks = 1.0f / kn[hh];
         for (int d = 0; d < dk; d++) { q[d] *= qs; k[d] *= ks; }
         beta[hh] = gdn_sigmoidf(b_pre[hh]);
-        gP[hh] = -expf(p->A_log_P[hh]) * pdn_softplusf(aP_pre[hh] + p->dt_bias_P[hh]);
+        gP[hh] = -expf(p->A_log_P[hh]) * softplusf(aP_pre[hh] + p->dt_bias_P[hh]);
         bP[hh] = gdn_sigmoidf(bP_pre[hh]);
         float* gh = g + hh * dk;
         if (c->variant == 0) {
             for (int d = 0; d < dk; d++) { gh[d] = 0.0f; }
         } else if (c->variant == 1) {
-            const float gs = -expf(p->A_log[hh]) * pdn_softplusf(a_pre[hh] + p->dt_bias[hh]);
+            const float gs = -expf(p->A_log[hh]) * softplusf(a_pre[hh] + p->dt_bias[hh]);
             for (int d = 0; d < dk; d++) { gh[d] = gs; }
         } else {
             const float ea = -expf(p->A_log[hh]);
-            for (int d = 0; d < dk; d++) { gh[d] = ea * pdn_softplusf(fpre_row[hh * dk + d] + p->dt_bias[hh * dk + d]); }
+            for (int d = 0; d < dk; d++) { gh[d] = ea * softplusf(fpre_row[hh * dk + d] + p->dt_bias[hh * dk + d]); }
         }
     }
 }
@@ -1685,18 +1700,18 @@ static void pdn_backward(float* dx, PDNParams* grads, const float* dout, const P
             dprow[D + hh] = dbeta[e] * bt * (1.0f - bt);
             dprow[D + 2 * H + hh] = dbP[e] * bp * (1.0f - bp);
             const float uP = prow[D + H + hh] + p->dt_bias_P[hh];
-            dprow[D + H + hh] = dgP[e] * -expf(p->A_log_P[hh]) * pdn_dsoftplusf(uP);
+            dprow[D + H + hh] = dgP[e] * -expf(p->A_log_P[hh]) * dsoftplusf(uP);
             if (c->variant == 1) {
                 float dgs = 0.0f;
                 for (int d = 0; d < dk; d++) { dgs += dg[e * dk + d]; }
                 const float u = prow[D + 3 * H + hh] + p->dt_bias[hh];
-                dprow[D + 3 * H + hh] = dgs * -expf(p->A_log[hh]) * pdn_dsoftplusf(u);
+                dprow[D + 3 * H + hh] = dgs * -expf(p->A_log[hh]) * dsoftplusf(u);
             } else if (pk) {
                 const float ea = -expf(p->A_log[hh]);
                 for (int d = 0; d < dk; d++) {
                     const int i = hh * dk + d;
                     dfpre[(size_t)r * HK + i] = dg[e * dk + d] * ea
-                                              * pdn_dsoftplusf(a->fpre[(size_t)r * HK + i] + p->dt_bias[i]);
+                                              * dsoftplusf(a->fpre[(size_t)r * HK + i] + p->dt_bias[i]);
                 }
             }
         }
@@ -1799,6 +1814,489 @@ static void pdn_decode_step(float* out, PDNState* s, const PDNParams* p, const f
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the gka mixer (spec/gka.md)
+
+// ----------------------------------------------------------------------------
+// Gated KalmaNet, fp32, OpenMP. Math: spec/gka.md ("spec") sections 2.3, 3, 3.1-3.3, 7. Layout: FORMATS.md.
+// Per head, H_t = gamma_t H_{t-1} + k k^T (dk x dk), U_t = gamma_t U_{t-1} + k v^T (dk x dv), f_t = ||H_t||_F,
+// x_t = CHEB(H_t, f_t, q_hat_t) ~ (H_t + a f_t I)^-1 q_hat_t (r Chebyshev iterations, spec 3.1, omega_0 = 2),
+// o_t = s U_t^T (q_hat + alpha (x - q_hat)), s = dk^-1/2. Backward: implicit differentiation (spec 3.2), i.e.
+// one adjoint CHEB solve per token, with the bp_lambda term w_t; not autograd through the iterations.
+// Layouts (row-major, last index fastest), with D = 2*H*dk + H*dv and P = 2*H*dk + 2*H*dv + 3*H:
+//   proj [B,T,P]  in_proj output, blocks q | k | v | gate | a | b | alpha (the first D channels go through the conv)
+//   qkv  [B,T,D]  core inputs: q_hat = q/(||q|| + 1e-6), k = (beta + 1e-6) k/(||k|| + 1e-6), v = (beta + 1e-6) v
+//   qn, kn, beta, alpha, g, f [B,T,H]; x [B,T,H*dk]; o, y [B,T,H*dv]; states H [dk,dk], U [dk,dv] per head
+// The core is the sequential recurrence of spec 3 (no chunk form on CPU), parallel over (b, head), with H and U
+// checkpointed every `chunk` tokens; the backward recomputes each segment's states from its checkpoint (spec 3.2).
+
+#define GKA_L2_EPS 1e-6f     // q/k L2 norm: eps added to the norm (spec 2.1)
+#define GKA_BETA_EPS 1e-6f   // added to the beta gate (spec 2.3 step 5)
+
+typedef struct {
+    int C, H, dk, dv, W;     // model width, heads, key/query head dim, value head dim, conv taps
+    int iters;               // r, Chebyshev iterations (header slot 26)
+    float ridge, onorm_eps;  // a in lambda = a ||H||_F (slot 27); output RMSNorm eps (slot 28)
+    int chunk;               // state checkpoint interval of the backward's recomputation
+} GKAConfig;
+
+// the layer's tensors in FORMATS.md order; the same struct holds their gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W)
+    float* b_bias;      // (H)
+    float* alpha_bias;  // (H)
+    float* A_log;       // (H)
+    float* dt_bias;     // (H)
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} GKAParams;
+
+// everything the backward needs, written by gka_forward
+typedef struct {
+    float* proj;   // [B,T,P] in_proj output
+    float* qkv;    // [B,T,D] core inputs q_hat, k (beta-scaled), v (beta-scaled)
+    float* qn;     // [B,T,H] ||q|| of the conv output (before the + 1e-6)
+    float* kn;     // [B,T,H] ||k|| likewise
+    float* beta;   // [B,T,H] sigmoid(b + b_bias)
+    float* alpha;  // [B,T,H] sigmoid(alpha + alpha_bias)
+    float* g;      // [B,T,H] log decay
+    float* f;      // [B,T,H] ||H_t||_F
+    float* x;      // [B,T,H*dk] CHEB solutions x_t
+    float* Hck;    // [B,H,NT,dk,dk] H at the start of each checkpoint segment
+    float* Uck;    // [B,H,NT,dk,dv] U likewise
+    float* Hf;     // [B,H,dk,dk] final state H_T
+    float* Uf;     // [B,H,dk,dv] final state U_T
+    float* o;      // [B,T,H*dv] core output
+    float* rstd;   // [B,T,H] gated RMSNorm 1/rms
+    float* y;      // [B,T,H*dv] gated RMSNorm output = out_proj input
+    int nthr;      // threads the scratch was sized for (max_threads() at gka_acts_point)
+} GKAActs;
+
+// decode state of one sequence (spec 7)
+typedef struct {
+    float* conv;   // [W-1, D] the last W-1 pre-conv inputs, oldest first (zeros at start)
+    float* H;      // [H, dk, dk]
+    float* U;      // [H, dk, dv]
+} GKAState;
+
+static inline int gka_D(const GKAConfig* c) { return 2 * c->H * c->dk + c->H * c->dv; }
+static inline int gka_P(const GKAConfig* c) { return 2 * c->H * c->dk + 2 * c->H * c->dv + 3 * c->H; }
+static inline int gka_NT(int T, int CK) { return (T + CK - 1) / CK; }
+
+// ----------------------------------------------------------------------------
+// mixer core
+
+// spec 3.1: omega_1..omega_r (omega_0 = 2, rho = 1/(1 + 2a)), the same for every token and head, in double
+static void gka_omegas(double* om, int r, double a) {
+    const double rho = 1.0 / (1.0 + 2.0 * a), rho4 = rho * rho / 4.0;
+    double w = 2.0;
+    for (int i = 0; i < r; i++) { w = 1.0 / (1.0 - rho4 * w); om[i] = w; }
+}
+
+// spec 3.1: x = CHEB(Hm, f, b) ~ (Hm + a f I)^-1 b for one token of one head (Hm symmetric dk x dk).
+// x_prev = 0, x = tau b; r times: x <- omega x - tau omega (Hm x + a f x - b) - (omega - 1) x_prev.
+// xp, Ax [dk] workspace. f = 0 (all keys zero, H = 0; then U = 0 too) gives x = 0 instead of 0/0.
+static void gka_cheb(float* x, float* xp, float* Ax, const float* Hm, const float* b, float f, const double* om,
+                     int r, float a, int dk) {
+    if (!(f > 0.0f)) {
+        for (int i = 0; i < dk; i++) { x[i] = 0.0f; }
+        return;
+    }
+    const double tau = 2.0 / ((double)f * (1.0 + 2.0 * (double)a));
+    const float lam = a * f;
+    for (int i = 0; i < dk; i++) { xp[i] = 0.0f; x[i] = (float)tau * b[i]; }
+    for (int it = 0; it < r; it++) {
+        const float c1 = (float)(tau * om[it]), c2 = (float)om[it], c3 = (float)(om[it] - 1.0);
+        // Ax = Hm x (rows of the symmetric Hm summed as x^T Hm)
+        for (int i = 0; i < dk; i++) { Ax[i] = 0.0f; }
+        gdn_vecmat(Ax, 1.0f, x, Hm, dk, dk, dk);
+        for (int i = 0; i < dk; i++) {
+            const float xn = c2 * x[i] - c1 * (Ax[i] + lam * x[i] - b[i]) - c3 * xp[i];
+            xp[i] = x[i];
+            x[i] = xn;
+        }
+    }
+}
+
+// one token of one head: H <- gamma H + k k^T, U <- gamma U + k v^T (in place); returns ||H||_F
+static float gka_state_step(float* Hm, float* Um, const float* k, const float* v, float gamma, int dk, int dv) {
+    double ff = 0.0;
+    for (int i = 0; i < dk; i++) {
+        float* h = Hm + (size_t)i * dk;
+        float* u = Um + (size_t)i * dv;
+        const float ki = k[i];
+        for (int j = 0; j < dk; j++) { h[j] = gamma * h[j] + ki * k[j]; }
+        for (int j = 0; j < dv; j++) { u[j] = gamma * u[j] + ki * v[j]; }
+        ff += (double)gdn_dot(h, h, dk);
+    }
+    return (float)sqrt(ff);
+}
+
+// spec 3. Hs [B,H,dk,dk], Us [B,H,dk,dv]: initial states in, final states out. Writes o [B,T,H*dv],
+// x [B,T,H*dk], f [B,T,H] and (if Hck) the states at t0 = 0, CK, 2CK, ... into Hck, Uck [B,H,NT,...].
+static void gka_core_forward(float* o, float* x, float* f, float* Hck, float* Uck, float* Hs, float* Us,
+                             const float* qkv, const float* alpha, const float* g, int B, int T, int H, int dk, int dv,
+                             int CK, int iters, float ridge) {
+    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);
+    const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
+    const float s = 1.0f / sqrtf((float)dk);
+    double om[iters + 1];
+    gka_omegas(om, iters, ridge);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Hb = Hs + (size_t)bh * dkdk;
+        float* Ub = Us + (size_t)bh * dkdv;
+        float xp[dk], Ax[dk], qt[dk];
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t, e = r * H + hh;
+            if (Hck && t % CK == 0) {
+                memcpy(Hck + ((size_t)bh * NT + t / CK) * dkdk, Hb, dkdk * sizeof(float));
+                memcpy(Uck + ((size_t)bh * NT + t / CK) * dkdv, Ub, dkdv * sizeof(float));
+            }
+            const float* q = qkv + r * D + hh * dk;
+            const float* k = qkv + r * D + H * dk + hh * dk;
+            const float* v = qkv + r * D + 2 * H * dk + hh * dv;
+            float* xt = x + e * dk;
+            f[e] = gka_state_step(Hb, Ub, k, v, expf(g[e]), dk, dv);
+            gka_cheb(xt, xp, Ax, Hb, q, f[e], om, iters, ridge, dk);
+            const float al = alpha[e];
+            for (int i = 0; i < dk; i++) { qt[i] = q[i] + al * (xt[i] - q[i]); }
+            float* ot = o + e * dv;
+            for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
+            gdn_vecmat(ot, s, qt, Ub, dv, dk, dv);
+        }
+    }
+}
+
+// per-thread scratch of gka_core_backward: the CK+1 states H, U of a segment, DH, DU, 7 vectors of dk
+static size_t gka_core_bwd_floats(int CK, int dk, int dv) {
+    return (size_t)(CK + 2) * ((size_t)dk * dk + (size_t)dk * dv) + 7 * (size_t)dk;
+}
+
+// spec 3.2: implicit-differentiation backward per (b, head), segment by segment from the last; each segment's
+// states are recomputed forward from its checkpoint (never H_{t-1} = (H_t - k k^T)/gamma).
+// dO [B,T,H*dv] = dL/do; dHT, dUT [B,H,...] = dL/d(final states) (NULL: 0). Outputs (overwritten): dqkv [B,T,D]
+// (w.r.t. q_hat, the scaled k and the scaled v), dalpha, dg [B,T,H], dH0, dU0 [B,H,...] (NULL: not returned).
+// scratch: nthr * gka_core_bwd_floats(CK, dk, dv) floats.
+static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0, float* dU0,
+                              const float* dO, const float* dHT, const float* dUT, const float* Hck, const float* Uck,
+                              const float* qkv, const float* alpha, const float* g, const float* x, const float* f,
+                              int B, int T, int H, int dk, int dv, int CK, int iters, float ridge,
+                              float* scratch, int nthr) {
+    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);
+    const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
+    const float s = 1.0f / sqrtf((float)dk);
+    double om[iters + 1];
+    gka_omegas(om, iters, ridge);
+    (void)nthr;   // read only by the OpenMP pragma
+    #pragma omp parallel for num_threads(nthr) schedule(static)
+    for (int bh = 0; bh < B * H; bh++) {
+        const int b = bh / H, hh = bh % H;
+        float* Hbuf = scratch + (size_t)thread_id() * gka_core_bwd_floats(CK, dk, dv);  // [CK+1,dk,dk]
+        float* Ubuf = Hbuf + (size_t)(CK + 1) * dkdk;   // [CK+1,dk,dv]
+        float* DH = Ubuf + (size_t)(CK + 1) * dkdv;     // dL/dH_t
+        float* DU = DH + dkdk;                          // dL/dU_t
+        float* qt = DU + dkdv;
+        float* dqt = qt + dk;
+        float* dxv = dqt + dk;
+        float* z = dxv + dk;
+        float* xp = z + dk;
+        float* Ax = xp + dk;
+        float* kcol = Ax + dk;                          // DH^T k
+        if (dHT) { memcpy(DH, dHT + bh * dkdk, dkdk * sizeof(float)); } else { memset(DH, 0, dkdk * sizeof(float)); }
+        if (dUT) { memcpy(DU, dUT + bh * dkdv, dkdv * sizeof(float)); } else { memset(DU, 0, dkdv * sizeof(float)); }
+        for (int n = NT - 1; n >= 0; n--) {
+            const int t0 = n * CK;
+            const int L = T - t0 < CK ? T - t0 : CK;
+            const size_t r0 = (size_t)b * T + t0;
+            memcpy(Hbuf, Hck + ((size_t)bh * NT + n) * dkdk, dkdk * sizeof(float));
+            memcpy(Ubuf, Uck + ((size_t)bh * NT + n) * dkdv, dkdv * sizeof(float));
+            for (int i = 0; i < L; i++) {
+                const size_t r = r0 + i, e = r * H + hh;
+                memcpy(Hbuf + (i + 1) * dkdk, Hbuf + i * dkdk, dkdk * sizeof(float));
+                memcpy(Ubuf + (i + 1) * dkdv, Ubuf + i * dkdv, dkdv * sizeof(float));
+                gka_state_step(Hbuf + (i + 1) * dkdk, Ubuf + (i + 1) * dkdv, qkv + r * D + H * dk + hh * dk,
+                               qkv + r * D + 2 * H * dk + hh * dv, expf(g[e]), dk, dv);
+            }
+            for (int i = L - 1; i >= 0; i--) {
+                const size_t r = r0 + i, e = r * H + hh;
+                const float* q = qkv + r * D + hh * dk;
+                const float* k = qkv + r * D + H * dk + hh * dk;
+                const float* v = qkv + r * D + 2 * H * dk + hh * dv;
+                const float* Ht = Hbuf + (i + 1) * dkdk;
+                const float* Hp = Hbuf + i * dkdk;
+                const float* Ut = Ubuf + (i + 1) * dkdv;
+                const float* Up = Ubuf + i * dkdv;
+                const float* xt = x + e * dk;
+                const float* dOt = dO + e * dv;
+                float* dq = dqkv + r * D + hh * dk;
+                float* dkk = dqkv + r * D + H * dk + hh * dk;
+                float* dvv = dqkv + r * D + 2 * H * dk + hh * dv;
+                const float al = alpha[e], ft = f[e], gam = expf(g[e]);
+                // readout: dqt = s U_t dO; DU += s qt dO^T; dalpha = dqt.(x - q_hat); dx = alpha dqt
+                float da = 0.0f;
+                for (int d = 0; d < dk; d++) {
+                    qt[d] = q[d] + al * (xt[d] - q[d]);
+                    dqt[d] = s * gdn_dot(Ut + (size_t)d * dv, dOt, dv);
+                    gdn_axpy(DU + (size_t)d * dv, s * qt[d], dOt, dv);
+                    da += dqt[d] * (xt[d] - q[d]);
+                    dxv[d] = al * dqt[d];
+                }
+                dalpha[e] = da;
+                // adjoint solve z = CHEB(H_t, f_t, dx); dq_hat = (1 - alpha) dqt + z; w = 2a (x.z)/f
+                gka_cheb(z, xp, Ax, Ht, dxv, ft, om, iters, ridge, dk);
+                for (int d = 0; d < dk; d++) { dq[d] = (1.0f - al) * dqt[d] + z[d]; }
+                const float w = ft > 0.0f ? 2.0f * ridge * gdn_dot(xt, z, dk) / ft : 0.0f;
+                // DH -= z x^T + (w/2) H_t; dk = (DH + DH^T) k + DU v; dv = DU^T k;
+                // dg = gamma (<DH, H_{t-1}> + <DU, U_{t-1}>); DH, DU <- gamma DH, gamma DU
+                for (int d = 0; d < dk; d++) { kcol[d] = 0.0f; }
+                for (int j = 0; j < dv; j++) { dvv[j] = 0.0f; }
+                double dgs = 0.0;
+                for (int d = 0; d < dk; d++) {
+                    float* Dd = DH + (size_t)d * dk;
+                    const float* Hd = Ht + (size_t)d * dk;
+                    const float zd = z[d], hw = 0.5f * w;
+                    for (int j = 0; j < dk; j++) { Dd[j] -= zd * xt[j] + hw * Hd[j]; }
+                    float* DUd = DU + (size_t)d * dv;
+                    dkk[d] = gdn_dot(Dd, k, dk) + gdn_dot(DUd, v, dv);
+                    gdn_axpy(kcol, k[d], Dd, dk);
+                    gdn_axpy(dvv, k[d], DUd, dv);
+                    dgs += (double)gdn_dot(Dd, Hp + (size_t)d * dk, dk) + (double)gdn_dot(DUd, Up + (size_t)d * dv, dv);
+                    for (int j = 0; j < dk; j++) { Dd[j] *= gam; }
+                    for (int j = 0; j < dv; j++) { DUd[j] *= gam; }
+                }
+                for (int d = 0; d < dk; d++) { dkk[d] += kcol[d]; }
+                dg[e] = gam * (float)dgs;
+            }
+        }
+        if (dH0) { memcpy(dH0 + bh * dkdk, DH, dkdk * sizeof(float)); }
+        if (dU0) { memcpy(dU0 + bh * dkdv, DU, dkdv * sizeof(float)); }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// per-token pieces of the layer, shared by the forward, the backward and decode
+
+// spec 2.3 steps 4-7 for one token, on the SiLU output qkv_row (modified in place): q_hat = q/(||q|| + 1e-6),
+// k_hat likewise; beta = sigmoid(b + b_bias), k = (beta + 1e-6) k_hat, v = (beta + 1e-6) v;
+// alpha = sigmoid(alpha + alpha_bias); g = -exp(A_log) softplus(a + dt_bias). Writes qn, kn, beta, alpha, g [H].
+static void gka_token_features(float* qkv_row, float* qn, float* kn, float* beta, float* alpha, float* g,
+                               const float* proj_row, const GKAParams* p, const GKAConfig* c) {
+    const int H = c->H, dk = c->dk, dv = c->dv, D = gka_D(c);
+    const float* a_pre = proj_row + D + H * dv;   // a block (after gate)
+    const float* b_pre = a_pre + H;               // b block
+    const float* al_pre = b_pre + H;              // alpha block
+    for (int hh = 0; hh < H; hh++) {
+        float* q = qkv_row + hh * dk;
+        float* k = qkv_row + H * dk + hh * dk;
+        float* v = qkv_row + 2 * H * dk + hh * dv;
+        qn[hh] = sqrtf(gdn_dot(q, q, dk));
+        kn[hh] = sqrtf(gdn_dot(k, k, dk));
+        beta[hh] = gdn_sigmoidf(b_pre[hh] + p->b_bias[hh]);
+        const float qs = 1.0f / (qn[hh] + GKA_L2_EPS), bs = beta[hh] + GKA_BETA_EPS;
+        const float ks = bs / (kn[hh] + GKA_L2_EPS);
+        for (int d = 0; d < dk; d++) { q[d] *= qs; k[d] *= ks; }
+        for (int d = 0; d < dv; d++) { v[d] *= bs; }
+        alpha[hh] = gdn_sigmoidf(al_pre[hh] + p->alpha_bias[hh]);
+        g[hh] = -expf(p->A_log[hh]) * softplusf(a_pre[hh] + p->dt_bias[hh]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// layer forward / backward
+
+static size_t gka_acts_floats(int B, int T, const GKAConfig* c) {
+    const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    const size_t st = (size_t)c->dk * c->dk + (size_t)c->dk * c->dv;
+    return BT * gka_P(c) + BT * gka_D(c) + 7 * BT * c->H + BT * HK
+         + (size_t)B * c->H * (gka_NT(T, c->chunk) + 1) * st + 2 * BT * HV;
+}
+
+static void gka_acts_point(GKAActs* a, float* base, int B, int T, const GKAConfig* c) {
+    const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
+    const size_t NS = (size_t)B * c->H * gka_NT(T, c->chunk);
+    a->proj = base;   base += BT * gka_P(c);
+    a->qkv = base;    base += BT * gka_D(c);
+    a->qn = base;     base += BT * c->H;
+    a->kn = base;     base += BT * c->H;
+    a->beta = base;   base += BT * c->H;
+    a->alpha = base;  base += BT * c->H;
+    a->g = base;      base += BT * c->H;
+    a->f = base;      base += BT * c->H;
+    a->rstd = base;   base += BT * c->H;
+    a->x = base;      base += BT * HK;
+    a->Hck = base;    base += NS * c->dk * c->dk;
+    a->Uck = base;    base += NS * c->dk * c->dv;
+    a->Hf = base;     base += (size_t)B * HK * c->dk;
+    a->Uf = base;     base += (size_t)B * HK * c->dv;
+    a->o = base;      base += BT * HV;
+    a->y = base;
+    a->nthr = max_threads();
+}
+
+// scratch of gka_backward: dy/do [BT,HV], dqkv [BT,D], dalpha, dg [BT,H], dproj [BT,P], core scratch.
+// Sized for max_threads() at the time of the call (as GKAActs): do not raise the thread count later.
+static size_t gka_scratch_floats(int B, int T, const GKAConfig* c) {
+    const size_t BT = (size_t)B * T;
+    return BT * ((size_t)c->H * c->dv + gka_D(c) + 2 * c->H + gka_P(c))
+         + (size_t)max_threads() * gka_core_bwd_floats(c->chunk, c->dk, c->dv);
+}
+
+// spec 2.3. x [B,T,C] (the normed mixer input); out [B,T,C] overwritten. H_0 = U_0 = 0; the final states are
+// left in a->Hf, a->Uf.
+static void gka_forward(float* out, GKAActs* a, const GKAParams* p, const float* x, int B, int T, const GKAConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, D = gka_D(c), P = gka_P(c);
+    // step 1: fused projection, blocks q | k | v | gate | a | b | alpha
+    matmul_forward(a->proj, x, p->in_proj_w, NULL, BT, C, P);
+    // steps 2-7: conv + SiLU, L2 norms, beta, alpha, g
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* row = a->qkv + (size_t)r * D;
+        const float* prow = a->proj + (size_t)r * P;
+        shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
+        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        const size_t e = (size_t)r * H;
+        gka_token_features(row, a->qn + e, a->kn + e, a->beta + e, a->alpha + e, a->g + e, prow, p, c);
+    }
+    // step 8: the core (spec 3), H_0 = U_0 = 0
+    memset(a->Hf, 0, (size_t)B * H * dk * dk * sizeof(float));
+    memset(a->Uf, 0, (size_t)B * H * dk * dv * sizeof(float));
+    gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, a->Hf, a->Uf, a->qkv, a->alpha, a->g, B, T, H, dk, dv,
+                     c->chunk, c->iters, c->ridge);
+    // steps 9-10: gated RMSNorm (swish gate, same form as gdn's), output projection
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        gdn_gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
+                           a->proj + (size_t)r * P + D, p->onorm_w, H, dv, c->onorm_eps);
+    }
+    matmul_forward(out, a->y, p->out_proj_w, NULL, BT, H * dv, C);
+}
+
+// spec 3.2-3.3. dout [B,T,C]; dx += dL/dx; grads += dL/dparams. Parameter-gradient sums run in a fixed order,
+// so the result does not depend on the thread count.
+static void gka_backward(float* dx, GKAParams* grads, const float* dout, const GKAActs* a, const GKAParams* p,
+                         const float* x, float* scratch, int B, int T, const GKAConfig* c) {
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
+    const int HV = H * dv, HK = H * dk, D = gka_D(c), P = gka_P(c);
+    float* dyo = scratch;                          // dL/dy, then dL/do in place
+    float* dqkv = dyo + (size_t)BT * HV;           // dL/d(core q_hat, k, v), then dL/d(conv pre-activation)
+    float* dalpha = dqkv + (size_t)BT * D;
+    float* dg = dalpha + (size_t)BT * H;
+    float* dproj = dg + (size_t)BT * H;            // dL/dproj
+    float* core_scratch = dproj + (size_t)BT * P;
+
+    // out = y W_o^T
+    memset(dyo, 0, (size_t)BT * HV * sizeof(float));
+    matmul_backward(dyo, grads->out_proj_w, NULL, dout, a->y, p->out_proj_w, BT, HV, C);
+
+    // gated RMSNorm (spec 3.3), the same as gdn's
+    gated_norm_backward(dyo, dproj, grads->onorm_w, dqkv, a->o, a->proj, a->rstd, p->onorm_w, BT, H, dv, P, D);
+
+    // the core (spec 3.2), final-state gradients 0
+    gka_core_backward(dqkv, dalpha, dg, NULL, NULL, dyo, NULL, NULL, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x,
+                      a->f, B, T, H, dk, dv, c->chunk, c->iters, c->ridge, core_scratch, a->nthr);
+
+    // per token (spec 3.3): beta gate, L2 norms, sigmoid gates, softplus decay; then SiLU'(conv pre-activation),
+    // recomputed into dproj[r, 0:D) which the conv backward below overwrites
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const float* prow = a->proj + (size_t)r * P;
+        const float* row = a->qkv + (size_t)r * D;
+        float* drow = dqkv + (size_t)r * D;
+        float* dprow = dproj + (size_t)r * P;
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = (size_t)r * H + hh;
+            const float bt = a->beta[e], bs = bt + GKA_BETA_EPS;
+            // L2 norm y = u/(n + eps): du = dy/(n + eps) - y (y.dy)/n
+            const float* qh = row + hh * dk;
+            float* dq = drow + hh * dk;
+            const float nq = a->qn[e], cq = gdn_dot(qh, dq, dk);
+            const float cq2 = nq > 0.0f ? cq / nq : 0.0f, iq = 1.0f / (nq + GKA_L2_EPS);
+            for (int d = 0; d < dk; d++) { dq[d] = dq[d] * iq - qh[d] * cq2; }
+            // k = bs k_hat: dbeta = k_hat.dk, dk_hat = bs dk; v = bs v_in: dbeta += v_in.dv, dv_in = bs dv
+            const float* ks = row + HK + hh * dk;   // bs k_hat
+            float* dkk = drow + HK + hh * dk;
+            const float* vs = row + 2 * HK + hh * dv;   // bs v_in
+            float* dvv = drow + 2 * HK + hh * dv;
+            const float dbeta = (gdn_dot(ks, dkk, dk) + gdn_dot(vs, dvv, dv)) / bs;
+            for (int d = 0; d < dv; d++) { dvv[d] *= bs; }
+            const float nk = a->kn[e], ik = 1.0f / (nk + GKA_L2_EPS);
+            // with y = k_hat = ks / bs and dy = bs dk: y.dy = ks.dk
+            const float ck = gdn_dot(ks, dkk, dk), ck2 = nk > 0.0f ? ck / (bs * nk) : 0.0f;
+            for (int d = 0; d < dk; d++) { dkk[d] = bs * dkk[d] * ik - ks[d] * ck2; }
+            // beta = sigmoid(b + b_bias); alpha = sigmoid(alpha + alpha_bias); g = -exp(A_log) softplus(a + dt_bias)
+            dprow[D + HV + H + hh] = dbeta * bt * (1.0f - bt);
+            const float al = a->alpha[e];
+            dprow[D + HV + 2 * H + hh] = dalpha[e] * al * (1.0f - al);
+            const float u = prow[D + HV + hh] + p->dt_bias[hh];
+            dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * dsoftplusf(u);
+        }
+        shortconv_silu_backward_row(drow, dprow, prow, r % T, p->conv_w, D, P, W);
+    }
+    // gate and decay parameters, tokens in order: dA_log = sum dg g, ddt_bias = sum da, db_bias, dalpha_bias
+    for (size_t r = 0; r < (size_t)BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            grads->A_log[hh] += dg[r * H + hh] * a->g[r * H + hh];
+            grads->dt_bias[hh] += dproj[r * P + D + HV + hh];
+            grads->b_bias[hh] += dproj[r * P + D + HV + H + hh];
+            grads->alpha_bias[hh] += dproj[r * P + D + HV + 2 * H + hh];
+        }
+    }
+
+    // conv backward
+    shortconv_backward(dproj, grads->conv_w, dqkv, a->proj, p->conv_w, BT, T, D, P, W);
+
+    // proj = x W_in^T
+    matmul_backward(dx, grads->in_proj_w, NULL, dproj, x, p->in_proj_w, BT, C, P);
+}
+
+// ----------------------------------------------------------------------------
+// decode (spec 7): one token of one sequence with the recurrent state carried in GKAState
+
+static size_t gka_state_floats(const GKAConfig* c) {
+    return (size_t)(c->W - 1) * gka_D(c) + (size_t)c->H * c->dk * (c->dk + c->dv);
+}
+
+static void gka_state_point(GKAState* s, float* base, const GKAConfig* c) {
+    s->conv = base;
+    s->H = base + (size_t)(c->W - 1) * gka_D(c);
+    s->U = s->H + (size_t)c->H * c->dk * c->dk;
+}
+
+static void gka_state_reset(GKAState* s, const GKAConfig* c) {
+    memset(s->conv, 0, gka_state_floats(c) * sizeof(float));   // conv cache, H and U are contiguous
+}
+
+// scratch of gka_decode_step: proj [P], qkv [D], qn, kn, beta, alpha, g, f, rstd [H each], x [H*dk], o, y [H*dv]
+static size_t gka_decode_scratch_floats(const GKAConfig* c) {
+    return (size_t)gka_P(c) + gka_D(c) + 7 * c->H + (size_t)c->H * c->dk + 2 * (size_t)c->H * c->dv;
+}
+
+static void gka_decode_step(float* out, GKAState* s, const GKAParams* p, const float* x, float* scratch,
+                            const GKAConfig* c) {
+    const int H = c->H, dk = c->dk, dv = c->dv, W = c->W, D = gka_D(c), P = gka_P(c);
+    float* proj = scratch;
+    float* qkv = proj + P;
+    float* qn = qkv + D;
+    float* kn = qn + H;
+    float* beta = kn + H;
+    float* alpha = beta + H;
+    float* g = alpha + H;
+    float* f = g + H;
+    float* rstd = f + H;
+    float* xs = rstd + H;
+    float* o = xs + H * dk;
+    float* y = o + H * dv;
+    matmul_forward(proj, x, p->in_proj_w, NULL, 1, c->C, P);
+    shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
+    gka_token_features(qkv, qn, kn, beta, alpha, g, proj, p, c);
+    gka_core_forward(o, xs, f, NULL, NULL, s->H, s->U, qkv, alpha, g, 1, 1, H, dk, dv, 1, c->iters, c->ridge);
+    gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
+    matmul_forward(out, y, p->out_proj_w, NULL, 1, H * dv, c->C);
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // parameters: a table of named tensors over one allocation (FORMATS.md "Tensor order and names")
 
 typedef struct {
@@ -1806,6 +2304,7 @@ typedef struct {
     float *qkvw, *qkvb, *attprojw, *attprojb;  // attn
     GDNParams gdn;                              // gdn, kaczmarz
     PDNParams pdn;                              // pdn, pgdn, pkda
+    GKAParams gka;                              // gka
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerParams;
 
@@ -1888,6 +2387,17 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
             T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
             T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q | k | v | gate | a | b | alpha]
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
+            int P = 2 * H * dk + 2 * H * dv + 3 * H, D = 2 * H * dk + H * dv;
+            T2(lp->gka.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->gka.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            T1(lp->gka.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+            T1(lp->gka.alpha_bias, MNAME("alpha_bias"), INIT_ZERO, H);
+            T1(lp->gka.A_log, MNAME("A_log"), INIT_A_LOG, H);
+            T1(lp->gka.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+            T1(lp->gka.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->gka.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
         } else {  // pdn family (FORMATS.md): in_proj rows [q | k | v | b | aP | bP] then pgdn [a], pkda [f1 | g1]
             int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, D = 2 * H * dk + H * dv, mixer = c->mixer[l];
             int P = D + 3 * H + (mixer == MIXER_PGDN ? H : mixer == MIXER_PKDA ? 2 * dv : 0);
@@ -1928,6 +2438,20 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
 #undef T1
 #undef LNAME
 #undef MNAME
+}
+
+static GKAConfig gka_config(const Config* c, int chunk) {
+    GKAConfig g;
+    g.C = c->channels;
+    g.H = c->lin_heads;
+    g.dk = c->lin_dk;
+    g.dv = c->lin_dv;
+    g.W = c->conv_size;
+    g.iters = c->gka_iters;
+    g.ridge = c->gka_ridge;
+    g.onorm_eps = c->gka_onorm_eps;
+    g.chunk = chunk;
+    return g;
 }
 
 static PDNConfig pdn_config(const Config* c, int layer, int chunk) {
@@ -2023,6 +2547,7 @@ typedef struct {
     float *qkv, *atty, *att;           // attn: (B,T,3C), (B,T,C), (B,NH,T,T)
     GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
     PDNActs pdn;                        // pdn, pgdn, pkda
+    GKAActs gka;                        // gka
     float* residual2;                   // (B,T,C) residual after the mixer
     float *ln2, *ln2_mean, *ln2_rstd;   // NULL without an MLP
     float* fch;                         // (B,T,Hm) or (B,T,2Hm) for SwiGLU: the MLP's fc output
@@ -2046,7 +2571,7 @@ typedef struct {
     float *dfch, *dfch_act;         // like fch and fch_act
     float* dqkv;                    // (B,T,3C)
     float* attn;                    // T floats per thread
-    float* gdn;                     // gdn_scratch_floats / pdn_scratch_floats, the largest over the layers
+    float* gdn;                     // the recurrent mixers' backward scratch, the largest over the layers
 } BackwardScratch;
 
 typedef struct {
@@ -2092,6 +2617,10 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             float* g = carve(base, &cur, gdn_acts_floats(B, T, &gc));
             if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            float* g = carve(base, &cur, gka_acts_floats(B, T, &kc));
+            if (base) { gka_acts_point(&la->gka, g, B, T, &kc); }
         } else {
             PDNConfig pc = pdn_config(c, l, m->chunk);
             float* g = carve(base, &cur, pdn_acts_floats(B, T, &pc));
@@ -2140,6 +2669,9 @@ static size_t layout_scratch(Model* m, float* base, int B, int T) {
         } else if (is_pdn_family(c->mixer[l])) {
             PDNConfig pc = pdn_config(c, l, m->chunk);
             n = pdn_scratch_floats(B, T, &pc);
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            n = gka_scratch_floats(B, T, &kc);
         }
         if (n > gdn) { gdn = n; }
     }
@@ -2259,6 +2791,9 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            gka_forward(a->block_out, &la->gka, &lp->gka, la->ln1, B, T, &kc);
         } else {
             PDNConfig pc = pdn_config(c, l, m->chunk);
             pdn_forward(a->block_out, &la->pdn, &lp->pdn, la->ln1, B, T, &pc);
@@ -2321,6 +2856,9 @@ static void model_backward(Model* m, float loss_scale) {
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            gka_backward(s->dln, &lg->gka, s->dresidual, &la->gka, &lp->gka, la->ln1, s->gdn, B, T, &kc);
         } else {
             PDNConfig pc = pdn_config(c, l, m->chunk);
             pdn_backward(s->dln, &lg->pdn, s->dresidual, &la->pdn, &lp->pdn, la->ln1, s->gdn, B, T, &pc);
@@ -2439,6 +2977,9 @@ static void write_model_file(const Model* m, const char* path) {
     header[23] = f32_to_slot(c->precond_x);
     header[24] = f32_to_slot(c->precond_eps);
     header[25] = f32_to_slot(c->precond_onorm_eps);
+    header[26] = c->gka_iters;
+    header[27] = f32_to_slot(c->gka_ridge);
+    header[28] = f32_to_slot(c->gka_onorm_eps);
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -2486,6 +3027,10 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->precond_x = slot_to_f32(header[23]);
     c->precond_eps = slot_to_f32(header[24]);
     c->precond_onorm_eps = slot_to_f32(header[25]);
+    c->gka_iters = header[26];
+    c->gka_ridge = slot_to_f32(header[27]);
+    c->gka_onorm_eps = slot_to_f32(header[28]);
+    if (c->gka_iters < 0 || !(c->gka_ridge >= 0.0f)) { die("%s: invalid gka iterations %d / ridge %g in the header", path, c->gka_iters, c->gka_ridge); }
     if (c->norm < 0 || c->norm >= NUM_NORMS) { die("%s: unknown norm kind %d in the header", path, c->norm); }
     if (c->mlp < 0 || c->mlp >= NUM_MLPS || (c->mlp != MLP_NONE) != (c->mlp_hidden > 0)) {
         die("%s: invalid MLP kind %d / hidden width %d in the header", path, c->mlp, c->mlp_hidden);
@@ -2654,6 +3199,7 @@ typedef struct {
     float *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];  // attn layers: (max_len, C)
     GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
     PDNState pdn[MAX_LAYERS];                         // pdn/pgdn/pkda layers
+    GKAState gka[MAX_LAYERS];                         // gka layers
     float *x, *ln, *stats, *y, *hidden, *pre, *qkv, *att, *logits, *gdn_scratch;
     float* memory;
 } DecodeState;
@@ -2670,6 +3216,12 @@ static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max
             float* s = carve(base, &cur, gdn_state_floats(&gc));
             if (base) { gdn_state_point(&d->gdn[l], s, &gc); }
             size_t n = gdn_decode_scratch_floats(&gc);
+            if (n > gdn_scratch) { gdn_scratch = n; }
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            float* s = carve(base, &cur, gka_state_floats(&kc));
+            if (base) { gka_state_point(&d->gka[l], s, &kc); }
+            size_t n = gka_decode_scratch_floats(&kc);
             if (n > gdn_scratch) { gdn_scratch = n; }
         } else {
             PDNConfig pc = pdn_config(c, l, m->chunk);
@@ -2706,6 +3258,9 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
         } else if (is_pdn_family(m->config.mixer[l])) {
             PDNConfig pc = pdn_config(&m->config, l, m->chunk);
             pdn_state_reset(&d->pdn[l], &pc);
+        } else if (m->config.mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(&m->config, m->chunk);
+            gka_state_reset(&d->gka[l], &kc);
         }
     }
 }
@@ -2748,6 +3303,9 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
+        } else if (c->mixer[l] == MIXER_GKA) {
+            GKAConfig kc = gka_config(c, m->chunk);
+            gka_decode_step(d->y, &d->gka[l], &lp->gka, d->ln, d->gdn_scratch, &kc);
         } else {
             PDNConfig pc = pdn_config(c, l, m->chunk);
             pdn_decode_step(d->y, &d->pdn[l], &lp->pdn, d->ln, d->gdn_scratch, &pc);
@@ -2895,7 +3453,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     struct { const char* flag; int value; } fields[] = {
         {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
         {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
-        {"--mlp-hidden", c->mlp_hidden},
+        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         Flag* f = find_flag(flags, n, fields[i].flag);
@@ -2962,7 +3520,7 @@ int main(int argc, char** argv) {
     int B = 8, T = 64, total_batch = 0, max_steps = -1, warmup = 20, val_every = 20, val_batches = 20;
     int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
     int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
-    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0;
+    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0, gka_iters = 30;
     char *norm = "layernorm", *mlp = "gelu";
     float norm_eps = 1e-5f;
     float lr = 3e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
@@ -2999,6 +3557,7 @@ int main(int argc, char** argv) {
         {"--norm-eps", FLAG_FLOAT, &norm_eps, "eps of the block norms", 0},
         {"--mlp", FLAG_STRING, &mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
         {"--mlp-hidden", FLAG_INT, &mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
+        {"--gka-iters", FLAG_INT, &gka_iters, "Chebyshev iterations of gka's solve", 0},
         {"--max-seq-len", FLAG_INT, &max_seq_len, "position-embedding rows (all-attn models)", 0},
         {"--vocab-size", FLAG_INT, &vocab_size, "vocabulary size of a new model", 0},
         {"--seed", FLAG_INT, &seed, "seed of the initialisation and of the data shuffling", 0},
@@ -3075,6 +3634,7 @@ int main(int argc, char** argv) {
     flag_config.norm = parse_choice(norm, NORM_NAMES, NUM_NORMS, "--norm");
     flag_config.mlp = parse_choice(mlp, MLP_NAMES, NUM_MLPS, "--mlp");
     require(mlp_hidden >= 0, "--mlp-hidden", "must be >= 0");
+    require(gka_iters >= 1 && gka_iters <= 1000, "--gka-iters", "must be in [1, 1000]");
     require(norm_eps > 0.0f, "--norm-eps", "must be > 0");
     if (mlp_hidden == 0) {  // FLA's SwiGLU rule: floor(8C/3) rounded up to a multiple of 256
         mlp_hidden = flag_config.mlp == MLP_GELU ? 4 * width : (width * 8 / 3 + 255) / 256 * 256;
@@ -3087,6 +3647,9 @@ int main(int argc, char** argv) {
     flag_config.precond_x = 1.5f;
     flag_config.precond_eps = 1e-6f;
     flag_config.precond_onorm_eps = 1e-6f;
+    flag_config.gka_iters = gka_iters;
+    flag_config.gka_ridge = 0.02f;
+    flag_config.gka_onorm_eps = 1e-6f;
 
     if (out_dir) { prepare_output_dir(out_dir); }
 

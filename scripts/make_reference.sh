@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # make_reference.sh: generate the PyTorch reference dumps that test_kla.c compares train_kla.c against.
-# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for eleven configurations:
+# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for thirteen configurations:
 # attn (GPT-2), gdn, kaczmarz and a hybrid (LayerNorm, GELU MLP), then the trunk options: rmsnorm (RMSNorm with a
 # non-default eps), swiglu (SwiGLU MLP) and nomlp (RMSNorm, no MLP), then the Preconditioned DeltaNet family: pdn,
-# pgdn (RMSNorm, SwiGLU), pkda, and mixed (all six mixers in one model). A configuration whose two files are newer than
+# pgdn (RMSNorm, SwiGLU), pkda, and mixed (those six mixers in one model), then Gated KalmaNet: gka, and mixed7 (all
+# seven mixers in one model). A configuration whose two files are newer than
 # scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,3 +57,6 @@ make_config pgdn     --mixer pgdn:2 --norm rmsnorm --mlp swiglu --depth 2 --widt
 make_config pkda     --mixer pkda:2 --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 --B 2 --T 80 --seed 10
 make_config mixed    --mixer attn:1,gdn:1,kaczmarz:1,pdn:1,pgdn:1,pkda:1 --depth 6 --width 64 --heads 4 --lin-heads 2 \
                      --dk 16 --dv 24 --max-seq-len 128 --B 2 --T 80 --seed 11
+make_config gka      --mixer gka:2 --depth 2 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 24 --B 2 --T 80 --seed 12
+make_config mixed7   --mixer attn:1,gdn:1,kaczmarz:1,pdn:1,pgdn:1,pkda:1,gka:1 --depth 7 --width 64 --heads 4 \
+                     --lin-heads 2 --dk 16 --dv 24 --max-seq-len 128 --B 2 --T 80 --seed 13

@@ -2,10 +2,12 @@
 train_kla.py: the PyTorch reference of train_kla (the ground truth that train_kla.c is tested against).
 
 It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer mixer is softmax attention
-(`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`) or one of the Preconditioned DeltaNet
-family (`pdn`, `pgdn`, `pkda`), chosen by a pattern such as `gdn:1,attn:1,kaczmarz:1,pdn:1`. The recurrent mixers
-run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1 and ../shared/spec/pdn.md
-section 2.1 (independent of any chunkwise algorithm), attention the plain masked softmax. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
+(`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`), one of the Preconditioned DeltaNet
+family (`pdn`, `pgdn`, `pkda`) or Gated KalmaNet (`gka`), chosen by a pattern such as `gdn:1,attn:1,gka:1,pdn:1`.
+The recurrent mixers run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1,
+../shared/spec/pdn.md section 2.1 and ../shared/spec/gka.md section 3 (independent of any chunkwise algorithm),
+attention the plain masked softmax. gka runs the same r-step Chebyshev iteration as the C code (spec 3.1), and its
+gradient is the implicit one of spec 3.2 (one adjoint Chebyshev solve per token), not autograd through the iterations. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
 --mlp, --mlp-hidden) are FORMATS.md header slots 16 and 20-22. Then it
   1. draws the initial fp32 weights from --seed (FORMATS.md "Initialisation") and writes PREFIX_model.bin,
   2. draws one batch of random tokens, runs forward/backward in --dtype (float64 by default, for tight
@@ -50,8 +52,13 @@ PRECOND_X = 1.5                         # pdn/pgdn/pkda squash range: m in (1/x,
 PRECOND_EPS = 1e-6                      # pdn/pgdn/pkda eps inside log(A + eps) (pdn spec 1.3)
 PRECOND_ONORM_EPS = 1e-6                # pdn/pgdn/pkda output RMSNorm eps (pdn spec 1.5)
 PRECOND_LOG_SCALE_INIT = -0.2           # c = log_scale, the squash centre (pdn spec 10.7)
+GKA_ITERS = 30                          # r, Chebyshev iterations of gka (gka spec 2.1, 3.1)
+GKA_RIDGE = 0.02                        # a in lambda_t = a ||H_t||_F (gka spec 2.1)
+GKA_ONORM_EPS = 1e-6                    # gka output RMSNorm eps (gka spec 2.1 norm_eps)
+GKA_NORM_EPS = 1e-6                     # q/k L2 norm eps of gka, added to the norm (gka spec 2.3 step 4)
+GKA_BETA_EPS = 1e-6                     # k, v scaled by (beta + 1e-6) (gka spec 2.3 step 5)
 
-MIXERS = ("attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda")
+MIXERS = ("attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka")
 NORMS = ("layernorm", "rmsnorm")        # header slot 20: index in this tuple
 MLPS = ("gelu", "swiglu", "none")       # header slot 21: index in this tuple
 RECURRENT_MIXERS = ("gdn", "kaczmarz")
@@ -122,6 +129,11 @@ def tensor_shapes(cfg):
                        (p + "attn.proj.w", (C, C)), (p + "attn.proj.b", (C,))]
         elif mixer in PRECOND_MIXERS:
             shapes += precond_shapes(cfg, p + mixer + ".", mixer)
+        elif mixer == "gka":
+            m = p + "gka."
+            shapes += [(m + "in_proj.w", (sum(gka_split(cfg)), C)), (m + "conv.w", (2 * H * dk + H * dv, CONV_SIZE)),
+                       (m + "b_bias", (H,)), (m + "alpha_bias", (H,)), (m + "A_log", (H,)), (m + "dt_bias", (H,)),
+                       (m + "onorm.w", (dv,)), (m + "out_proj.w", (C, H * dv))]
         else:
             m = p + mixer + "."
             proj_rows = 2 * H * dk + 2 * H * dv + 2 * H     # [q | k | v | z | a | b]
@@ -151,6 +163,12 @@ def precond_split(cfg, mixer):
     elif mixer == "pkda":
         rows += [dv, dv]
     return rows
+
+
+def gka_split(cfg):
+    """Row blocks of a gka in_proj.w: [q|k|v (conv'd), gate (H*dv), a (H), b (H), alpha (H)] (FORMATS.md)."""
+    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    return [2 * H * dk + H * dv, H * dv, H, H, H]
 
 
 def precond_shapes(cfg, m, mixer):
@@ -199,7 +217,7 @@ def init_tensor(name, shape, cfg, gen):
         u = t.uniform_(0.0, 1.0, generator=gen)
         dt = torch.exp(u * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         t = dt + torch.log(-torch.expm1(-dt))
-    # everything else (biases, b_bias, g2.b, LayerNorm biases) stays 0
+    # everything else (biases, b_bias, alpha_bias, g2.b, LayerNorm biases) stays 0
     if name == "wte":
         t[cfg.vocab_size:] = 0.0                            # padding rows of the tied embedding
     return t
@@ -268,10 +286,83 @@ def precond_delta_rule_recurrent(q, k, v, beta, g, gP, bP, c, x, eps, return_sta
     return (o, S, A) if return_state else o
 
 
-Cores = collections.namedtuple("Cores", "attention delta_rule precond_delta_rule",
-                               defaults=(precond_delta_rule_recurrent,))
+def chebyshev_omegas(a, r):
+    """omega_1..omega_r of CHEB (gka spec 3.1): omega_0 = 2, omega_i = 1 / (1 - rho^2/4 omega_{i-1}), rho = 1/(1+2a);
+    the same for every token and head (computed in double precision on the host)."""
+    rho4 = (1.0 / (1.0 + 2.0 * a)) ** 2 / 4.0
+    omegas, omega = [], 2.0
+    for _ in range(r):
+        omega = 1.0 / (1.0 - rho4 * omega)
+        omegas.append(omega)
+    return omegas
+
+
+def chebyshev_solve(H, f, b, a, r):
+    """CHEB(H, f, b) of gka spec 3.1, batched: r Chebyshev steps towards (H + a f I)^-1 b.
+
+    H: [..., d, d] symmetric PSD; f: [...] (= ||H||_F); b: [..., d]. mu = a f, L = f + a f: tau = 2 / (f (1 + 2a)).
+    """
+    tau = (2.0 / (f * (1.0 + 2.0 * a)))[..., None]
+    af = (a * f)[..., None]
+    x_prev = torch.zeros_like(b)
+    x = tau * b                                           # one plain gradient step from 0
+    for omega in chebyshev_omegas(a, r):
+        y = tau * omega * (torch.einsum("...ij,...j->...i", H, x) + af * x - b) + (omega - 1.0) * x_prev
+        x_prev = x
+        x = omega * x - y
+    return x
+
+
+class ChebyshevSolve(torch.autograd.Function):
+    """x = CHEB(H, ||H||_F, q) with the implicit gradient of gka spec 3.2 (bp_lambda on):
+    z = CHEB(H, f, dx) (the adjoint solve, same matrix and constants), dq = z, w = 2 a (x.z) / f,
+    dH = -z x^T - (w / 2) H. Gradients through tau and rho (which depend on f) are ignored, as in the official code;
+    lambda = a ||H||_F contributes only through the w term."""
+
+    @staticmethod
+    def forward(ctx, H, q, a, r):
+        f = torch.linalg.norm(H, dim=(-2, -1))            # Frobenius norm, [...]
+        x = chebyshev_solve(H, f, q, a, r)
+        ctx.save_for_backward(H, f, x)
+        ctx.a, ctx.r = a, r
+        return x
+
+    @staticmethod
+    def backward(ctx, dx):
+        H, f, x = ctx.saved_tensors
+        z = chebyshev_solve(H, f, dx, ctx.a, ctx.r)
+        w = 2.0 * ctx.a * (x * z).sum(-1) / f
+        dH = -z[..., :, None] * x[..., None, :] - (w / 2.0)[..., None, None] * H
+        return dH, z, None, None
+
+
+def gka_recurrent(q, k, v, g, alpha, scale, a, r):
+    """Gated KalmaNet core, token by token (gka spec 3), per head, H_0 = U_0 = 0:
+    H_t = exp(g) H_{t-1} + k k^T; U_t = exp(g) U_{t-1} + k v^T; x = CHEB(H_t, ||H_t||_F, q_t);
+    o_t = scale U_t^T (q_t + alpha_t (x - q_t)).
+
+    q (unit, q_hat), k (beta-scaled unit key): [B, T, H, dk]; v (beta-scaled): [B, T, H, dv]; g, alpha: [B, T, H].
+    Returns o [B, T, H, dv]. The solve's gradient is the implicit one (ChebyshevSolve).
+    """
+    B, T, nh, dk = k.shape
+    Hs = k.new_zeros(B, nh, dk, dk)
+    U = k.new_zeros(B, nh, dk, v.shape[-1])
+    outputs = []
+    for t in range(T):
+        gamma = torch.exp(g[:, t])[..., None, None]
+        kt, qt = k[:, t], q[:, t]
+        Hs = gamma * Hs + kt[..., :, None] * kt[..., None, :]                   # H_t
+        U = gamma * U + kt[..., :, None] * v[:, t, :, None, :]                  # U_t
+        x = ChebyshevSolve.apply(Hs, qt, a, r)                                  # ~ (H_t + a f_t I)^-1 q_t
+        qmix = qt + alpha[:, t, :, None] * (x - qt)                             # alpha connection
+        outputs.append(scale * torch.einsum("bhkv,bhk->bhv", U, qmix))          # o_t = s U_t^T qmix
+    return torch.stack(outputs, dim=1)
+
+
+Cores = collections.namedtuple("Cores", "attention delta_rule precond_delta_rule gka",
+                               defaults=(precond_delta_rule_recurrent, gka_recurrent))
 REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rule_recurrent,
-                        precond_delta_rule=precond_delta_rule_recurrent)
+                        precond_delta_rule=precond_delta_rule_recurrent, gka=gka_recurrent)
 
 # ----------------------------------------------------------------------------------------------------------------
 # layers (params is the {name: tensor} dict; p the layer's name prefix)
@@ -363,6 +454,30 @@ def precond_mixer(x, params, p, kind, cfg, cores):
     return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
 
 
+def gka_mixer(x, params, p, cfg, cores):
+    """gka layer (gka spec 2.3 with the official defaults of 2.1, FORMATS.md): fused in_proj, Hq = Hk = Hv = H, W = 4,
+    beta gate, alpha connection, conv on v, decay on both H and U, s = dk^-1/2, swish-gated output RMSNorm."""
+    B, T, _ = x.shape
+    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    m = p + "gka."
+    proj = F.linear(x, params[m + "in_proj.w"])
+    qkv, gate, a, b, alpha = proj.split(gka_split(cfg), dim=-1)
+    qkv = F.silu(causal_depthwise_conv(qkv, params[m + "conv.w"]))
+    q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
+    q, k, v = q.view(B, T, H, dk), k.view(B, T, H, dk), v.view(B, T, H, dv)
+    q = q / (q.norm(dim=-1, keepdim=True) + GKA_NORM_EPS)                 # eps added to the norm (step 4)
+    k = k / (k.norm(dim=-1, keepdim=True) + GKA_NORM_EPS)
+    beta = (torch.sigmoid(b + params[m + "b_bias"]) + GKA_BETA_EPS)[..., None]   # write gate (step 5)
+    k, v = beta * k, beta * v
+    alpha = torch.sigmoid(alpha + params[m + "alpha_bias"])              # [B, T, H] (step 6)
+    g = -torch.exp(params[m + "A_log"]) * F.softplus(a + params[m + "dt_bias"])  # log decay <= 0 (step 7)
+    o = cores.gka(q, k, v, g, alpha, dk ** -0.5, GKA_RIDGE, GKA_ITERS)    # [B, T, H, dv]
+    # gated output RMSNorm per head, weight shared by the heads (step 9)
+    y = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + GKA_ONORM_EPS) * params[m + "onorm.w"]
+    y = y * F.silu(gate.view(B, T, H, dv))
+    return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
+
+
 def mlp(x, params, p, cfg):
     """GELU: proj(GELU_tanh(fc(x))) with biases; SwiGLU: proj(SiLU(gate) * up), [gate | up] = fc(x), no biases."""
     if cfg.mlp == "gelu":
@@ -384,6 +499,8 @@ def forward(params, cfg, idx, cores=REFERENCE_CORES):
             x = x + attention_mixer(h, params, p, cfg, cores)
         elif mixer in PRECOND_MIXERS:
             x = x + precond_mixer(h, params, p, mixer, cfg, cores)
+        elif mixer == "gka":
+            x = x + gka_mixer(h, params, p, cfg, cores)
         else:
             x = x + recurrent_mixer(h, params, p, mixer, cfg, cores)
         if cfg.mlp != "none":
@@ -463,9 +580,9 @@ def write_checkpoint(path, cfg, params):
          4: cfg.max_seq_len, 5: len(cfg.mixers), 6: cfg.n_embd, 7: cfg.n_head, 8: cfg.lin_heads,
          9: cfg.lin_dk, 10: cfg.lin_dv, 11: CONV_SIZE, 12: len(shapes), 13: 0,
          14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32,
-         20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden},
+         20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden, 26: GKA_ITERS},
         {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS,
-         23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS}))
+         23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS, 27: GKA_RIDGE, 28: GKA_ONORM_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
     header[PATTERN_OFFSET:PATTERN_OFFSET + len(pattern)] = pattern       # rest of the area stays NUL
     table, offset = [], 0
@@ -497,7 +614,7 @@ def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
 def add_model_args(parser, max_seq_len):
     """The model flags, shared with scripts/bench_cpu.py; defaults as train_kla.c's except --max-seq-len."""
     parser.add_argument("--mixer", default="gdn", help="per-layer mixer pattern name[:count],... with names attn, "
-                                                       "gdn, kaczmarz, pdn, pgdn, pkda, e.g. attn:2,gdn:1,pdn:1")
+                                                       "gdn, kaczmarz, pdn, pgdn, pkda, gka, e.g. attn:2,gdn:1,pdn:1")
     parser.add_argument("--depth", type=int, help="number of layers; must equal the pattern's (default: that)")
     parser.add_argument("--width", type=int, default=128, help="model width C")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (head size C / heads)")
