@@ -2383,7 +2383,7 @@ static int gkat_layer_fd(void) {
     }
     double a[GKAT_MAXS], f[GKAT_MAXS];
     double* pd = (double*)malloc(L.nprm * sizeof(double));
-    double* xd = (double*)malloc(nx * sizeof(double));
+    double* xd = (double*)calloc(nx, sizeof(double));
     double* outd = (double*)malloc(nx * sizeof(double));
     for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
     for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }

@@ -2322,6 +2322,7 @@ typedef struct {
     size_t numel;
     size_t offset;  // in floats from the start of the block
     int decay;      // AdamW weight decay applies (FORMATS.md "Weight decay")
+    float lr_scale; // the tensor's learning rate is lr * lr_scale (FORMATS.md "Learning-rate groups")
     int init;       // how train_kla initialises it: one of the INIT_* below
     float std;      // for INIT_NORMAL
 } TensorInfo;
@@ -2346,6 +2347,7 @@ static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const 
     t->numel = (size_t)d0 * (ndim > 1 ? (size_t)d1 : 1);
     t->offset = tt->num_parameters;
     t->decay = decay;
+    t->lr_scale = 1.0f;
     t->init = init;
     t->std = std;
     tt->num_parameters += t->numel;
@@ -2886,7 +2888,8 @@ static float model_grad_norm(const Model* m) {
     return (float)sqrt(sum);
 }
 
-// AdamW with bias correction and decoupled weight decay on the decayed tensors only (FORMATS.md);
+// AdamW with bias correction and decoupled weight decay on the decayed tensors only, each tensor at its
+// learning-rate group's rate (FORMATS.md);
 // the gradient is multiplied by grad_scale first (global-norm clipping). t is the 1-based update count.
 static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
     if (m->m_memory == NULL) {
@@ -2896,7 +2899,7 @@ static void model_update(Model* m, float lr, float beta1, float beta2, float eps
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     for (int k = 0; k < m->table.num_tensors; k++) {
         const TensorInfo* ti = &m->table.t[k];
-        float wd = ti->decay ? weight_decay : 0.0f;
+        float wd = ti->decay ? weight_decay : 0.0f, tensor_lr = lr * ti->lr_scale;
         float *p = m->params_memory + ti->offset, *gr = m->grads_memory + ti->offset;
         float *mm = m->m_memory + ti->offset, *vv = m->v_memory + ti->offset;
 #pragma omp parallel for
@@ -2905,7 +2908,7 @@ static void model_update(Model* m, float lr, float beta1, float beta2, float eps
             mm[i] = beta1 * mm[i] + (1.0f - beta1) * g;
             vv[i] = beta2 * vv[i] + (1.0f - beta2) * g * g;
             float mhat = mm[i] / bc1, vhat = vv[i] / bc2;
-            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+            p[i] -= tensor_lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
         }
     }
 }

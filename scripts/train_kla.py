@@ -3,17 +3,20 @@ train_kla.py: the PyTorch reference of train_kla (the ground truth that train_kl
 
 It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer mixer is softmax attention
 (`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`), one of the Preconditioned DeltaNet
-family (`pdn`, `pgdn`, `pkda`) or Gated KalmaNet (`gka`), chosen by a pattern such as `gdn:1,attn:1,gka:1,pdn:1`.
+family (`pdn`, `pgdn`, `pkda`), Gated KalmaNet (`gka`) or Kalman Linear Attention (`kalman`, presets plain and
+mamba: --kalman-preset, --kalman-expand, --kalman-n), chosen by a pattern such as `gdn:1,attn:1,gka:1,kalman:1`.
 The recurrent mixers run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1,
-../shared/spec/pdn.md section 2.1 and ../shared/spec/gka.md section 3 (independent of any chunkwise algorithm),
-attention the plain masked softmax. gka runs the same r-step Chebyshev iteration as the C code (spec 3.1), and its
+../shared/spec/pdn.md section 2.1, ../shared/spec/gka.md section 3 and ../shared/spec/kalman.md section 2.3 (with
+the torch-path floors of its section 2.5; independent of any chunkwise algorithm or scan), attention the plain
+masked softmax. kalman's gradient is autograd of that sequential filter (the ground truth for the C adjoint). gka runs the same r-step Chebyshev iteration as the C code (spec 3.1), and its
 gradient is the implicit one of spec 3.2 (one adjoint Chebyshev solve per token), not autograd through the iterations. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
 --mlp, --mlp-hidden) are FORMATS.md header slots 16 and 20-22. Then it
   1. draws the initial fp32 weights from --seed (FORMATS.md "Initialisation") and writes PREFIX_model.bin,
   2. draws one batch of random tokens, runs forward/backward in --dtype (float64 by default, for tight
      comparisons of fp32 C code) and writes PREFIX_debug.bin: x, y, logits, loss, every parameter gradient,
-  3. trains --steps steps on that same batch (global-norm clipping, then AdamW written out by hand) and
-     appends the loss of every step to the debug file.
+  3. trains --steps steps on that same batch (global-norm clipping, then AdamW written out by hand, with the
+     learning-rate groups of FORMATS.md: kalman's state-space parameters at 0.1x lr) and appends the loss of
+     every step to the debug file.
 
 Runs on torch 1.13 CPU (Debian's python3-torch) and torch 2.x with CUDA. scripts/bench_cpu.py imports the model
 from here and swaps the mixer cores through `Cores`.
@@ -57,16 +60,29 @@ GKA_RIDGE = 0.02                        # a in lambda_t = a ||H_t||_F (gka spec 
 GKA_ONORM_EPS = 1e-6                    # gka output RMSNorm eps (gka spec 2.1 norm_eps)
 GKA_NORM_EPS = 1e-6                     # q/k L2 norm eps of gka, added to the norm (gka spec 2.3 step 4)
 GKA_BETA_EPS = 1e-6                     # k, v scaled by (beta + 1e-6) (gka spec 2.3 step 5)
+KALMAN_PRESETS = ("plain", "mamba")     # header slot 31: index in this tuple (kalman spec 1.3)
+KALMAN_OBS_VAR_MIN = 1e-4               # Lv = 1 / (softplus(ls) + 1e-4) (kalman spec 1.3 step 5)
+KALMAN_DELTA_MIN = 1e-7                 # Delta = softplus(delta_raw) + 1e-7 (kalman spec 1.3 step 6)
+KALMAN_P_MIN = 1e-7                     # p = max(p_raw, 1e-7)
+KALMAN_FLOOR = 1e-12                    # torch-path floors of abar^2, den, lam, pbar and of ||kr||, ||qr|| (spec 2.5)
+KALMAN_P_INIT = 0.01                    # p_raw init (kalman spec 1.2)
+KALMAN_SKIP_INIT = -1.0                 # lambda_skip init
+KALMAN_CONV_INIT = 0.5                  # conv.w ~ U(-1/sqrt(K), 1/sqrt(K)), K = 4
+KALMAN_SSM_LR_SCALE = 0.1               # learning-rate group of the state-space parameters (FORMATS.md)
 
-MIXERS = ("attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka")
+MIXERS = ("attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka", "kalman")
 NORMS = ("layernorm", "rmsnorm")        # header slot 20: index in this tuple
 MLPS = ("gelu", "swiglu", "none")       # header slot 21: index in this tuple
 RECURRENT_MIXERS = ("gdn", "kaczmarz")
 PRECOND_MIXERS = ("pdn", "pgdn", "pkda")
 
 # matrices that get decoupled weight decay (FORMATS.md "Weight decay"), matched as name suffixes
+# (kalman.conv.w excepted: kalman spec 1.2 note c puts it in the 1-D group)
 DECAYED_SUFFIXES = ("attn.qkv.w", "attn.proj.w", "in_proj.w", "conv.w", "out_proj.w", "f2.w", "g2.w",
-                    "mlp.fc.w", "mlp.proj.w")
+                    "sensor.w", "var.w", "mlp.fc.w", "mlp.proj.w")
+UNDECAYED_SUFFIXES = ("kalman.conv.w",)
+# kalman's state-space parameters: 0.1x learning rate, no weight decay (FORMATS.md "Learning-rate groups")
+KALMAN_SSM_SUFFIXES = ("kalman.delta_raw", "kalman.lambda_log", "kalman.p_raw", "kalman.lambda_skip")
 # residual output projections, initialised with std 0.02/sqrt(2L) (GPT-2)
 RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
 
@@ -76,7 +92,7 @@ RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
 
 Config = collections.namedtuple(
     "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv "
-              "norm mlp mlp_hidden norm_eps")
+              "norm mlp mlp_hidden norm_eps kalman_expand kalman_n kalman_preset kalman_rank")
 
 
 def default_mlp_hidden(mlp, C):
@@ -129,6 +145,8 @@ def tensor_shapes(cfg):
                        (p + "attn.proj.w", (C, C)), (p + "attn.proj.b", (C,))]
         elif mixer in PRECOND_MIXERS:
             shapes += precond_shapes(cfg, p + mixer + ".", mixer)
+        elif mixer == "kalman":
+            shapes += kalman_shapes(cfg, p + "kalman.")
         elif mixer == "gka":
             m = p + "gka."
             shapes += [(m + "in_proj.w", (sum(gka_split(cfg)), C)), (m + "conv.w", (2 * H * dk + H * dv, CONV_SIZE)),
@@ -171,6 +189,26 @@ def gka_split(cfg):
     return [2 * H * dk + H * dv, H * dv, H, H, H]
 
 
+def kalman_split(cfg):
+    """Row blocks of a kalman sensor.w (kalman spec 1.3 step 3): plain [v (Dk) | ls (Dk) | kr (N) | qr (N)],
+    mamba [ls_r (R) | kr (N) | qr (N)]."""
+    Dk, N = cfg.kalman_expand * cfg.n_embd, cfg.kalman_n
+    if cfg.kalman_preset == "plain":
+        return [Dk, Dk, N, N]
+    return [cfg.kalman_rank, N, N]
+
+
+def kalman_shapes(cfg, m):
+    """Tensors of one kalman layer in checkpoint order; m = 'h<l>.kalman.' (FORMATS.md, kalman spec 1.2)."""
+    C, Dk, N = cfg.n_embd, cfg.kalman_expand * cfg.n_embd, cfg.kalman_n
+    shapes = [(m + "in_proj.w", (2 * Dk, C)), (m + "conv.w", (Dk, CONV_SIZE)), (m + "conv.b", (Dk,)),
+              (m + "sensor.w", (sum(kalman_split(cfg)), Dk))]
+    if cfg.kalman_preset == "mamba":
+        shapes.append((m + "var.w", (Dk, cfg.kalman_rank)))
+    return shapes + [(m + "out_proj.w", (C, Dk)), (m + "delta_raw", (Dk, N)), (m + "lambda_log", (Dk, N)),
+                     (m + "p_raw", (Dk, N)), (m + "lambda_skip", (1,))]
+
+
 def precond_shapes(cfg, m, mixer):
     """Tensors of one pdn/pgdn/pkda layer in checkpoint order; m = 'h<l>.<mixer>.'."""
     C, H, dk, dv = cfg.n_embd, cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
@@ -192,7 +230,13 @@ def norm_shapes(cfg, p):
 
 
 def is_decayed(name):
-    return name.endswith(DECAYED_SUFFIXES)
+    return name.endswith(DECAYED_SUFFIXES) and not name.endswith(UNDECAYED_SUFFIXES)
+
+
+def lr_scale(name):
+    """Learning-rate group of a tensor (FORMATS.md "Learning-rate groups"): 0.1 for kalman's state-space
+    parameters, 1 for everything else."""
+    return KALMAN_SSM_LR_SCALE if name.endswith(KALMAN_SSM_SUFFIXES) else 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -202,6 +246,8 @@ def is_decayed(name):
 def init_tensor(name, shape, cfg, gen):
     """One fp32 tensor, drawn from gen (tensors are drawn in checkpoint order, so the order fixes the stream)."""
     t = torch.zeros(shape, dtype=torch.float32)
+    if ".kalman." in name and name.endswith(("conv.w", "delta_raw", "lambda_log", "p_raw", "lambda_skip")):
+        return init_kalman_ssm(name, t, gen)
     if name.endswith(RESIDUAL_PROJ_SUFFIXES):
         t.normal_(0.0, 0.02 / math.sqrt(2 * len(cfg.mixers)), generator=gen)
     elif len(shape) == 2:                                   # wte, wpe, qkv, fc, in_proj, conv taps
@@ -221,6 +267,23 @@ def init_tensor(name, shape, cfg, gen):
     if name == "wte":
         t[cfg.vocab_size:] = 0.0                            # padding rows of the tied embedding
     return t
+
+
+def init_kalman_ssm(name, t, gen):
+    """kalman's conv taps and state-space parameters (FORMATS.md "Initialisation", kalman spec 1.2):
+    conv.w U(-0.5, 0.5); delta_raw = softplus^-1(Delta0), Delta0 log-uniform in [1e-3, 1e-1] clamped >= 1e-4
+    (drawn as dt_bias); lambda_log 0 (kappa = 1); p_raw 0.01; lambda_skip -1."""
+    if name.endswith("conv.w"):
+        return t.uniform_(-KALMAN_CONV_INIT, KALMAN_CONV_INIT, generator=gen)
+    if name.endswith("delta_raw"):
+        u = t.uniform_(0.0, 1.0, generator=gen)
+        delta0 = torch.exp(u * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+        return delta0 + torch.log(-torch.expm1(-delta0))
+    if name.endswith("p_raw"):
+        return t.fill_(KALMAN_P_INIT)
+    if name.endswith("lambda_skip"):
+        return t.fill_(KALMAN_SKIP_INIT)
+    return t                                                # lambda_log 0
 
 
 def init_params(cfg, gen):
@@ -359,10 +422,38 @@ def gka_recurrent(q, k, v, g, alpha, scale, a, r):
     return torch.stack(outputs, dim=1)
 
 
-Cores = collections.namedtuple("Cores", "attention delta_rule precond_delta_rule gka",
-                               defaults=(precond_delta_rule_recurrent, gka_recurrent))
+def kalman_filter_sequential(v, Lv, k, q, abar, pbar, return_state=False):
+    """Kalman Linear Attention filter, token by token (kalman spec 2.3), vectorised over the lanes (b, d, n),
+    information form with lam_0 = 1, eta_0 = 0 and the torch-path floors of spec 2.5 (torch.clamp: zero
+    subgradient where a floor binds):
+        den = max(max(abar^2, 1e-12) + pbar lam_{t-1}, 1e-12); rho = 1 / den
+        eta_t = abar rho eta_{t-1} + v Lv k;  lam_t = lam_{t-1} rho + Lv k^2   (both with rho from lam_{t-1})
+        y_t[d] = sum_n q[n] eta_t[d, n] / max(lam_t[d, n], 1e-12)
+
+    v, Lv: [B, T, D]; k, q: [B, T, N] (unit); abar, pbar: [D, N]. Returns y_s [B, T, D], and with return_state
+    also (lam_T, eta_T) [B, D, N]. No variance output.
+    """
+    B, T, D = v.shape
+    abar2 = torch.clamp(abar * abar, min=KALMAN_FLOOR)
+    lam = v.new_ones(B, D, abar.shape[-1])
+    eta = v.new_zeros(B, D, abar.shape[-1])
+    outputs = []
+    for t in range(T):
+        kt, Lvt = k[:, t, None, :], Lv[:, t, :, None]                        # [B, 1, N], [B, D, 1]
+        rho = 1.0 / torch.clamp(abar2 + pbar * lam, min=KALMAN_FLOOR)        # predict: lam^- = lam rho
+        eta = abar * rho * eta + (v[:, t, :, None] * Lvt) * kt               # eta_t = alpha_t eta_{t-1} + r_t
+        lam = lam * rho + Lvt * (kt * kt)                                    # lam_t = lam^- + phi_t
+        mean = eta / torch.clamp(lam, min=KALMAN_FLOOR)
+        outputs.append((mean * q[:, t, None, :]).sum(-1))                    # y_t = sum_n q mean
+    y = torch.stack(outputs, dim=1)
+    return (y, lam, eta) if return_state else y
+
+
+Cores = collections.namedtuple("Cores", "attention delta_rule precond_delta_rule gka kalman",
+                               defaults=(precond_delta_rule_recurrent, gka_recurrent, kalman_filter_sequential))
 REFERENCE_CORES = Cores(attention=causal_softmax_attention, delta_rule=delta_rule_recurrent,
-                        precond_delta_rule=precond_delta_rule_recurrent, gka=gka_recurrent)
+                        precond_delta_rule=precond_delta_rule_recurrent, gka=gka_recurrent,
+                        kalman=kalman_filter_sequential)
 
 # ----------------------------------------------------------------------------------------------------------------
 # layers (params is the {name: tensor} dict; p the layer's name prefix)
@@ -478,6 +569,39 @@ def gka_mixer(x, params, p, cfg, cores):
     return F.linear(y.reshape(B, T, H * dv), params[m + "out_proj.w"])
 
 
+def kalman_dynamics(params, m):
+    """Static per-(d, n) dynamics of a kalman layer (kalman spec 1.3 step 6, OU discretisation):
+    Delta = softplus(delta_raw) + 1e-7; kappa = exp(lambda_log); abar = exp(-kappa Delta);
+    pbar = max(max(p_raw, 1e-7) / (2 kappa) * -expm1(-2 kappa Delta), 1e-12). Returns abar, pbar [Dk, N]."""
+    delta = F.softplus(params[m + "delta_raw"]) + KALMAN_DELTA_MIN
+    kappa = torch.exp(params[m + "lambda_log"])
+    abar = torch.exp(-kappa * delta)
+    p = torch.clamp(params[m + "p_raw"], min=KALMAN_P_MIN)
+    pbar = torch.clamp(p / (2.0 * kappa) * -torch.expm1(-2.0 * kappa * delta), min=KALMAN_FLOOR)
+    return abar, pbar
+
+
+def kalman_mixer(x, params, p, cfg, cores):
+    """kalman layer (kalman spec 1.3 equations (1)-(8), FORMATS.md), plain or mamba preset, no variance output."""
+    Dk = cfg.kalman_expand * cfg.n_embd
+    m = p + "kalman."
+    z0, gate = F.linear(x, params[m + "in_proj.w"]).split(Dk, dim=-1)                  # (1)
+    u = F.silu(causal_depthwise_conv(z0, params[m + "conv.w"]) + params[m + "conv.b"])  # (2)
+    s = F.linear(u, params[m + "sensor.w"])                                             # (3)
+    if cfg.kalman_preset == "plain":
+        v, ls, kr, qr = s.split(kalman_split(cfg), dim=-1)
+    else:   # mamba: v = u, low-rank log-variance lifted by var.w
+        ls_r, kr, qr = s.split(kalman_split(cfg), dim=-1)
+        v, ls = u, F.linear(ls_r, params[m + "var.w"])
+    k = kr / torch.clamp(kr.norm(dim=-1, keepdim=True), min=KALMAN_FLOOR)               # (4)
+    q = qr / torch.clamp(qr.norm(dim=-1, keepdim=True), min=KALMAN_FLOOR)
+    Lv = 1.0 / (F.softplus(ls) + KALMAN_OBS_VAR_MIN)                                    # (5)
+    abar, pbar = kalman_dynamics(params, m)                                             # (6)
+    y_s = cores.kalman(v, Lv, k, q, abar, pbar)                                         # (7)
+    y1 = y_s + params[m + "lambda_skip"] * u                                            # (8)
+    return F.linear(y1 * F.silu(gate), params[m + "out_proj.w"])
+
+
 def mlp(x, params, p, cfg):
     """GELU: proj(GELU_tanh(fc(x))) with biases; SwiGLU: proj(SiLU(gate) * up), [gate | up] = fc(x), no biases."""
     if cfg.mlp == "gelu":
@@ -501,6 +625,8 @@ def forward(params, cfg, idx, cores=REFERENCE_CORES):
             x = x + precond_mixer(h, params, p, mixer, cfg, cores)
         elif mixer == "gka":
             x = x + gka_mixer(h, params, p, cfg, cores)
+        elif mixer == "kalman":
+            x = x + kalman_mixer(h, params, p, cfg, cores)
         else:
             x = x + recurrent_mixer(h, params, p, mixer, cfg, cores)
         if cfg.mlp != "none":
@@ -529,7 +655,8 @@ def clip_scale(grads, grad_clip):
 @torch.no_grad()
 def adamw_update(params, grads, m, v, step, hp, scale):
     """One AdamW step (step counts from 0) on the clipped gradients scale * g, in the compute dtype:
-    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat / (sqrt(vhat) + eps) + wd_p p)."""
+    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr_p (mhat / (sqrt(vhat) + eps) + wd_p p),
+    lr_p = lr times the tensor's learning-rate group (0.1 for kalman's state-space parameters, else 1)."""
     t = step + 1
     for name, p in params.items():
         g = grads[name] * scale
@@ -538,7 +665,7 @@ def adamw_update(params, grads, m, v, step, hp, scale):
         mhat = m[name] / (1 - hp.beta1 ** t)
         vhat = v[name] / (1 - hp.beta2 ** t)
         wd = hp.weight_decay if is_decayed(name) else 0.0
-        p.sub_(hp.lr * (mhat / (vhat.sqrt() + hp.eps) + wd * p))
+        p.sub_(hp.lr * lr_scale(name) * (mhat / (vhat.sqrt() + hp.eps) + wd * p))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -580,7 +707,9 @@ def write_checkpoint(path, cfg, params):
          4: cfg.max_seq_len, 5: len(cfg.mixers), 6: cfg.n_embd, 7: cfg.n_head, 8: cfg.lin_heads,
          9: cfg.lin_dk, 10: cfg.lin_dv, 11: CONV_SIZE, 12: len(shapes), 13: 0,
          14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32,
-         20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden, 26: GKA_ITERS},
+         20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden, 26: GKA_ITERS,
+         29: cfg.kalman_expand, 30: cfg.kalman_n, 31: KALMAN_PRESETS.index(cfg.kalman_preset),
+         32: cfg.kalman_rank},
         {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS,
          23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS, 27: GKA_RIDGE, 28: GKA_ONORM_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
@@ -614,7 +743,7 @@ def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
 def add_model_args(parser, max_seq_len):
     """The model flags, shared with scripts/bench_cpu.py; defaults as train_kla.c's except --max-seq-len."""
     parser.add_argument("--mixer", default="gdn", help="per-layer mixer pattern name[:count],... with names attn, "
-                                                       "gdn, kaczmarz, pdn, pgdn, pkda, gka, e.g. attn:2,gdn:1,pdn:1")
+                                                       "gdn, kaczmarz, pdn, pgdn, pkda, gka, kalman, e.g. attn:2,gdn:1,pdn:1")
     parser.add_argument("--depth", type=int, help="number of layers; must equal the pattern's (default: that)")
     parser.add_argument("--width", type=int, default=128, help="model width C")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (head size C / heads)")
@@ -630,6 +759,11 @@ def add_model_args(parser, max_seq_len):
                         help="MLP: GELU (GPT-2), SwiGLU (no biases) or none (no MLP and no second norm)")
     parser.add_argument("--mlp-hidden", type=int, default=0, help="MLP hidden width (0: GELU 4C, SwiGLU "
                                                                   "256*ceil(floor(8C/3)/256))")
+    parser.add_argument("--kalman-expand", type=int, default=1, help="kalman inner width Dk = expand * width")
+    parser.add_argument("--kalman-n", type=int, default=16, help="kalman state expansion N per channel")
+    parser.add_argument("--kalman-preset", choices=KALMAN_PRESETS, default="plain",
+                        help="kalman sensor map: plain (full v and log-variance projections) or mamba (v = u, "
+                             "low-rank log-variance of rank ceil(width/8))")
     parser.add_argument("--seed", type=int, default=1337, help="seed of the initial weights and of the tokens")
 
 
@@ -643,7 +777,7 @@ def config_from_args(args, parser):
         parser.error(f"mixer pattern '{args.mixer}' has {len(mixers)} layers but --depth is {args.depth}")
     if len(canonical_pattern(mixers)) >= HEADER_SLOTS * 4 - PATTERN_OFFSET:
         parser.error(f"mixer pattern '{args.mixer}' does not fit the checkpoint header (511 characters)")
-    for flag in ("width", "heads", "max_seq_len", "vocab_size"):
+    for flag in ("width", "heads", "max_seq_len", "vocab_size", "kalman_expand", "kalman_n"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be positive")
     for flag in ("lin_heads", "dk", "dv"):
@@ -662,7 +796,9 @@ def config_from_args(args, parser):
                  max_seq_len=args.max_seq_len, mixers=mixers, n_embd=args.width, n_head=args.heads,
                  lin_heads=args.lin_heads or max(args.heads // 2, 1), lin_dk=dk, lin_dv=args.dv or dk,
                  norm=args.norm, mlp=args.mlp, mlp_hidden=args.mlp_hidden or default_mlp_hidden(args.mlp, args.width),
-                 norm_eps=args.norm_eps)
+                 norm_eps=args.norm_eps, kalman_expand=args.kalman_expand, kalman_n=args.kalman_n,
+                 kalman_preset=args.kalman_preset,
+                 kalman_rank=-(-args.width // 8) if args.kalman_preset == "mamba" else 0)
     if has_wpe(cfg) and args.T > cfg.max_seq_len:
         parser.error(f"--T {args.T} exceeds --max-seq-len {cfg.max_seq_len} (the all-attn model has wpe)")
     return cfg
