@@ -160,8 +160,9 @@ static void test_parity(const char* dir, const char* name, int chunk) {
     ParityErrors e;
     forward_backward_errors(&m, &d, &e);
     snprintf(check, sizeof(check), "parity %s chunk %d: logits", name, chunk);
-    report(e.logits <= TOL_LOGITS, check, "rel err %.2e (tol %.0e); trunk %s, mlp %s", e.logits, TOL_LOGITS,
-           NORM_NAMES[m.config.norm], MLP_NAMES[m.config.mlp]);
+    report(e.logits <= TOL_LOGITS, check, "rel err %.2e (tol %.0e); trunk %s, mlp %s%s%s", e.logits, TOL_LOGITS,
+           NORM_NAMES[m.config.norm], MLP_NAMES[m.config.mlp], config_has_mixer(&m.config, MIXER_KALMAN) ? ", kalman " : "",
+           config_has_mixer(&m.config, MIXER_KALMAN) ? KALMAN_PRESET_NAMES[m.config.kalman_preset] : "");
     snprintf(check, sizeof(check), "parity %s chunk %d: loss", name, chunk);
     report(e.loss <= TOL_LOSS, check, "ours %.7f ref %.7f rel err %.2e (tol %.0e)", m.mean_loss, d.loss, e.loss, TOL_LOSS);
     snprintf(check, sizeof(check), "parity %s chunk %d: gradients of all %d tensors", name, chunk, m.table.num_tensors);
@@ -2488,13 +2489,680 @@ int test_gka_properties(void) {
     return fails;
 }
 
+// ----------------------------------------------------------------------------
+// kalman mixer properties (spec/kalman.md section 9). Uses the gdnt_ rng and check helpers above.
+// Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative,
+// max_i |a_i - b_i| / max_i |b_i|, unless stated.
+
+// random filter inputs for B sequences of T tokens, Dk channels, N states: v ~ N(0,1), Lv = 1/(softplus(N(0,1))
+// + 1e-4), unit k and q, abar in (amin, 0.99), pbar in (1e-3, 0.1) (pbar = 0 if zero_noise)
+static void kalt_filter_inputs(float* v, float* Lv, float* k, float* q, float* abar, float* pbar, int B, int T,
+                               int Dk, int N, double amin, int zero_noise) {
+    for (int r = 0; r < B * T; r++) {
+        for (int d = 0; d < Dk; d++) {
+            v[(size_t)r * Dk + d] = (float)gdnt_normal();
+            Lv[(size_t)r * Dk + d] = (float)(1.0 / (log1p(exp(gdnt_normal())) + 1e-4));
+        }
+        double sk = 0.0, sq = 0.0;
+        for (int n = 0; n < N; n++) {
+            k[(size_t)r * N + n] = (float)gdnt_normal(); sk += (double)k[(size_t)r * N + n] * k[(size_t)r * N + n];
+            q[(size_t)r * N + n] = (float)gdnt_normal(); sq += (double)q[(size_t)r * N + n] * q[(size_t)r * N + n];
+        }
+        for (int n = 0; n < N; n++) { k[(size_t)r * N + n] /= (float)sqrt(sk); q[(size_t)r * N + n] /= (float)sqrt(sq); }
+    }
+    for (int i = 0; i < Dk * N; i++) {
+        abar[i] = (float)(amin + (0.99 - amin) * gdnt_unif());
+        pbar[i] = zero_noise ? 0.0f : (float)exp(log(1e-3) + gdnt_unif() * (log(0.1) - log(1e-3)));
+    }
+}
+
+// the test's own double information-form filter (spec 2.3, with the floors of 2.5). Inputs as
+// kalman_filter_forward (v row stride Dk); lam, eta [B,Dk,N] initial in, final out; lam_all, eta_all
+// [B,T,Dk,N] (may be NULL) the posterior after every token; ys [B,T,Dk] (may be NULL). Returns
+// sum(dys * ys) + sum(dlamT * lam_T) + sum(detaT * eta_T) for the weights given (NULL: 0).
+static double kalt_filter64(double* ys, double* lam_all, double* eta_all, double* lam, double* eta, const double* v,
+                            const double* Lv, const double* k, const double* q, const double* abar,
+                            const double* pbar, const double* dys, const double* dlamT, const double* detaT,
+                            int B, int T, int Dk, int N) {
+    double loss = 0.0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t;
+            for (int d = 0; d < Dk; d++) {
+                double y = 0.0;
+                for (int n = 0; n < N; n++) {
+                    const size_t l = ((size_t)b * Dk + d) * N + n, dn = (size_t)d * N + n;
+                    const double a2 = fmax(abar[dn] * abar[dn], 1e-12);
+                    const double rho = 1.0 / fmax(a2 + pbar[dn] * lam[l], 1e-12);
+                    const double kk = k[r * N + n];
+                    eta[l] = abar[dn] * rho * eta[l] + v[r * Dk + d] * Lv[r * Dk + d] * kk;
+                    lam[l] = lam[l] * rho + Lv[r * Dk + d] * kk * kk;
+                    y += q[r * N + n] * eta[l] / fmax(lam[l], 1e-12);
+                    if (lam_all) { lam_all[(r * Dk + d) * N + n] = lam[l]; eta_all[(r * Dk + d) * N + n] = eta[l]; }
+                }
+                if (ys) { ys[r * Dk + d] = y; }
+                if (dys) { loss += dys[r * Dk + d] * y; }
+            }
+        }
+    }
+    for (size_t l = 0; l < (size_t)B * Dk * N; l++) {
+        if (dlamT) { loss += dlamT[l] * lam[l]; }
+        if (detaT) { loss += detaT[l] * eta[l]; }
+    }
+    return loss;
+}
+
+// Not inlined: with it inlined into kalt_zero_noise, gcc 12.2 -O3 -march=native (AVX-512) gave ~1e-6 errors in
+// that test's fp64 check (2e-15 at -O2 -march=native, -O3 generic, -O1, or with this noinline); cause not found.
+__attribute__((noinline)) static void kalt_to_double(double* dst, const float* src, size_t n) { for (size_t i = 0; i < n; i++) { dst[i] = src[i]; } }
+
+static double kalt_relerr64(const double* a, const double* b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs(a[i] - b[i]);
+        if (!(d <= num)) { num = d; }
+        if (fabs(b[i]) > den) { den = fabs(b[i]); }
+    }
+    return num / (den > 0.0 ? den : 1.0);
+}
+
+// fp32 posteriors of kalman_filter_forward after every token, from checkpoints at interval 1 plus the final
+// state: lamf, etaf [B,T,Dk,N]
+static void kalt_filter32_all(double* lamf, double* etaf, const float* v, const float* Lv, const float* k,
+                              const float* q, const float* abar, const float* pbar, const float* lam0,
+                              const float* eta0, int B, int T, int Dk, int N) {
+    float* ys = (float*)malloc((size_t)B * T * Dk * sizeof(float));
+    float* ck = (float*)malloc((size_t)B * Dk * T * 2 * N * sizeof(float));
+    float* lam = (float*)malloc((size_t)B * Dk * N * sizeof(float));
+    float* eta = (float*)malloc((size_t)B * Dk * N * sizeof(float));
+    memcpy(lam, lam0, (size_t)B * Dk * N * sizeof(float));
+    memcpy(eta, eta0, (size_t)B * Dk * N * sizeof(float));
+    kalman_filter_forward(ys, ck, lam, eta, v, Dk, Lv, k, q, abar, pbar, B, T, Dk, N, 1);
+    for (int b = 0; b < B; b++) {
+        for (int d = 0; d < Dk; d++) {
+            for (int t = 0; t < T; t++) {   // the state after token t is the checkpoint of token t+1
+                for (int n = 0; n < N; n++) {
+                    const size_t o = (((size_t)b * T + t) * Dk + d) * N + n, bd = (size_t)b * Dk + d;
+                    lamf[o] = t + 1 < T ? ck[(bd * T + t + 1) * 2 * N + n] : lam[bd * N + n];
+                    etaf[o] = t + 1 < T ? ck[(bd * T + t + 1) * 2 * N + N + n] : eta[bd * N + n];
+                }
+            }
+        }
+    }
+    free(ys); free(ck); free(lam); free(eta);
+}
+
+// 1. the posterior == a textbook moment-form scalar Kalman filter per lane (spec 2.2), P_0 = 1, m_0 = 0:
+// P^- = abar^2 P + pbar; m^- = abar m; S = k^2 P^- + 1/Lv; Kg = P^- k / S; m = m^- + Kg (v - k m^-);
+// P = (1 - Kg k) P^-; compared as mean = eta/lam and var = 1/lam after every token, B = 2, T = 200, Dk = 3,
+// N = 5. The test's double info form: 1e-12 (spec 9.5); the fp32 kalman_filter_forward: 1e-5 (fp32 round-off
+// of a contracting recursion, ~1e-7 per step, no growth).
+static int kalt_textbook_kf(void) {
+    const int B = 2, T = 200, Dk = 3, N = 5;
+    const size_t BT = (size_t)B * T, nl = BT * Dk * N;
+    gdnt_seed(901);
+    float *v = malloc(BT * Dk * sizeof(float)), *Lv = malloc(BT * Dk * sizeof(float));
+    float *k = malloc(BT * N * sizeof(float)), *q = malloc(BT * N * sizeof(float));
+    float *ab = malloc((size_t)Dk * N * sizeof(float)), *pb = malloc((size_t)Dk * N * sizeof(float));
+    kalt_filter_inputs(v, Lv, k, q, ab, pb, B, T, Dk, N, 0.5, 0);
+    double *vd = malloc(BT * Dk * sizeof(double)), *Lvd = malloc(BT * Dk * sizeof(double));
+    double *kd = malloc(BT * N * sizeof(double)), *qd = malloc(BT * N * sizeof(double));
+    double *abd = malloc((size_t)Dk * N * sizeof(double)), *pbd = malloc((size_t)Dk * N * sizeof(double));
+    kalt_to_double(vd, v, BT * Dk); kalt_to_double(Lvd, Lv, BT * Dk); kalt_to_double(kd, k, BT * N);
+    kalt_to_double(qd, q, BT * N); kalt_to_double(abd, ab, (size_t)Dk * N); kalt_to_double(pbd, pb, (size_t)Dk * N);
+    double *mkf = malloc(nl * sizeof(double)), *pkf = malloc(nl * sizeof(double));
+    for (int b = 0; b < B; b++) {
+        for (int d = 0; d < Dk; d++) {
+            for (int n = 0; n < N; n++) {
+                const size_t dn = (size_t)d * N + n;
+                double P = 1.0, m = 0.0;
+                for (int t = 0; t < T; t++) {
+                    const size_t r = (size_t)b * T + t;
+                    const double kk = kd[r * N + n];
+                    const double Pm = abd[dn] * abd[dn] * P + pbd[dn], mm = abd[dn] * m;
+                    const double S = kk * kk * Pm + 1.0 / Lvd[r * Dk + d];
+                    const double Kg = Pm * kk / S;
+                    m = mm + Kg * (vd[r * Dk + d] - kk * mm);
+                    P = (1.0 - Kg * kk) * Pm;
+                    mkf[(r * Dk + d) * N + n] = m;
+                    pkf[(r * Dk + d) * N + n] = P;
+                }
+            }
+        }
+    }
+    double *la = malloc(nl * sizeof(double)), *ea = malloc(nl * sizeof(double));
+    double *lam = malloc((size_t)B * Dk * N * sizeof(double)), *eta = malloc((size_t)B * Dk * N * sizeof(double));
+    for (int i = 0; i < B * Dk * N; i++) { lam[i] = 1.0; eta[i] = 0.0; }
+    kalt_filter64(NULL, la, ea, lam, eta, vd, Lvd, kd, qd, abd, pbd, NULL, NULL, NULL, B, T, Dk, N);
+    double *mi = malloc(nl * sizeof(double)), *vi = malloc(nl * sizeof(double));
+    for (size_t i = 0; i < nl; i++) { mi[i] = ea[i] / la[i]; vi[i] = 1.0 / la[i]; }
+    int fails = 0;
+    fails += gdnt_check("kalman_textbook_kf_mean_fp64", kalt_relerr64(mi, mkf, nl), 1e-12);
+    fails += gdnt_check("kalman_textbook_kf_var_fp64", kalt_relerr64(vi, pkf, nl), 1e-12);
+    float *l0 = malloc((size_t)B * Dk * N * sizeof(float)), *e0 = malloc((size_t)B * Dk * N * sizeof(float));
+    for (int i = 0; i < B * Dk * N; i++) { l0[i] = 1.0f; e0[i] = 0.0f; }
+    kalt_filter32_all(la, ea, v, Lv, k, q, ab, pb, l0, e0, B, T, Dk, N);
+    for (size_t i = 0; i < nl; i++) { mi[i] = ea[i] / la[i]; vi[i] = 1.0 / la[i]; }
+    fails += gdnt_check("kalman_textbook_kf_mean_fp32", kalt_relerr64(mi, mkf, nl), 1e-5);
+    fails += gdnt_check("kalman_textbook_kf_var_fp32", kalt_relerr64(vi, pkf, nl), 1e-5);
+    free(v); free(Lv); free(k); free(q); free(ab); free(pb); free(vd); free(Lvd); free(kd); free(qd); free(abd);
+    free(pbd); free(mkf); free(pkf); free(la); free(ea); free(lam); free(eta); free(mi); free(vi); free(l0); free(e0);
+    return fails;
+}
+
+// Theorem 3 closed form for lane (d, n) of one sequence, all t: lc, ec [T,Dk,N]
+static void kalt_closed_form_lane(double* lc, double* ec, const float* v, const float* Lv,
+                                                            const float* k, const float* ab, int lam0, int T,
+                                                            int Dk, int N, int d, int n) {
+    const double a = ab[d * N + n];
+    for (int t = 1; t <= T; t++) {
+        double l = pow(a, -2.0 * t) * lam0, e = 0.0;
+        for (int s = 1; s <= t; s++) {
+            const size_t r = (size_t)s - 1;
+            const double kk = k[r * N + n], L = Lv[r * Dk + d];
+            l += pow(a, -2.0 * (t - s)) * L * kk * kk;
+            e += pow(a, -(double)(t - s)) * (double)v[r * Dk + d] * L * kk;
+        }
+        lc[(((size_t)t - 1) * Dk + d) * N + n] = l;
+        ec[(((size_t)t - 1) * Dk + d) * N + n] = e;
+    }
+}
+
+// 2. zero process noise (spec 2.2, Theorem 3), pbar = 0, T = 30, abar in (0.8, 0.99), lam_0 in {0, 1}, eta_0 = 0:
+// lam_t = abar^(-2t) lam_0 + sum_s abar^(-2(t-s)) phi_s, eta_t = sum_s abar^(-(t-s)) r_s. Error: the max over t
+// of the max-norm relative error of (lam_t) and of (eta_t) over all lanes. Double info form 1e-12 (spec 9.6);
+// fp32 kalman_filter_forward 1e-5 (lam grows ~abar^-2t, but each step is a positive sum: relative
+// round-off ~T * 6e-8 ~ 2e-6).
+static int kalt_zero_noise(void) {
+    const int B = 1, T = 30, Dk = 3, N = 4;
+    const size_t BT = (size_t)B * T, nl = BT * Dk * N;
+    int fails = 0;
+    for (int lam0 = 0; lam0 <= 1; lam0++) {
+        gdnt_seed(910 + lam0);
+        float *v = malloc(BT * Dk * sizeof(float)), *Lv = malloc(BT * Dk * sizeof(float));
+        float *k = malloc(BT * N * sizeof(float)), *q = malloc(BT * N * sizeof(float));
+        float *ab = malloc((size_t)Dk * N * sizeof(float)), *pb = malloc((size_t)Dk * N * sizeof(float));
+        kalt_filter_inputs(v, Lv, k, q, ab, pb, B, T, Dk, N, 0.8, 1);
+        double *lc = malloc(nl * sizeof(double)), *ec = malloc(nl * sizeof(double));
+        for (int d = 0; d < Dk; d++) {
+            for (int n = 0; n < N; n++) { kalt_closed_form_lane(lc, ec, v, Lv, k, ab, lam0, T, Dk, N, d, n); }
+        }
+        double *la = malloc(nl * sizeof(double)), *ea = malloc(nl * sizeof(double));
+        double *vd = malloc(BT * Dk * sizeof(double)), *Lvd = malloc(BT * Dk * sizeof(double));
+        double *kd = malloc(BT * N * sizeof(double)), *qd = malloc(BT * N * sizeof(double));
+        double *abd = malloc((size_t)Dk * N * sizeof(double)), *pbd = malloc((size_t)Dk * N * sizeof(double));
+        double *lam = malloc((size_t)Dk * N * sizeof(double)), *eta = malloc((size_t)Dk * N * sizeof(double));
+        kalt_to_double(vd, v, BT * Dk); kalt_to_double(Lvd, Lv, BT * Dk); kalt_to_double(kd, k, BT * N);
+        kalt_to_double(qd, q, BT * N); kalt_to_double(abd, ab, (size_t)Dk * N); kalt_to_double(pbd, pb, (size_t)Dk * N);
+        for (int i = 0; i < Dk * N; i++) { lam[i] = lam0; eta[i] = 0.0; }
+        double e64 = 0.0, e32 = 0.0;
+        kalt_filter64(NULL, la, ea, lam, eta, vd, Lvd, kd, qd, abd, pbd, NULL, NULL, NULL, B, T, Dk, N);
+        for (int t = 0; t < T; t++) {
+            const size_t o = (size_t)t * Dk * N;
+            e64 = fmax(e64, fmax(kalt_relerr64(la + o, lc + o, (size_t)Dk * N), kalt_relerr64(ea + o, ec + o, (size_t)Dk * N)));
+        }
+        float *l0 = malloc((size_t)Dk * N * sizeof(float)), *z0 = calloc((size_t)Dk * N, sizeof(float));
+        for (int i = 0; i < Dk * N; i++) { l0[i] = (float)lam0; }
+        kalt_filter32_all(la, ea, v, Lv, k, q, ab, pb, l0, z0, B, T, Dk, N);
+        for (int t = 0; t < T; t++) {
+            const size_t o = (size_t)t * Dk * N;
+            e32 = fmax(e32, fmax(kalt_relerr64(la + o, lc + o, (size_t)Dk * N), kalt_relerr64(ea + o, ec + o, (size_t)Dk * N)));
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "kalman_zero_noise_closed_form_lam0_%d_fp64", lam0);
+        fails += gdnt_check(name, e64, 1e-12);
+        snprintf(name, sizeof(name), "kalman_zero_noise_closed_form_lam0_%d_fp32", lam0);
+        fails += gdnt_check(name, e32, 1e-5);
+        free(v); free(Lv); free(k); free(q); free(ab); free(pb); free(lc); free(ec); free(la); free(ea); free(vd);
+        free(Lvd); free(kd); free(qd); free(abd); free(pbd); free(lam); free(eta); free(l0); free(z0);
+    }
+    return fails;
+}
+
+// 5. the filter adjoint (spec 2.4, kalman_filter_backward, fp32) == central finite differences of the double
+// filter kalt_filter64, for every entry of every input: v, Lv, k, q, abar, pbar and the initial state lam_0,
+// eta_0, with random weights on ys and on the final state. B = 2, T = 23, Dk = 3, N = 4, checkpoint interval
+// 5 (segments replayed). FD step 1e-6 relative (truncation ~1e-12, round-off ~1e-10): the reference is exact
+// to ~1e-8; the fp32 adjoint is expected at ~1e-6: tolerance 1e-4 per input tensor.
+static int kalt_filter_adjoint(void) {
+    const int B = 2, T = 23, Dk = 3, N = 4, CK = 5;
+    const size_t BT = (size_t)B * T, nl = (size_t)B * Dk * N;
+    gdnt_seed(920);
+    // float inputs packed: v | Lv | k | q | abar | pbar | lam0 | eta0
+    const size_t nn[8] = {BT * Dk, BT * Dk, BT * N, BT * N, (size_t)Dk * N, (size_t)Dk * N, nl, nl};
+    const char* names[8] = {"v", "Lv", "k", "q", "abar", "pbar", "lam0", "eta0"};
+    size_t off[9] = {0};
+    for (int i = 0; i < 8; i++) { off[i + 1] = off[i] + nn[i]; }
+    float* in = malloc(off[8] * sizeof(float));
+    kalt_filter_inputs(in + off[0], in + off[1], in + off[2], in + off[3], in + off[4], in + off[5], B, T, Dk, N, 0.5, 0);
+    for (size_t i = 0; i < nl; i++) { in[off[6] + i] = (float)(0.5 + 2.0 * gdnt_unif()); in[off[7] + i] = (float)gdnt_normal(); }
+    float *dys = malloc(BT * Dk * sizeof(float)), *dlT = malloc(nl * sizeof(float)), *deT = malloc(nl * sizeof(float));
+    for (size_t i = 0; i < BT * Dk; i++) { dys[i] = (float)gdnt_normal(); }
+    for (size_t i = 0; i < nl; i++) { dlT[i] = (float)(0.1 * gdnt_normal()); deT[i] = (float)gdnt_normal(); }
+    // fp32 forward + adjoint
+    float *ys = malloc(BT * Dk * sizeof(float)), *ck = malloc(nl * kalman_NT(T, CK) * 2 * sizeof(float));
+    float *lam = malloc(nl * sizeof(float)), *eta = malloc(nl * sizeof(float));
+    memcpy(lam, in + off[6], nl * sizeof(float));
+    memcpy(eta, in + off[7], nl * sizeof(float));
+    kalman_filter_forward(ys, ck, lam, eta, in + off[0], Dk, in + off[1], in + off[2], in + off[3], in + off[4],
+                          in + off[5], B, T, Dk, N, CK);
+    float* g = malloc(off[8] * sizeof(float));
+    const int nthr = max_threads();
+    float* scr = malloc(((size_t)nthr * kalman_filter_bwd_floats(CK, N) + kalman_filter_bwd_shared_floats(B, T, Dk, N)) * sizeof(float));
+    kalman_filter_backward(g + off[0], g + off[1], g + off[2], g + off[3], g + off[4], g + off[5], g + off[6],
+                           g + off[7], dys, dlT, deT, ck, in + off[0], Dk, in + off[1], in + off[2], in + off[3],
+                           in + off[4], in + off[5], B, T, Dk, N, CK, scr, nthr);
+    // double FD
+    double* x = malloc(off[8] * sizeof(double));
+    double *dysd = malloc(BT * Dk * sizeof(double)), *dlTd = malloc(nl * sizeof(double)), *deTd = malloc(nl * sizeof(double));
+    double *l64 = malloc(nl * sizeof(double)), *e64 = malloc(nl * sizeof(double));
+    kalt_to_double(x, in, off[8]); kalt_to_double(dysd, dys, BT * Dk); kalt_to_double(dlTd, dlT, nl); kalt_to_double(deTd, deT, nl);
+    double *fd = malloc(off[8] * sizeof(double)), *gd = malloc(off[8] * sizeof(double));
+    for (size_t i = 0; i < off[8]; i++) {
+        const double x0 = x[i], h = 1e-6 * fmax(fabs(x0), 0.1);
+        double Lp, Lm;
+        x[i] = x0 + h;
+        memcpy(l64, x + off[6], nl * sizeof(double)); memcpy(e64, x + off[7], nl * sizeof(double));
+        Lp = kalt_filter64(NULL, NULL, NULL, l64, e64, x + off[0], x + off[1], x + off[2], x + off[3], x + off[4], x + off[5], dysd, dlTd, deTd, B, T, Dk, N);
+        x[i] = x0 - h;
+        memcpy(l64, x + off[6], nl * sizeof(double)); memcpy(e64, x + off[7], nl * sizeof(double));
+        Lm = kalt_filter64(NULL, NULL, NULL, l64, e64, x + off[0], x + off[1], x + off[2], x + off[3], x + off[4], x + off[5], dysd, dlTd, deTd, B, T, Dk, N);
+        x[i] = x0;
+        fd[i] = (Lp - Lm) / (2.0 * h);
+        gd[i] = g[i];
+    }
+    int fails = 0;
+    char name[96];
+    for (int t = 0; t < 8; t++) {
+        snprintf(name, sizeof(name), "kalman_filter_adjoint_vs_fd64_%s", names[t]);
+        fails += gdnt_check(name, kalt_relerr64(gd + off[t], fd + off[t], nn[t]), 1e-4);
+    }
+    free(in); free(dys); free(dlT); free(deT); free(ys); free(ck); free(lam); free(eta); free(g); free(scr); free(x);
+    free(dysd); free(dlTd); free(deTd); free(l64); free(e64); free(fd); free(gd);
+    return fails;
+}
+
+// ----------------------------------------------------------------------------
+// layer-level tests: a small random layer
+
+typedef struct {
+    KalmanConfig c;
+    int B, T;
+    size_t n[10], nprm;   // sizes of the 10 tensors (KalmanParams order; var_w 0 for plain) and their total
+    float *prm, *grad, *x, *dx, *R, *out;
+    KalmanParams p, gp;
+} KALTLayer;
+
+static const char* kalt_names[11] = {"in_proj_w", "conv_w", "conv_b", "sensor_w", "var_w", "out_proj_w",
+                                     "delta_raw", "lambda_log", "p_raw", "lambda_skip", "x"};
+
+static void kalt_point(KalmanParams* p, float* base, const size_t* n) {
+    float** f[10] = {&p->in_proj_w, &p->conv_w, &p->conv_b, &p->sensor_w, &p->var_w, &p->out_proj_w,
+                     &p->delta_raw, &p->lambda_log, &p->p_raw, &p->lambda_skip};
+    for (int i = 0; i < 10; i++) { *f[i] = n[i] ? base : NULL; base += n[i]; }
+}
+
+// random weights sized so that activations are O(1). The dynamics are drawn wider than the init so that every
+// parameter matters: Delta0 log-uniform in [0.01, 0.3], lambda_log ~ N(0, 0.5^2), p_raw in [0.005, 0.2] with
+// one entry negative (below the 1e-7 clamp: its gradient must be 0), lambda_skip ~ -1 + 0.3 N(0,1)
+static void kalt_layer_init(KALTLayer* L, const KalmanConfig* c, int B, int T, uint64_t seed) {
+    L->c = *c; L->B = B; L->T = T;
+    const int C = c->C, Dk = c->Dk, N = c->N, Ws = kalman_Ws(c);
+    const size_t n[10] = {(size_t)2 * Dk * C, (size_t)Dk * c->K, (size_t)Dk, (size_t)Ws * Dk,
+                          c->preset ? (size_t)Dk * c->R : 0, (size_t)C * Dk, (size_t)Dk * N, (size_t)Dk * N,
+                          (size_t)Dk * N, 1};
+    L->nprm = 0;
+    for (int i = 0; i < 10; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
+    const size_t nx = (size_t)B * T * C;
+    L->prm = (float*)malloc(L->nprm * sizeof(float));
+    L->grad = (float*)calloc(L->nprm, sizeof(float));
+    L->x = (float*)malloc(nx * sizeof(float));
+    L->dx = (float*)calloc(nx, sizeof(float));
+    L->R = (float*)malloc(nx * sizeof(float));
+    L->out = (float*)malloc(nx * sizeof(float));
+    kalt_point(&L->p, L->prm, L->n);
+    kalt_point(&L->gp, L->grad, L->n);
+    gdnt_seed(seed);
+    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
+    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
+    for (size_t i = 0; i < n[2]; i++) { L->p.conv_b[i] = (float)(0.3 * gdnt_normal()); }
+    for (size_t i = 0; i < n[3]; i++) { L->p.sensor_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / Dk)); }
+    for (size_t i = 0; i < n[4]; i++) { L->p.var_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / c->R)); }
+    for (size_t i = 0; i < n[5]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / Dk)); }
+    for (int i = 0; i < Dk * N; i++) {
+        const double D0 = exp(log(0.01) + gdnt_unif() * (log(0.3) - log(0.01)));
+        L->p.delta_raw[i] = (float)(D0 + log(-expm1(-D0)));
+        L->p.lambda_log[i] = (float)(0.5 * gdnt_normal());
+        L->p.p_raw[i] = (float)(0.005 + 0.195 * gdnt_unif());
+    }
+    L->p.p_raw[1] = -0.01f;
+    L->p.lambda_skip[0] = (float)(-1.0 + 0.3 * gdnt_normal());
+    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
+}
+
+static void kalt_layer_free(KALTLayer* L) {
+    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
+}
+
+// kalman_forward into L->out; returns the loss sum(out * R) accumulated in double
+static double kalt_layer_loss(KALTLayer* L) {
+    float* acts = (float*)malloc(kalman_acts_floats(L->B, L->T, &L->c) * sizeof(float));
+    KalmanActs a;
+    kalman_acts_point(&a, acts, L->B, L->T, &L->c);
+    kalman_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
+    double loss = 0.0;
+    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
+    free(acts);
+    return loss;
+}
+
+// forward, then backward with dout = R (the gradient of sum(out * R)); gradients into L->grad and L->dx
+static void kalt_layer_grad(KALTLayer* L) {
+    float* acts = (float*)malloc(kalman_acts_floats(L->B, L->T, &L->c) * sizeof(float));
+    float* scratch = (float*)malloc(kalman_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
+    KalmanActs a;
+    kalman_acts_point(&a, acts, L->B, L->T, &L->c);
+    kalman_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
+    memset(L->grad, 0, L->nprm * sizeof(float));
+    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
+    kalman_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
+    free(acts); free(scratch);
+}
+
+static double kalt_softplus(double u) { return u > 20.0 ? u : log1p(exp(u)); }
+
+// independent double-precision layer forward (spec 1.3 (1)-(8), the filter of 2.3 with the floors of 2.5).
+// prm: the tensors in KalmanParams order; out [B,T,C] (may be NULL); returns sum(out * R)
+static double kalt_ref_forward(const KALTLayer* L, const double* prm, const double* x, double* out) {
+    const KalmanConfig* c = &L->c;
+    const int B = L->B, T = L->T, C = c->C, Dk = c->Dk, N = c->N, K = c->K, R = c->R, Ws = kalman_Ws(c);
+    const double* Win = prm;
+    const double* Wc = Win + L->n[0];
+    const double* bc = Wc + L->n[1];
+    const double* Wsn = bc + L->n[2];
+    const double* Wv = Wsn + L->n[3];
+    const double* Wout = Wv + L->n[4];
+    const double* draw = Wout + L->n[5];
+    const double* llog = draw + L->n[6];
+    const double* praw = llog + L->n[7];
+    const double lsk = praw[L->n[8]];
+    double* h = malloc((size_t)T * 2 * Dk * sizeof(double));
+    double* u = malloc((size_t)Dk * sizeof(double));
+    double* s = malloc((size_t)Ws * sizeof(double));
+    double* yg = malloc((size_t)Dk * sizeof(double));
+    double* ab = malloc((size_t)Dk * N * sizeof(double));
+    double* pb = malloc((size_t)Dk * N * sizeof(double));
+    double* lam = malloc((size_t)Dk * N * sizeof(double));
+    double* eta = malloc((size_t)Dk * N * sizeof(double));
+    for (int i = 0; i < Dk * N; i++) {
+        const double Delta = kalt_softplus(draw[i]) + 1e-7, kappa = exp(llog[i]), p = fmax(praw[i], 1e-7);
+        ab[i] = exp(-kappa * Delta);
+        pb[i] = fmax(p / (2.0 * kappa) * -expm1(-2.0 * kappa * Delta), 1e-12);
+    }
+    double loss = 0.0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < 2 * Dk; i++) {
+                double acc = 0.0;
+                for (int j = 0; j < C; j++) { acc += Win[(size_t)i * C + j] * x[((size_t)b * T + t) * C + j]; }
+                h[(size_t)t * 2 * Dk + i] = acc;
+            }
+        }
+        for (int i = 0; i < Dk * N; i++) { lam[i] = 1.0; eta[i] = 0.0; }
+        for (int t = 0; t < T; t++) {
+            for (int d = 0; d < Dk; d++) {
+                double acc = bc[d];
+                for (int j = 0; j < K; j++) {
+                    const int ts = t - (K - 1) + j;
+                    if (ts >= 0) { acc += Wc[d * K + j] * h[(size_t)ts * 2 * Dk + d]; }
+                }
+                u[d] = acc / (1.0 + exp(-acc));
+            }
+            for (int i = 0; i < Ws; i++) {
+                double acc = 0.0;
+                for (int d = 0; d < Dk; d++) { acc += Wsn[(size_t)i * Dk + d] * u[d]; }
+                s[i] = acc;
+            }
+            const int off = c->preset ? R : 2 * Dk;
+            double nk = 0.0, nq = 0.0;
+            for (int n = 0; n < N; n++) { nk += s[off + n] * s[off + n]; nq += s[off + N + n] * s[off + N + n]; }
+            nk = fmax(sqrt(nk), 1e-12); nq = fmax(sqrt(nq), 1e-12);
+            for (int d = 0; d < Dk; d++) {
+                double ls;
+                if (c->preset) { ls = 0.0; for (int i = 0; i < R; i++) { ls += Wv[(size_t)d * R + i] * s[i]; } }
+                else { ls = s[Dk + d]; }
+                const double Lv = 1.0 / (kalt_softplus(ls) + 1e-4);
+                const double v = c->preset ? u[d] : s[d];
+                double y = 0.0;
+                for (int n = 0; n < N; n++) {
+                    const int i = d * N + n;
+                    const double kk = s[off + n] / nk, qq = s[off + N + n] / nq;
+                    const double rho = 1.0 / fmax(fmax(ab[i] * ab[i], 1e-12) + pb[i] * lam[i], 1e-12);
+                    eta[i] = ab[i] * rho * eta[i] + v * Lv * kk;
+                    lam[i] = lam[i] * rho + Lv * kk * kk;
+                    y += qq * eta[i] / fmax(lam[i], 1e-12);
+                }
+                const double g = h[(size_t)t * 2 * Dk + Dk + d];
+                yg[d] = (y + lsk * u[d]) * g / (1.0 + exp(-g));
+            }
+            for (int i = 0; i < C; i++) {
+                double acc = 0.0;
+                for (int d = 0; d < Dk; d++) { acc += Wout[(size_t)i * Dk + d] * yg[d]; }
+                const size_t e = ((size_t)b * T + t) * C + i;
+                if (out) { out[e] = acc; }
+                loss += acc * L->R[e];
+            }
+        }
+    }
+    free(h); free(u); free(s); free(yg); free(ab); free(pb); free(lam); free(eta);
+    return loss;
+}
+
+// the small configurations of the layer tests: plain expand 2 (C = 12, Dk = 24), mamba expand 1 (C = 16,
+// R = 2); N = 4, K = 4
+static KalmanConfig kalt_small_config(int preset, int chunk) {
+    KalmanConfig c = {12, 24, 4, 4, 0, 0, chunk};
+    if (preset) { c.C = 16; c.Dk = 16; c.preset = 1; c.R = 2; }
+    return c;
+}
+
+// 4. decode token by token (kalman_decode_step) == kalman_forward over the same sequences, B = 2, T = 37, 1e-5
+static int kalt_decode(int preset) {
+    KALTLayer L;
+    KalmanConfig c = kalt_small_config(preset, 16);
+    kalt_layer_init(&L, &c, 2, 37, 930 + preset);
+    kalt_layer_loss(&L);
+    const int C = c.C;
+    float* st = (float*)malloc(kalman_state_floats(&c) * sizeof(float));
+    float* scratch = (float*)malloc(kalman_decode_scratch_floats(&c) * sizeof(float));
+    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
+    KalmanState s;
+    kalman_state_point(&s, st, &c);
+    for (int b = 0; b < L.B; b++) {
+        kalman_state_reset(&s, &c);
+        for (int t = 0; t < L.T; t++) {
+            const size_t r = (size_t)b * L.T + t;
+            kalman_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "kalman_decode_equals_forward_%s", preset ? "mamba" : "plain");
+    int fails = gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 1e-5);
+    free(st); free(scratch); free(dec);
+    kalt_layer_free(&L);
+    return fails;
+}
+
+// 3a. state carry: kalman_forward_carry over [0, T1) then [T1, T) with the carried (conv window, lam, eta) ==
+// one pass, B = 2, T = 37, T1 in {2 (inside the conv window), 10, 23}. Same arithmetic per token; only the
+// matmul blocking over rows differs: 1e-6.
+static int kalt_state_split(int preset) {
+    KALTLayer L;
+    KalmanConfig c = kalt_small_config(preset, 7);
+    kalt_layer_init(&L, &c, 2, 37, 940 + preset);
+    kalt_layer_loss(&L);
+    const int B = L.B, T = L.T, C = c.C;
+    const size_t sf = kalman_state_floats(&c);
+    float* states = (float*)malloc((size_t)B * sf * sizeof(float));
+    float* outs = (float*)malloc((size_t)B * T * C * sizeof(float));
+    int fails = 0;
+    const int splits[3] = {2, 10, 23};
+    for (int si = 0; si < 3; si++) {
+        const int T1 = splits[si];
+        for (int b = 0; b < B; b++) {
+            KalmanState s;
+            kalman_state_point(&s, states + b * sf, &c);
+            kalman_state_reset(&s, &c);
+        }
+        for (int part = 0; part < 2; part++) {
+            const int t0 = part ? T1 : 0, t1 = part ? T : T1, Tp = t1 - t0;
+            float* xs = (float*)malloc((size_t)B * Tp * C * sizeof(float));
+            float* os = (float*)malloc((size_t)B * Tp * C * sizeof(float));
+            float* acts = (float*)malloc(kalman_acts_floats(B, Tp, &c) * sizeof(float));
+            KalmanActs a;
+            kalman_acts_point(&a, acts, B, Tp, &c);
+            gdnt_slice(xs, L.x, B, T, t0, t1, C);
+            kalman_forward_carry(os, &a, &L.p, xs, B, Tp, &c, states);
+            gdnt_unslice(outs, os, B, T, t0, t1, C);
+            free(xs); free(os); free(acts);
+        }
+        char name[96];
+        snprintf(name, sizeof(name), "kalman_state_split_%s_T1_%d", preset ? "mamba" : "plain", T1);
+        fails += gdnt_check(name, gdnt_relerr(outs, L.out, (size_t)B * T * C), 1e-6);
+    }
+    free(states); free(outs);
+    kalt_layer_free(&L);
+    return fails;
+}
+
+// 3b. the checkpoint interval does not change results: out, dx and every gradient with chunk in {1, 5, 64} vs
+// chunk 16 (B = 2, T = 37, not a multiple of any). The replayed states are the same arithmetic: expected
+// bitwise; tolerance 0. With OpenMP also 1 thread vs all: the fixed reduction order makes it bitwise too.
+static int kalt_chunk_invariance(int preset) {
+    KALTLayer R0;
+    KalmanConfig c0 = kalt_small_config(preset, 16);
+    kalt_layer_init(&R0, &c0, 2, 37, 950 + preset);
+    kalt_layer_grad(&R0);
+    const size_t nx = (size_t)R0.B * R0.T * c0.C;
+    int fails = 0;
+    const int chunks[4] = {1, 5, 64, 16};
+    for (int i = 0; i < 4; i++) {
+        KALTLayer L;
+        KalmanConfig c = kalt_small_config(preset, chunks[i]);
+        kalt_layer_init(&L, &c, 2, 37, 950 + preset);
+#ifdef OMP
+        const int saved = omp_get_max_threads();
+        if (i == 3) { omp_set_num_threads(1); }
+#endif
+        kalt_layer_grad(&L);
+#ifdef OMP
+        omp_set_num_threads(saved);
+#endif
+        double e = fmax(gdnt_relerr(L.out, R0.out, nx), gdnt_relerr(L.dx, R0.dx, nx));
+        e = fmax(e, gdnt_relerr(L.grad, R0.grad, L.nprm));
+        char name[96];
+        if (i < 3) { snprintf(name, sizeof(name), "kalman_chunk_%d_equals_chunk_16_%s", chunks[i], preset ? "mamba" : "plain"); }
+        else { snprintf(name, sizeof(name), "kalman_one_thread_equals_all_threads_%s", preset ? "mamba" : "plain"); }
+        fails += gdnt_check(name, e, 0.0);
+        kalt_layer_free(&L);
+    }
+    kalt_layer_free(&R0);
+    return fails;
+}
+
+// 6. layer backward (kalman_backward) vs central finite differences of the loss sum(out * R) of the
+// independent double-precision forward kalt_ref_forward, EVERY entry of every parameter tensor and 16 entries
+// of x, step 1e-5 (truncation ~1e-10, round-off ~1e-11: the reference is exact to ~1e-8 relative).
+// B = 2, T = 13, chunk 5. Tolerance 1e-4 per tensor (spec 9.15 gradients). Also kalman_forward vs that
+// forward (1e-5). p_raw[1] < 1e-7: its gradient must be exactly 0 (the FD is 0 too).
+// 7. negative control: one lambda_log gradient entry shifted by 1% of the tensor's largest |gradient| must fail.
+static int kalt_layer_fd(int preset) {
+    const char* kind = preset ? "mamba" : "plain";
+    KALTLayer L;
+    KalmanConfig c = kalt_small_config(preset, 5);
+    kalt_layer_init(&L, &c, 2, 13, 960 + preset);
+    kalt_layer_grad(&L);
+    const size_t nx = (size_t)L.B * L.T * c.C;
+    const int nxs = 16;
+    const size_t ns = L.nprm + nxs;
+    double* pd = (double*)calloc(L.nprm, sizeof(double));
+    double* xd = (double*)calloc(nx, sizeof(double));
+    double* outd = (double*)malloc(nx * sizeof(double));
+    float* outf = (float*)malloc(nx * sizeof(float));
+    double* a = (double*)malloc(ns * sizeof(double));
+    double* f = (double*)malloc(ns * sizeof(double));
+    size_t* xoff = (size_t*)malloc(nxs * sizeof(size_t));
+    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
+    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
+    int fails = 0;
+    char name[96];
+    kalt_ref_forward(&L, pd, xd, outd);
+    for (size_t i = 0; i < nx; i++) { outf[i] = (float)outd[i]; }
+    snprintf(name, sizeof(name), "kalman_layer_forward_vs_ref64_%s", kind);
+    fails += gdnt_check(name, gdnt_relerr(L.out, outf, nx), 1e-5);
+    for (int i = 0; i < nxs; i++) { xoff[i] = (size_t)(gdnt_unif() * nx); }
+    for (size_t i = 0; i < ns; i++) {
+        const int x_ = i >= L.nprm;
+        double* vd = x_ ? xd + xoff[i - L.nprm] : pd + i;
+        a[i] = x_ ? L.dx[xoff[i - L.nprm]] : L.grad[i];
+        const double h = 1e-5, v0 = *vd;
+        *vd = v0 + h; const double lp = kalt_ref_forward(&L, pd, xd, NULL);
+        *vd = v0 - h; const double lm = kalt_ref_forward(&L, pd, xd, NULL);
+        *vd = v0;
+        f[i] = (lp - lm) / (2.0 * h);
+    }
+    size_t o = 0;
+    for (int t = 0; t < 11; t++) {
+        const size_t n = t < 10 ? L.n[t] : (size_t)nxs;
+        if (n == 0) { continue; }
+        snprintf(name, sizeof(name), "kalman_layer_grad_fd64_%s_%s", kind, kalt_names[t]);
+        fails += gdnt_check(name, kalt_relerr64(a + o, f + o, n), 1e-4);
+        o += n;
+    }
+    const size_t praw1 = L.n[0] + L.n[1] + L.n[2] + L.n[3] + L.n[4] + L.n[5] + L.n[6] + L.n[7] + 1;
+    const int zok = L.grad[praw1] == 0.0f && f[praw1] == 0.0;
+    printf("%s kalman_p_raw_clamp_zero_grad_%s: grad %.3e, fd %.3e (both must be 0)\n", zok ? "PASS" : "FAIL", kind,
+           (double)L.grad[praw1], f[praw1]);
+    fails += zok ? 0 : 1;
+
+    // 7. negative control on lambda_log
+    const size_t ll0 = praw1 - 1 - L.n[7], nll = L.n[7];
+    double amax = 0.0;
+    for (size_t i = 0; i < nll; i++) { amax = fmax(amax, fabs(f[ll0 + i])); }
+    a[ll0] += 0.01 * amax;
+    const double e = kalt_relerr64(a + ll0, f + ll0, nll);
+    const int caught = e > 1e-4;
+    printf("%s kalman_negative_control_%s: lambda_log gradient shifted by 1%%: fd64 err %.3e (tol 1e-4) %s\n",
+           caught ? "PASS" : "FAIL", kind, e, caught ? "caught" : "NOT caught");
+    fails += caught ? 0 : 1;
+
+    free(pd); free(xd); free(outd); free(outf); free(a); free(f); free(xoff);
+    kalt_layer_free(&L);
+    return fails;
+}
+
+int test_kalman_properties(void) {
+    int fails = 0;
+    fails += kalt_textbook_kf();
+    fails += kalt_zero_noise();
+    fails += kalt_filter_adjoint();
+    for (int preset = 0; preset <= 1; preset++) {
+        fails += kalt_state_split(preset);
+        fails += kalt_chunk_invariance(preset);
+        fails += kalt_decode(preset);
+        fails += kalt_layer_fd(preset);
+    }
+    printf("kalman tests: %d failures\n", fails);
+    return fails;
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "dev/test/ref";
     // the foundation's four configurations, one per trunk option (RMSNorm, SwiGLU, no MLP), one per pdn-family
-    // mixer, a model that mixes six mixers, gka, and a model with all seven
+    // mixer, a model that mixes six mixers, gka, a model with seven, kalman in both presets and a model with all eight
     const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp", "pdn", "pgdn", "pkda", "mixed",
-                             "gka", "mixed7"};
-    for (int i = 0; i < 13; i++) {
+                             "gka", "mixed7", "kalman", "kalman_mamba", "all8"};
+    for (int i = 0; i < 16; i++) {
         test_parity(dir, configs[i], 64);
         if (i > 0) { test_parity(dir, configs[i], 32); }  // a second chunk length: T = 80 is 2.5 chunks of 32
         test_decode(dir, configs[i]);
@@ -2505,8 +3173,8 @@ int main(int argc, char** argv) {
     test_sampling();
     test_checkpoint_dir(dir);
     test_grad_accumulation(dir);
-    int gdn_failures = test_gdn_properties() + test_pdn_properties() + test_gka_properties();  // print their own PASS/FAIL lines
-    printf("test_kla: parity/decode/checkpoint checks %d passed, %d failed; gdn/pdn/gka property failures %d\n",
+    int gdn_failures = test_gdn_properties() + test_pdn_properties() + test_gka_properties() + test_kalman_properties();  // print their own PASS/FAIL lines
+    printf("test_kla: parity/decode/checkpoint checks %d passed, %d failed; mixer property failures %d\n",
            tests_passed, tests_failed, gdn_failures);
     return tests_failed + gdn_failures > 0;
 }

@@ -40,8 +40,10 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 // ----------------------------------------------------------------------------------------------------------
 // model configuration and the mixer pattern
 
-enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, MIXER_GKA, NUM_MIXERS };
-static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka"};
+enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, MIXER_GKA, MIXER_KALMAN, NUM_MIXERS };
+static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka", "kalman"};
+enum { KALMAN_PLAIN = 0, KALMAN_MAMBA = 1, NUM_KALMAN_PRESETS = 2 };
+static const char* KALMAN_PRESET_NAMES[NUM_KALMAN_PRESETS] = {"plain", "mamba"};
 // gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
 static int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
 static int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
@@ -75,6 +77,10 @@ typedef struct {
     int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
     float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
     float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
+    int kalman_expand;      // kalman: inner width Dk = expand * C (kalman spec 1.4: 1 for the LM)
+    int kalman_n;           // kalman: N, states per channel
+    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
+    int kalman_rank;        // kalman: R = ceil(C/8) of the mamba preset's variance path, 0 for plain
     int mixer[MAX_LAYERS];  // MIXER_* per layer
 } Config;
 
@@ -96,7 +102,7 @@ static int parse_mixer_pattern(const char* pattern, int* mixer, const char* what
             if (len == 3 && strncmp(p, "kla", 3) == 0) {
                 die("%s: mixer 'kla' is ambiguous: use 'kaczmarz' (Kaczmarz Linear Attention) or 'kalman' (Kalman Linear Attention)", what);
             }
-            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda, gka)", what, (int)len, p, pattern);
+            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda, gka, kalman)", what, (int)len, p, pattern);
         }
         long count = 1;
         if (*end == ':') {
@@ -2297,6 +2303,620 @@ static void gka_decode_step(float* out, GKAState* s, const GKAParams* p, const f
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the kalman mixer (spec/kalman.md)
+
+// ----------------------------------------------------------------------------
+// Kalman Linear Attention (KLA), fp32, OpenMP. Math: spec/kalman.md ("spec") sections 1.3, 1.7, 2.3-2.5, 4.
+// Parameter layout: FORMATS.md. A "lane" is (b, d, n); Dk = expand * C is the inner width (the spec's D).
+// Per lane, with phi = Lv k^2, r = v Lv k: den = max(max(abar^2, 1e-12) + pbar lam, 1e-12), rho = 1/den,
+// eta <- abar rho eta + r, lam <- lam rho + phi, y[d] = sum_n q[n] eta[n] / max(lam[n], 1e-12); lam_0 = 1, eta_0 = 0.
+// Layouts (row-major, last index fastest), with Ws = 2*Dk + 2N (plain) or R + 2N (mamba):
+//   h [B,T,2Dk]  in_proj output, blocks z0 | gate;  zc, u [B,T,Dk] conv pre-activation (with bias) and SiLU
+//   s [B,T,Ws]   sensor output, plain v | ls | kr | qr, mamba ls_r | kr | qr (v = u in the mamba preset)
+//   ls, Lv [B,T,Dk]; k, q [B,T,N] (unit vectors), kn, qn [B,T] max(||kr||, 1e-12), max(||qr||, 1e-12)
+//   abar, pbar [Dk,N] static dynamics; ys, yg [B,T,Dk] filter output and out_proj input
+// The filter is the sequential recurrence of spec 2.3, parallel over (b, d), with (lam, eta) checkpointed every
+// `chunk` tokens; the backward (spec 2.4, exact reverse-time adjoint) replays each segment from its checkpoint.
+
+typedef struct {
+    int C, Dk, N, K;   // model width, inner width (expand * C), states per channel, conv taps (4)
+    int preset;        // 0: plain, 1: mamba (spec 1.3)
+    int R;             // low rank of the variance path (mamba: ceil(C/8); plain: 0)
+    int chunk;         // checkpoint interval of the filter (the backward replays segments of this length)
+} KalmanConfig;
+
+// the layer's tensors in FORMATS.md order (var_w NULL for the plain preset); the same struct holds gradients
+typedef struct {
+    float* in_proj_w;    // (2*Dk, C)
+    float* conv_w;       // (Dk, K)
+    float* conv_b;       // (Dk)
+    float* sensor_w;     // (Ws, Dk)
+    float* var_w;        // (Dk, R)  mamba only
+    float* out_proj_w;   // (C, Dk)
+    float* delta_raw;    // (Dk, N)
+    float* lambda_log;   // (Dk, N)
+    float* p_raw;        // (Dk, N)
+    float* lambda_skip;  // (1)
+} KalmanParams;
+
+// everything the backward needs, written by kalman_forward
+typedef struct {
+    float* h;      // [B,T,2Dk] in_proj output z0 | gate
+    float* win;    // [B,K-1,Dk] the conv window before the first token (zeros unless a state was carried in)
+    float* zc;     // [B,T,Dk] conv pre-activation (bias included)
+    float* u;      // [B,T,Dk] SiLU(zc)
+    float* s;      // [B,T,Ws] sensor projection
+    float* lsr;    // [B,T,R] mamba: contiguous copy of s[:, 0:R] (else NULL)
+    float* ls;     // [B,T,Dk] log observation variance
+    float* Lv;     // [B,T,Dk] observation precision 1/(softplus(ls) + 1e-4)
+    float* k;      // [B,T,N] kr / kn
+    float* q;      // [B,T,N] qr / qn
+    float* kn;     // [B,T] max(||kr||, 1e-12)
+    float* qn;     // [B,T] max(||qr||, 1e-12)
+    float* abar;   // [Dk,N]
+    float* pbar;   // [Dk,N]
+    float* ck;     // [B,Dk,NT,2N] (lam | eta) at the start of each checkpoint segment
+    float* lam;    // [B,Dk,N] final precision lam_T
+    float* eta;    // [B,Dk,N] final information mean eta_T
+    float* ys;     // [B,T,Dk] filter output
+    float* yg;     // [B,T,Dk] (ys + lambda_skip u) * SiLU(gate) = out_proj input
+    int nthr;      // threads the scratch was sized for (max_threads() at kalman_acts_point)
+} KalmanActs;
+
+// decode state of one sequence (spec 4); the three arrays are contiguous
+typedef struct {
+    float* conv;   // [K-1, Dk] the last K-1 pre-conv inputs z0, oldest first (zeros at start)
+    float* lam;    // [Dk, N] precision (1 at start)
+    float* eta;    // [Dk, N] information mean (0 at start)
+} KalmanState;
+
+#define KALMAN_FLOOR 1e-12f   // the torch-path floors of spec 2.5 (abar^2, den, lam, pbar) and the L2-norm floor
+#define KALMAN_DB 32          // channels per task of the filter backward (fixed: the reduction order is too)
+
+static inline int kalman_Ws(const KalmanConfig* c) { return c->preset ? c->R + 2 * c->N : 2 * c->Dk + 2 * c->N; }
+static inline int kalman_NT(int T, int CK) { return (T + CK - 1) / CK; }
+static inline int kalman_NDB(int Dk) { return (Dk + KALMAN_DB - 1) / KALMAN_DB; }
+
+// ----------------------------------------------------------------------------
+// the filter (spec 2.3-2.5)
+
+// one token of the N lanes of channel d (spec 2.3): lam, eta [N] updated in place; returns y = sum_n q mean.
+// v, Lv: the channel's value and precision; k, q [N]; abar, pbar [N] the channel's dynamics.
+static inline float kalman_step(float* lam, float* eta, float v, float Lv, const float* k, const float* q,
+                                const float* abar, const float* pbar, int N) {
+    const float ut = v * Lv;
+    float y = 0.0f;
+    for (int n = 0; n < N; n++) {
+        const float a2 = fmaxf(abar[n] * abar[n], KALMAN_FLOOR);
+        const float rho = 1.0f / fmaxf(a2 + pbar[n] * lam[n], KALMAN_FLOOR);
+        eta[n] = abar[n] * rho * eta[n] + ut * k[n];
+        lam[n] = lam[n] * rho + Lv * k[n] * k[n];
+        y += q[n] * eta[n] / fmaxf(lam[n], KALMAN_FLOOR);
+    }
+    return y;
+}
+
+// spec 2.3. v [B,T,*] with row stride ldv, Lv [B,T,Dk], k, q [B,T,N], abar, pbar [Dk,N]. lam, eta [B,Dk,N]:
+// initial states in, final states out. Writes ys [B,T,Dk] and (if ck) (lam | eta) at t0 = 0, CK, 2CK, ...
+// into ck [B,Dk,NT,2N].
+static void kalman_filter_forward(float* ys, float* ck, float* lam, float* eta, const float* v, int ldv,
+                                  const float* Lv, const float* k, const float* q, const float* abar,
+                                  const float* pbar, int B, int T, int Dk, int N, int CK) {
+    const int NT = kalman_NT(T, CK);
+    #pragma omp parallel for schedule(static)
+    for (int bd = 0; bd < B * Dk; bd++) {
+        const int b = bd / Dk, d = bd % Dk;
+        float* lm = lam + (size_t)bd * N;
+        float* et = eta + (size_t)bd * N;
+        for (int t = 0; t < T; t++) {
+            const size_t r = (size_t)b * T + t;
+            if (ck && t % CK == 0) {
+                float* cp = ck + ((size_t)bd * NT + t / CK) * 2 * N;
+                memcpy(cp, lm, (size_t)N * sizeof(float));
+                memcpy(cp + N, et, (size_t)N * sizeof(float));
+            }
+            ys[r * Dk + d] = kalman_step(lm, et, v[r * ldv + d], Lv[r * Dk + d], k + r * N, q + r * N,
+                                         abar + (size_t)d * N, pbar + (size_t)d * N, N);
+        }
+    }
+}
+
+// per-thread scratch of kalman_filter_backward: the CK+1 (lam | eta) of a segment, the carries Gl, Ge [N]
+static size_t kalman_filter_bwd_floats(int CK, int N) { return (size_t)(CK + 1) * 2 * N + 2 * (size_t)N; }
+// shared scratch of kalman_filter_backward: dk, dq partials per (b, channel block) [B,NDB,T,2N], dabar, dpbar
+// partials per (b, d) [B,Dk,2N]
+static size_t kalman_filter_bwd_shared_floats(int B, int T, int Dk, int N) {
+    return (size_t)B * kalman_NDB(Dk) * T * 2 * N + (size_t)B * Dk * 2 * N;
+}
+
+// spec 2.4: exact reverse-time adjoint per lane, for tasks of (b, block of KALMAN_DB channels); each channel
+// runs from the last segment to the first, replaying the segment's states from its checkpoint; zero
+// subgradient where a floor of spec 2.5 binds. dys [B,T,Dk] = dL/dys; dlamT, detaT [B,Dk,N] = dL/d(final
+// state) (NULL: 0). Outputs (overwritten): dv, dLv [B,T,Dk], dk, dq [B,T,N], dabar, dpbar [Dk,N] (sums over b
+// and t), dlam0, deta0 [B,Dk,N] (NULL: not returned). Every sum runs in an order fixed by the shapes alone.
+// scratch: nthr * kalman_filter_bwd_floats(CK, N) + kalman_filter_bwd_shared_floats(B, T, Dk, N) floats.
+static void kalman_filter_backward(float* dv, float* dLv, float* dk, float* dq, float* dabar, float* dpbar,
+                                   float* dlam0, float* deta0, const float* dys, const float* dlamT,
+                                   const float* detaT, const float* ck, const float* v, int ldv, const float* Lv,
+                                   const float* k, const float* q, const float* abar, const float* pbar,
+                                   int B, int T, int Dk, int N, int CK, float* scratch, int nthr) {
+    const int NT = kalman_NT(T, CK), NDB = kalman_NDB(Dk);
+    float* kq_part = scratch;                                          // [B,NDB,T,2N] dk | dq
+    float* ap_part = kq_part + (size_t)B * NDB * T * 2 * N;            // [B,Dk,2N] dabar | dpbar
+    float* thr_base = ap_part + (size_t)B * Dk * 2 * N;
+    (void)nthr;   // read only by the OpenMP pragma
+    #pragma omp parallel for num_threads(nthr) schedule(static)
+    for (int task = 0; task < B * NDB; task++) {
+        const int b = task / NDB, d0 = (task % NDB) * KALMAN_DB;
+        const int d1 = d0 + KALMAN_DB < Dk ? d0 + KALMAN_DB : Dk;
+        float* seg = thr_base + (size_t)thread_id() * kalman_filter_bwd_floats(CK, N);   // [CK+1, 2N]
+        float* Gl = seg + (size_t)(CK + 1) * 2 * N;
+        float* Ge = Gl + N;
+        float* kq = kq_part + (size_t)task * T * 2 * N;
+        memset(kq, 0, (size_t)T * 2 * N * sizeof(float));
+        for (int d = d0; d < d1; d++) {
+            const size_t bd = (size_t)b * Dk + d;
+            const float* ab = abar + (size_t)d * N;
+            const float* pb = pbar + (size_t)d * N;
+            float* gab = ap_part + bd * 2 * N;
+            float* gpb = gab + N;
+            for (int n = 0; n < N; n++) {
+                Gl[n] = dlamT ? dlamT[bd * N + n] : 0.0f;
+                Ge[n] = detaT ? detaT[bd * N + n] : 0.0f;
+                gab[n] = 0.0f;
+                gpb[n] = 0.0f;
+            }
+            for (int sgi = NT - 1; sgi >= 0; sgi--) {
+                const int t0 = sgi * CK;
+                const int L = T - t0 < CK ? T - t0 : CK;
+                memcpy(seg, ck + (bd * NT + sgi) * 2 * N, (size_t)2 * N * sizeof(float));
+                for (int i = 0; i < L; i++) {
+                    const size_t r = (size_t)b * T + t0 + i;
+                    float* nx = seg + (size_t)(i + 1) * 2 * N;
+                    memcpy(nx, seg + (size_t)i * 2 * N, (size_t)2 * N * sizeof(float));
+                    kalman_step(nx, nx + N, v[r * ldv + d], Lv[r * Dk + d], k + r * N, q + r * N, ab, pb, N);
+                }
+                for (int i = L - 1; i >= 0; i--) {
+                    const size_t r = (size_t)b * T + t0 + i;
+                    const float* lp_ = seg + (size_t)i * 2 * N;          // lam_{t-1} | eta_{t-1}
+                    const float* lt_ = seg + (size_t)(i + 1) * 2 * N;    // lam_t | eta_t
+                    const float* kt = k + r * N;
+                    const float* qt = q + r * N;
+                    float* kqt = kq + (size_t)(t0 + i) * 2 * N;
+                    const float dy = dys[r * Dk + d], vt = v[r * ldv + d], Lvt = Lv[r * Dk + d];
+                    float sLv = 0.0f, sv = 0.0f;
+                    for (int n = 0; n < N; n++) {
+                        const float lp = lp_[n], ep = lp_[N + n], lt = lt_[n], et = lt_[N + n];
+                        const float a = ab[n], a2raw = a * a;
+                        const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
+                        const float denraw = a2 + pb[n] * lp;
+                        const float rho = 1.0f / fmaxf(denraw, KALMAN_FLOOR);
+                        const float var = 1.0f / fmaxf(lt, KALMAN_FLOOR);
+                        const float gmean = dy * qt[n];
+                        const float ge = Ge[n] + gmean * var;
+                        const float gl = lt > KALMAN_FLOOR ? Gl[n] - gmean * et * var * var : Gl[n];
+                        kqt[N + n] += dy * et * var;                    // dq
+                        // through den = a2 + pbar lp: gden = dL/dden
+                        const float gden = denraw > KALMAN_FLOOR ? -(gl * lp + ge * ep * a) * rho * rho : 0.0f;
+                        gab[n] += ge * ep * rho + (a2raw > KALMAN_FLOOR ? 2.0f * a * gden : 0.0f);
+                        gpb[n] += gden * lp;
+                        Gl[n] = denraw > KALMAN_FLOOR ? (gl * a2 - ge * ep * a * pb[n]) * rho * rho : gl * rho;
+                        Ge[n] = a * rho * ge;
+                        // token inputs: phi = Lv k^2, r = v Lv k
+                        const float kk = kt[n];
+                        sLv += gl * kk * kk + ge * vt * kk;
+                        sv += ge * kk;
+                        kqt[n] += 2.0f * gl * Lvt * kk + ge * vt * Lvt;   // dk
+                    }
+                    dLv[r * Dk + d] = sLv;
+                    dv[r * Dk + d] = sv * Lvt;
+                }
+            }
+            if (dlam0) { memcpy(dlam0 + bd * N, Gl, (size_t)N * sizeof(float)); }
+            if (deta0) { memcpy(deta0 + bd * N, Ge, (size_t)N * sizeof(float)); }
+        }
+    }
+    // dk, dq: sum over channel blocks in block order; dabar, dpbar: sum over b in order
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < B * T; r++) {
+        const int b = r / T, t = r % T;
+        for (int n = 0; n < N; n++) { dk[(size_t)r * N + n] = 0.0f; dq[(size_t)r * N + n] = 0.0f; }
+        for (int j = 0; j < NDB; j++) {
+            const float* kqt = kq_part + (((size_t)b * NDB + j) * T + t) * 2 * N;
+            for (int n = 0; n < N; n++) { dk[(size_t)r * N + n] += kqt[n]; dq[(size_t)r * N + n] += kqt[N + n]; }
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int d = 0; d < Dk; d++) {
+        for (int n = 0; n < N; n++) {
+            float sa = 0.0f, sp = 0.0f;
+            for (int b = 0; b < B; b++) {
+                const float* part = ap_part + ((size_t)b * Dk + d) * 2 * N;
+                sa += part[n];
+                sp += part[N + n];
+            }
+            dabar[(size_t)d * N + n] = sa;
+            dpbar[(size_t)d * N + n] = sp;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// per-token pieces of the layer, shared by the forward, the backward and decode
+
+// spec 1.3 (6): the static dynamics abar, pbar [Dk,N], computed once per forward
+static void kalman_dynamics(float* abar, float* pbar, const KalmanParams* p, int Dk, int N) {
+    for (int i = 0; i < Dk * N; i++) {
+        const float Delta = softplusf(p->delta_raw[i]) + 1e-7f;
+        const float kappa = expf(p->lambda_log[i]);
+        const float pp = fmaxf(p->p_raw[i], 1e-7f);
+        abar[i] = expf(-kappa * Delta);
+        pbar[i] = fmaxf(pp / (2.0f * kappa) * -expm1f(-2.0f * kappa * Delta), KALMAN_FLOOR);
+    }
+}
+
+// spec 1.3 (2): causal depthwise conv pre-activation with bias at time t of a sequence; h_row points at the
+// token's in_proj row (z0 = its first Dk channels), earlier tokens are 2*Dk floats apart; taps before the
+// sequence start read the window win [K-1, Dk] (row K-2 = the token just before; NULL: zeros).
+static void kalman_conv_row(float* zc, const float* h_row, int t, const float* win, const float* conv_w,
+                            const float* conv_b, int Dk, int K) {
+    for (int d = 0; d < Dk; d++) { zc[d] = conv_b[d]; }
+    for (int j = 0; j < K; j++) {
+        const int back = K - 1 - j;
+        const float* src;
+        if (back <= t) { src = h_row - (ptrdiff_t)back * 2 * Dk; }
+        else if (win) { src = win + (size_t)(K - 1 - back + t) * Dk; }
+        else { continue; }
+        for (int d = 0; d < Dk; d++) { zc[d] += conv_w[d * K + j] * src[d]; }
+    }
+}
+
+// spec 1.3 (4)-(5) for one token: k = kr / max(||kr||, 1e-12), q likewise, Lv = 1/(softplus(ls) + 1e-4).
+// s_row: the token's sensor row; ls_row [Dk]. Writes k, q [N], kn, qn, Lv [Dk].
+static void kalman_sensor_row(float* k, float* q, float* kn, float* qn, float* Lv, const float* s_row,
+                              const float* ls_row, const KalmanConfig* c) {
+    const int N = c->N, off = c->preset ? c->R : 2 * c->Dk;
+    const float* kr = s_row + off;
+    const float* qr = kr + N;
+    float sk = 0.0f, sq = 0.0f;
+    for (int n = 0; n < N; n++) { sk += kr[n] * kr[n]; sq += qr[n] * qr[n]; }
+    *kn = fmaxf(sqrtf(sk), KALMAN_FLOOR);
+    *qn = fmaxf(sqrtf(sq), KALMAN_FLOOR);
+    for (int n = 0; n < N; n++) { k[n] = kr[n] / *kn; q[n] = qr[n] / *qn; }
+    for (int d = 0; d < c->Dk; d++) { Lv[d] = 1.0f / (softplusf(ls_row[d]) + 1e-4f); }
+}
+
+// spec 1.3 (8) for one token: yg = (ys + lambda_skip u) SiLU(gate)
+static void kalman_gate_row(float* yg, const float* ys, const float* u, const float* gate, float lskip, int Dk) {
+    for (int d = 0; d < Dk; d++) { yg[d] = (ys[d] + lskip * u[d]) * gate[d] * gdn_sigmoidf(gate[d]); }
+}
+
+// ----------------------------------------------------------------------------
+// layer forward / backward
+
+static size_t kalman_acts_floats(int B, int T, const KalmanConfig* c) {
+    const size_t BT = (size_t)B * T, Dk = c->Dk, N = c->N;
+    return BT * 2 * Dk + (size_t)B * (c->K - 1) * Dk + 2 * BT * Dk + BT * kalman_Ws(c)
+         + (c->preset ? BT * c->R : 0) + 2 * BT * Dk + 2 * BT * N + 2 * BT + 2 * Dk * N
+         + (size_t)B * Dk * kalman_NT(T, c->chunk) * 2 * N + 2 * (size_t)B * Dk * N + 2 * BT * Dk;
+}
+
+static void kalman_acts_point(KalmanActs* a, float* base, int B, int T, const KalmanConfig* c) {
+    const size_t BT = (size_t)B * T, Dk = c->Dk, N = c->N;
+    a->h = base;     base += BT * 2 * Dk;
+    a->win = base;   base += (size_t)B * (c->K - 1) * Dk;
+    a->zc = base;    base += BT * Dk;
+    a->u = base;     base += BT * Dk;
+    a->s = base;     base += BT * kalman_Ws(c);
+    a->lsr = NULL;
+    if (c->preset) { a->lsr = base; base += BT * c->R; }
+    a->ls = base;    base += BT * Dk;
+    a->Lv = base;    base += BT * Dk;
+    a->k = base;     base += BT * N;
+    a->q = base;     base += BT * N;
+    a->kn = base;    base += BT;
+    a->qn = base;    base += BT;
+    a->abar = base;  base += Dk * N;
+    a->pbar = base;  base += Dk * N;
+    a->ck = base;    base += (size_t)B * Dk * kalman_NT(T, c->chunk) * 2 * N;
+    a->lam = base;   base += (size_t)B * Dk * N;
+    a->eta = base;   base += (size_t)B * Dk * N;
+    a->ys = base;    base += BT * Dk;
+    a->yg = base;
+    a->nthr = max_threads();
+}
+
+// scratch of kalman_backward: dyg [BT,Dk], dh [BT,2Dk], du, dv, dLv [BT,Dk], dk, dq [BT,N], ds [BT,Ws],
+// dlsr [BT,R] (mamba), dlskip rows [BT], dabar, dpbar [Dk,N], filter scratch.
+// Sized for max_threads() at the time of the call (as KalmanActs): do not raise the thread count later.
+static size_t kalman_scratch_floats(int B, int T, const KalmanConfig* c) {
+    const size_t BT = (size_t)B * T, Dk = c->Dk, N = c->N;
+    return BT * (6 * Dk + 2 * N + kalman_Ws(c) + (c->preset ? c->R : 0) + 1) + 2 * Dk * N
+         + (size_t)max_threads() * kalman_filter_bwd_floats(c->chunk, c->N)
+         + kalman_filter_bwd_shared_floats(B, T, c->Dk, c->N);
+}
+
+// spec 1.3 with the filter state carried: states = B consecutive KalmanState blocks (kalman_state_floats
+// each): the initial conv window and (lam, eta) in, the final ones out (chunked prefill). NULL: every sequence
+// starts from the prior (conv window 0, lam = 1, eta = 0). x [B,T,C] (the normed mixer input); out [B,T,C]
+// overwritten; the final (lam, eta) are also left in a->lam, a->eta.
+static size_t kalman_state_floats(const KalmanConfig* c);
+static void kalman_forward_carry(float* out, KalmanActs* a, const KalmanParams* p, const float* x, int B, int T,
+                                 const KalmanConfig* c, float* states) {
+    const int BT = B * T, C = c->C, Dk = c->Dk, N = c->N, K = c->K, Ws = kalman_Ws(c);
+    const size_t sf = kalman_state_floats(c), wf = (size_t)(K - 1) * Dk;
+    // (1) h = x W_in^T
+    matmul_forward(a->h, x, p->in_proj_w, NULL, BT, C, 2 * Dk);
+    for (int b = 0; b < B; b++) {
+        if (states) { memcpy(a->win + b * wf, states + b * sf, wf * sizeof(float)); }
+        else { memset(a->win + b * wf, 0, wf * sizeof(float)); }
+    }
+    // (2) conv + bias, SiLU
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* zc = a->zc + (size_t)r * Dk;
+        kalman_conv_row(zc, a->h + (size_t)r * 2 * Dk, r % T, a->win + (r / T) * wf, p->conv_w, p->conv_b, Dk, K);
+        for (int d = 0; d < Dk; d++) { a->u[(size_t)r * Dk + d] = zc[d] * gdn_sigmoidf(zc[d]); }
+    }
+    // (3) sensor projection; mamba: ls = s[0:R] W_var^T
+    matmul_forward(a->s, a->u, p->sensor_w, NULL, BT, Dk, Ws);
+    if (c->preset) {
+        for (int r = 0; r < BT; r++) { memcpy(a->lsr + (size_t)r * c->R, a->s + (size_t)r * Ws, (size_t)c->R * sizeof(float)); }
+        matmul_forward(a->ls, a->lsr, p->var_w, NULL, BT, c->R, Dk);
+    } else {
+        for (int r = 0; r < BT; r++) { memcpy(a->ls + (size_t)r * Dk, a->s + (size_t)r * Ws + Dk, (size_t)Dk * sizeof(float)); }
+    }
+    // (4)-(5) k, q, Lv
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        kalman_sensor_row(a->k + (size_t)r * N, a->q + (size_t)r * N, a->kn + r, a->qn + r, a->Lv + (size_t)r * Dk,
+                          a->s + (size_t)r * Ws, a->ls + (size_t)r * Dk, c);
+    }
+    // (6) dynamics, (7) the filter
+    kalman_dynamics(a->abar, a->pbar, p, Dk, N);
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < Dk * N; i++) {
+            a->lam[(size_t)b * Dk * N + i] = states ? states[b * sf + wf + i] : 1.0f;
+            a->eta[(size_t)b * Dk * N + i] = states ? states[b * sf + wf + (size_t)Dk * N + i] : 0.0f;
+        }
+    }
+    kalman_filter_forward(a->ys, a->ck, a->lam, a->eta, c->preset ? a->u : a->s, c->preset ? Dk : Ws, a->Lv,
+                          a->k, a->q, a->abar, a->pbar, B, T, Dk, N, c->chunk);
+    // (8) skip, gate, out_proj
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        kalman_gate_row(a->yg + (size_t)r * Dk, a->ys + (size_t)r * Dk, a->u + (size_t)r * Dk,
+                        a->h + (size_t)r * 2 * Dk + Dk, p->lambda_skip[0], Dk);
+    }
+    matmul_forward(out, a->yg, p->out_proj_w, NULL, BT, Dk, C);
+    // the final states: the last K-1 z0 rows (earlier window rows where T < K-1), lam_T, eta_T
+    if (states) {
+        for (int b = 0; b < B; b++) {
+            float* st = states + b * sf;
+            for (int i = 0; i < K - 1; i++) {
+                const int tt = T - (K - 1) + i;   // time of window row i
+                const float* src = tt >= 0 ? a->h + ((size_t)b * T + tt) * 2 * Dk : a->win + b * wf + (size_t)(tt + K - 1) * Dk;
+                memmove(st + (size_t)i * Dk, src, (size_t)Dk * sizeof(float));
+            }
+            memcpy(st + wf, a->lam + (size_t)b * Dk * N, (size_t)Dk * N * sizeof(float));
+            memcpy(st + wf + (size_t)Dk * N, a->eta + (size_t)b * Dk * N, (size_t)Dk * N * sizeof(float));
+        }
+    }
+}
+
+// spec 1.3. x [B,T,C] (the normed mixer input); out [B,T,C] overwritten. Every sequence starts from the prior.
+static void kalman_forward(float* out, KalmanActs* a, const KalmanParams* p, const float* x, int B, int T,
+                           const KalmanConfig* c) {
+    kalman_forward_carry(out, a, p, x, B, T, c, NULL);
+}
+
+// spec 1.7 + 2.4. dout [B,T,C]; dx += dL/dx; grads += dL/dparams (dL/d(carried-in state) is not returned).
+// Parameter-gradient sums run in a fixed order, so the result does not depend on the thread count.
+static void kalman_backward(float* dx, KalmanParams* grads, const float* dout, const KalmanActs* a,
+                            const KalmanParams* p, const float* x, float* scratch, int B, int T,
+                            const KalmanConfig* c) {
+    const int BT = B * T, C = c->C, Dk = c->Dk, N = c->N, K = c->K, Ws = kalman_Ws(c), R = c->R;
+    const size_t wf = (size_t)(K - 1) * Dk;
+    float* dyg = scratch;                          // dL/dyg, then dL/dys in place
+    float* dh = dyg + (size_t)BT * Dk;             // [BT,2Dk] dL/dh
+    float* du = dh + (size_t)BT * 2 * Dk;          // dL/du, then dL/dzc in place
+    float* dv = du + (size_t)BT * Dk;
+    float* dLv = dv + (size_t)BT * Dk;
+    float* dk = dLv + (size_t)BT * Dk;             // [BT,N]
+    float* dq = dk + (size_t)BT * N;
+    float* ds = dq + (size_t)BT * N;               // [BT,Ws]
+    float* dlsr = ds + (size_t)BT * Ws;            // [BT,R] mamba
+    float* dskip = dlsr + (size_t)BT * (c->preset ? R : 0);   // [BT] per-row partials of dlambda_skip
+    float* dabar = dskip + BT;                     // [Dk,N]
+    float* dpbar = dabar + (size_t)Dk * N;
+    float* fscratch = dpbar + (size_t)Dk * N;
+    const float lskip = p->lambda_skip[0];
+
+    // out = yg W_out^T
+    memset(dyg, 0, (size_t)BT * Dk * sizeof(float));
+    matmul_backward(dyg, grads->out_proj_w, NULL, dout, a->yg, p->out_proj_w, BT, Dk, C);
+
+    // yg = y1 SiLU(g), y1 = ys + lambda_skip u: dg into dh[:, Dk:2Dk], dys = dy1 (in place), du = lambda_skip dy1
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const float* g = a->h + (size_t)r * 2 * Dk + Dk;
+        float* dg = dh + (size_t)r * 2 * Dk + Dk;
+        float* d1 = dyg + (size_t)r * Dk;
+        const float* u = a->u + (size_t)r * Dk;
+        const float* ys = a->ys + (size_t)r * Dk;
+        float acc = 0.0f;
+        for (int d = 0; d < Dk; d++) {
+            const float sg = gdn_sigmoidf(g[d]);
+            const float y1 = ys[d] + lskip * u[d];
+            dg[d] = d1[d] * y1 * sg * (1.0f + g[d] * (1.0f - sg));
+            const float dy1 = d1[d] * g[d] * sg;
+            d1[d] = dy1;
+            acc += dy1 * u[d];
+            du[(size_t)r * Dk + d] = lskip * dy1;
+        }
+        dskip[r] = acc;
+    }
+    {
+        float s = 0.0f;
+        for (int r = 0; r < BT; r++) { s += dskip[r]; }
+        grads->lambda_skip[0] += s;
+    }
+
+    // the filter (spec 2.4), no gradient of the final state
+    kalman_filter_backward(dv, dLv, dk, dq, dabar, dpbar, NULL, NULL, dyg, NULL, NULL, a->ck,
+                           c->preset ? a->u : a->s, c->preset ? Dk : Ws, a->Lv, a->k, a->q, a->abar, a->pbar,
+                           B, T, Dk, N, c->chunk, fscratch, a->nthr);
+
+    // per token: Lv (dls), L2 norms (dkr, dqr) into ds; mamba: v = u
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        float* dsr = ds + (size_t)r * Ws;
+        const float* Lv = a->Lv + (size_t)r * Dk;
+        const float* ls = a->ls + (size_t)r * Dk;
+        float* dls = dLv + (size_t)r * Dk;   // dLv -> dls in place
+        for (int d = 0; d < Dk; d++) { dls[d] *= -Lv[d] * Lv[d] * dsoftplusf(ls[d]); }
+        const int off = c->preset ? R : 2 * Dk;
+        const float* kt = a->k + (size_t)r * N;
+        const float* qt = a->q + (size_t)r * N;
+        const float* dkt = dk + (size_t)r * N;
+        const float* dqt = dq + (size_t)r * N;
+        float ck = 0.0f, cq = 0.0f;
+        for (int n = 0; n < N; n++) { ck += kt[n] * dkt[n]; cq += qt[n] * dqt[n]; }
+        // the norm floor binds: k = kr / 1e-12 is linear in kr
+        if (a->kn[r] <= KALMAN_FLOOR) { ck = 0.0f; }
+        if (a->qn[r] <= KALMAN_FLOOR) { cq = 0.0f; }
+        for (int n = 0; n < N; n++) {
+            dsr[off + n] = (dkt[n] - kt[n] * ck) / a->kn[r];
+            dsr[off + N + n] = (dqt[n] - qt[n] * cq) / a->qn[r];
+        }
+        if (!c->preset) {
+            memcpy(dsr, dv + (size_t)r * Dk, (size_t)Dk * sizeof(float));
+            memcpy(dsr + Dk, dls, (size_t)Dk * sizeof(float));
+        } else {
+            for (int d = 0; d < Dk; d++) { du[(size_t)r * Dk + d] += dv[(size_t)r * Dk + d]; }
+        }
+    }
+    // mamba: ls = ls_r W_var^T
+    if (c->preset) {
+        memset(dlsr, 0, (size_t)BT * R * sizeof(float));
+        matmul_backward(dlsr, grads->var_w, NULL, dLv, a->lsr, p->var_w, BT, R, Dk);
+        for (int r = 0; r < BT; r++) { memcpy(ds + (size_t)r * Ws, dlsr + (size_t)r * R, (size_t)R * sizeof(float)); }
+    }
+    // s = u W_s^T
+    matmul_backward(du, grads->sensor_w, NULL, ds, a->u, p->sensor_w, BT, Dk, Ws);
+
+    // u = SiLU(zc): dzc in place of du; conv bias
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < BT; r++) {
+        const float* zc = a->zc + (size_t)r * Dk;
+        float* dz = du + (size_t)r * Dk;
+        for (int d = 0; d < Dk; d++) {
+            const float sz = gdn_sigmoidf(zc[d]);
+            dz[d] *= sz * (1.0f + zc[d] * (1.0f - sz));
+        }
+    }
+    for (int r = 0; r < BT; r++) {
+        for (int d = 0; d < Dk; d++) { grads->conv_b[d] += du[(size_t)r * Dk + d]; }
+    }
+    // conv weights and inputs (z0 = the first Dk channels of h): the in-sequence taps by the shared helper,
+    // then the taps that read the carried-in window
+    shortconv_backward(dh, grads->conv_w, du, a->h, p->conv_w, BT, T, Dk, 2 * Dk, K);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < K - 1 && t < T; t++) {
+            const float* dz = du + ((size_t)b * T + t) * Dk;
+            for (int j = 0; j < K; j++) {
+                const int back = K - 1 - j;
+                if (back <= t) { continue; }
+                const float* w = a->win + b * wf + (size_t)(K - 1 - back + t) * Dk;
+                for (int d = 0; d < Dk; d++) { grads->conv_w[d * K + j] += dz[d] * w[d]; }
+            }
+        }
+    }
+
+    // h = x W_in^T
+    matmul_backward(dx, grads->in_proj_w, NULL, dh, x, p->in_proj_w, BT, C, 2 * Dk);
+
+    // static dynamics (spec 1.7), E = exp(-2 kappa Delta); zero gradient where a clamp binds
+    for (int i = 0; i < Dk * N; i++) {
+        const float Delta = softplusf(p->delta_raw[i]) + 1e-7f;
+        const float kappa = expf(p->lambda_log[i]);
+        const float pp = fmaxf(p->p_raw[i], 1e-7f);
+        const float ab = a->abar[i];
+        const float x2 = 2.0f * kappa * Delta;
+        const float E = expf(-x2), omE = -expm1f(-x2);
+        const float pbraw = pp / (2.0f * kappa) * omE;
+        const float gp = pbraw > KALMAN_FLOOR ? dpbar[i] : 0.0f;
+        const float dDelta = dabar[i] * (-kappa * ab) + gp * (pp * E);
+        const float dkappa = dabar[i] * (-Delta * ab) + gp * (pp / kappa) * (Delta * E - omE / (2.0f * kappa));
+        grads->delta_raw[i] += dDelta * dsoftplusf(p->delta_raw[i]);
+        grads->lambda_log[i] += dkappa * kappa;
+        grads->p_raw[i] += p->p_raw[i] > 1e-7f ? gp * omE / (2.0f * kappa) : 0.0f;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// decode (spec 4): one token of one sequence with the recurrent state carried in KalmanState
+
+static size_t kalman_state_floats(const KalmanConfig* c) {
+    return (size_t)(c->K - 1) * c->Dk + 2 * (size_t)c->Dk * c->N;
+}
+
+static void kalman_state_point(KalmanState* s, float* base, const KalmanConfig* c) {
+    s->conv = base;
+    s->lam = base + (size_t)(c->K - 1) * c->Dk;
+    s->eta = s->lam + (size_t)c->Dk * c->N;
+}
+
+static void kalman_state_reset(KalmanState* s, const KalmanConfig* c) {
+    memset(s->conv, 0, (size_t)(c->K - 1) * c->Dk * sizeof(float));
+    for (size_t i = 0; i < (size_t)c->Dk * c->N; i++) { s->lam[i] = 1.0f; s->eta[i] = 0.0f; }
+}
+
+// scratch of kalman_decode_step: h [2Dk], zc, u [Dk], s [Ws], ls, Lv [Dk], k, q [N], kn, qn, abar, pbar [Dk,N],
+// ys, yg [Dk]
+static size_t kalman_decode_scratch_floats(const KalmanConfig* c) {
+    return (size_t)8 * c->Dk + kalman_Ws(c) + 2 * c->N + 2 + 2 * (size_t)c->Dk * c->N;
+}
+
+static void kalman_decode_step(float* out, KalmanState* s, const KalmanParams* p, const float* x, float* scratch,
+                               const KalmanConfig* c) {
+    const int Dk = c->Dk, N = c->N, K = c->K, Ws = kalman_Ws(c);
+    float* h = scratch;
+    float* zc = h + 2 * Dk;
+    float* u = zc + Dk;
+    float* sr = u + Dk;
+    float* ls = sr + Ws;
+    float* Lv = ls + Dk;
+    float* k = Lv + Dk;
+    float* q = k + N;
+    float* kn = q + N;
+    float* qn = kn + 1;
+    float* abar = qn + 1;
+    float* pbar = abar + (size_t)Dk * N;
+    float* ys = pbar + (size_t)Dk * N;
+    float* yg = ys + Dk;
+    matmul_forward(h, x, p->in_proj_w, NULL, 1, c->C, 2 * Dk);
+    kalman_conv_row(zc, h, 0, s->conv, p->conv_w, p->conv_b, Dk, K);
+    if (K > 1) {
+        memmove(s->conv, s->conv + Dk, (size_t)(K - 2) * Dk * sizeof(float));
+        memcpy(s->conv + (size_t)(K - 2) * Dk, h, (size_t)Dk * sizeof(float));
+    }
+    for (int d = 0; d < Dk; d++) { u[d] = zc[d] * gdn_sigmoidf(zc[d]); }
+    matmul_forward(sr, u, p->sensor_w, NULL, 1, Dk, Ws);
+    if (c->preset) { matmul_forward(ls, sr, p->var_w, NULL, 1, c->R, Dk); }
+    else { memcpy(ls, sr + Dk, (size_t)Dk * sizeof(float)); }
+    kalman_sensor_row(k, q, kn, qn, Lv, sr, ls, c);
+    kalman_dynamics(abar, pbar, p, Dk, N);
+    const float* v = c->preset ? u : sr;
+    for (int d = 0; d < Dk; d++) {
+        ys[d] = kalman_step(s->lam + (size_t)d * N, s->eta + (size_t)d * N, v[d], Lv[d], k, q,
+                            abar + (size_t)d * N, pbar + (size_t)d * N, N);
+    }
+    kalman_gate_row(yg, ys, u, h + Dk, p->lambda_skip[0], Dk);
+    matmul_forward(out, yg, p->out_proj_w, NULL, 1, Dk, c->C);
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // parameters: a table of named tensors over one allocation (FORMATS.md "Tensor order and names")
 
 typedef struct {
@@ -2305,6 +2925,7 @@ typedef struct {
     GDNParams gdn;                              // gdn, kaczmarz
     PDNParams pdn;                              // pdn, pgdn, pkda
     GKAParams gka;                              // gka
+    KalmanParams kalman;                        // kalman
     float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerParams;
 
@@ -2327,7 +2948,8 @@ typedef struct {
     float std;      // for INIT_NORMAL
 } TensorInfo;
 
-enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_A_LOG_1_16, INIT_DT_BIAS, INIT_LOG_SCALE };
+enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_A_LOG_1_16, INIT_DT_BIAS, INIT_LOG_SCALE, INIT_CONV_UNIFORM,
+       INIT_P_RAW, INIT_LAMBDA_SKIP };
 #define MAX_TENSORS (4 + 16 * MAX_LAYERS)
 
 typedef struct {
@@ -2389,6 +3011,24 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
             T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
             T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        } else if (c->mixer[l] == MIXER_KALMAN) {  // kalman spec 1.2; FORMATS.md
+            int Dk = c->kalman_expand * C, N = c->kalman_n, R = c->kalman_rank;
+            int Ws = c->kalman_preset == KALMAN_MAMBA ? R + 2 * N : 2 * Dk + 2 * N;
+            T2(lp->kalman.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, 2 * Dk, C);
+            T2(lp->kalman.conv_w, MNAME("conv.w"), 0, INIT_CONV_UNIFORM, 0.0f, Dk, c->conv_size);  // 1-D group: no decay
+            T1(lp->kalman.conv_b, MNAME("conv.b"), INIT_ZERO, Dk);
+            T2(lp->kalman.sensor_w, MNAME("sensor.w"), 1, INIT_NORMAL, std, Ws, Dk);
+            if (c->kalman_preset == KALMAN_MAMBA) { T2(lp->kalman.var_w, MNAME("var.w"), 1, INIT_NORMAL, std, Dk, R); }
+            T2(lp->kalman.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, Dk);
+            // the state-space parameters: 0.1x learning rate, no weight decay (FORMATS.md "Learning-rate groups")
+            T2(lp->kalman.delta_raw, MNAME("delta_raw"), 0, INIT_DT_BIAS, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T2(lp->kalman.lambda_log, MNAME("lambda_log"), 0, INIT_ZERO, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T2(lp->kalman.p_raw, MNAME("p_raw"), 0, INIT_P_RAW, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T1(lp->kalman.lambda_skip, MNAME("lambda_skip"), INIT_LAMBDA_SKIP, 1);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
         } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q | k | v | gate | a | b | alpha]
             int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
             int P = 2 * H * dk + 2 * H * dv + 3 * H, D = 2 * H * dk + H * dv;
@@ -2440,6 +3080,18 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
 #undef T1
 #undef LNAME
 #undef MNAME
+}
+
+static KalmanConfig kalman_config(const Config* c, int chunk) {
+    KalmanConfig k;
+    k.C = c->channels;
+    k.Dk = c->kalman_expand * c->channels;
+    k.N = c->kalman_n;
+    k.K = c->conv_size;
+    k.preset = c->kalman_preset;
+    k.R = c->kalman_rank;
+    k.chunk = chunk;
+    return k;
 }
 
 static GKAConfig gka_config(const Config* c, int chunk) {
@@ -2526,6 +3178,9 @@ static void init_parameters(float* params, const Config* c, const TensorTable* t
                     break;
                 }
                 case INIT_LOG_SCALE: w[j] = -0.2f; break;  // pdn spec 10.7: the squash centre c starts at -0.2
+                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // kalman spec 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
+                case INIT_P_RAW: w[j] = 0.01f; break;                            // kalman spec 1.2: process noise
+                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // kalman spec 1.2
                 case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
                     double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
                     if (dt < 1e-4) { dt = 1e-4; }
@@ -2550,6 +3205,7 @@ typedef struct {
     GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
     PDNActs pdn;                        // pdn, pgdn, pkda
     GKAActs gka;                        // gka
+    KalmanActs kalman;                  // kalman
     float* residual2;                   // (B,T,C) residual after the mixer
     float *ln2, *ln2_mean, *ln2_rstd;   // NULL without an MLP
     float* fch;                         // (B,T,Hm) or (B,T,2Hm) for SwiGLU: the MLP's fc output
@@ -2619,6 +3275,10 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             float* g = carve(base, &cur, gdn_acts_floats(B, T, &gc));
             if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            float* g = carve(base, &cur, kalman_acts_floats(B, T, &kc));
+            if (base) { kalman_acts_point(&la->kalman, g, B, T, &kc); }
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
             float* g = carve(base, &cur, gka_acts_floats(B, T, &kc));
@@ -2674,6 +3334,9 @@ static size_t layout_scratch(Model* m, float* base, int B, int T) {
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
             n = gka_scratch_floats(B, T, &kc);
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            n = kalman_scratch_floats(B, T, &kc);
         }
         if (n > gdn) { gdn = n; }
     }
@@ -2793,6 +3456,9 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            kalman_forward(a->block_out, &la->kalman, &lp->kalman, la->ln1, B, T, &kc);
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
             gka_forward(a->block_out, &la->gka, &lp->gka, la->ln1, B, T, &kc);
@@ -2858,6 +3524,9 @@ static void model_backward(Model* m, float loss_scale) {
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            kalman_backward(s->dln, &lg->kalman, s->dresidual, &la->kalman, &lp->kalman, la->ln1, s->gdn, B, T, &kc);
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
             gka_backward(s->dln, &lg->gka, s->dresidual, &la->gka, &lp->gka, la->ln1, s->gdn, B, T, &kc);
@@ -2983,6 +3652,10 @@ static void write_model_file(const Model* m, const char* path) {
     header[26] = c->gka_iters;
     header[27] = f32_to_slot(c->gka_ridge);
     header[28] = f32_to_slot(c->gka_onorm_eps);
+    header[29] = c->kalman_expand;
+    header[30] = c->kalman_n;
+    header[31] = c->kalman_preset;
+    header[32] = c->kalman_rank;
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -3033,6 +3706,15 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->gka_iters = header[26];
     c->gka_ridge = slot_to_f32(header[27]);
     c->gka_onorm_eps = slot_to_f32(header[28]);
+    c->kalman_expand = header[29];
+    c->kalman_n = header[30];
+    c->kalman_preset = header[31];
+    c->kalman_rank = header[32];
+    if (c->kalman_expand < 1 || c->kalman_n < 1 || c->kalman_preset < 0 || c->kalman_preset >= NUM_KALMAN_PRESETS ||
+        c->kalman_rank != (c->kalman_preset == KALMAN_MAMBA ? (c->channels + 7) / 8 : 0)) {
+        die("%s: invalid kalman expand %d / N %d / preset %d / rank %d in the header", path, c->kalman_expand, c->kalman_n,
+            c->kalman_preset, c->kalman_rank);
+    }
     if (c->gka_iters < 0 || !(c->gka_ridge >= 0.0f)) { die("%s: invalid gka iterations %d / ridge %g in the header", path, c->gka_iters, c->gka_ridge); }
     if (c->norm < 0 || c->norm >= NUM_NORMS) { die("%s: unknown norm kind %d in the header", path, c->norm); }
     if (c->mlp < 0 || c->mlp >= NUM_MLPS || (c->mlp != MLP_NONE) != (c->mlp_hidden > 0)) {
@@ -3203,6 +3885,7 @@ typedef struct {
     GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
     PDNState pdn[MAX_LAYERS];                         // pdn/pgdn/pkda layers
     GKAState gka[MAX_LAYERS];                         // gka layers
+    KalmanState kalman[MAX_LAYERS];                   // kalman layers
     float *x, *ln, *stats, *y, *hidden, *pre, *qkv, *att, *logits, *gdn_scratch;
     float* memory;
 } DecodeState;
@@ -3219,6 +3902,12 @@ static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max
             float* s = carve(base, &cur, gdn_state_floats(&gc));
             if (base) { gdn_state_point(&d->gdn[l], s, &gc); }
             size_t n = gdn_decode_scratch_floats(&gc);
+            if (n > gdn_scratch) { gdn_scratch = n; }
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            float* s = carve(base, &cur, kalman_state_floats(&kc));
+            if (base) { kalman_state_point(&d->kalman[l], s, &kc); }
+            size_t n = kalman_decode_scratch_floats(&kc);
             if (n > gdn_scratch) { gdn_scratch = n; }
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
@@ -3264,6 +3953,9 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
         } else if (m->config.mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(&m->config, m->chunk);
             gka_state_reset(&d->gka[l], &kc);
+        } else if (m->config.mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(&m->config, m->chunk);
+            kalman_state_reset(&d->kalman[l], &kc);
         }
     }
 }
@@ -3306,6 +3998,9 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
         } else if (is_gdn_family(c->mixer[l])) {
             GDNConfig gc = gdn_config(c, l, m->chunk);
             gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
+        } else if (c->mixer[l] == MIXER_KALMAN) {
+            KalmanConfig kc = kalman_config(c, m->chunk);
+            kalman_decode_step(d->y, &d->kalman[l], &lp->kalman, d->ln, d->gdn_scratch, &kc);
         } else if (c->mixer[l] == MIXER_GKA) {
             GKAConfig kc = gka_config(c, m->chunk);
             gka_decode_step(d->y, &d->gka[l], &lp->gka, d->ln, d->gdn_scratch, &kc);
@@ -3456,7 +4151,8 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     struct { const char* flag; int value; } fields[] = {
         {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
         {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
-        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters},
+        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters}, {"--kalman-expand", c->kalman_expand},
+        {"--kalman-n", c->kalman_n},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         Flag* f = find_flag(flags, n, fields[i].flag);
@@ -3466,6 +4162,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     }
     struct { const char* flag; const char** names; int count, value; } choices[] = {
         {"--norm", NORM_NAMES, NUM_NORMS, c->norm}, {"--mlp", MLP_NAMES, NUM_MLPS, c->mlp},
+        {"--kalman-preset", KALMAN_PRESET_NAMES, NUM_KALMAN_PRESETS, c->kalman_preset},
     };
     for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
         Flag* f = find_flag(flags, n, choices[i].flag);
@@ -3523,7 +4220,8 @@ int main(int argc, char** argv) {
     int B = 8, T = 64, total_batch = 0, max_steps = -1, warmup = 20, val_every = 20, val_batches = 20;
     int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
     int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
-    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0, gka_iters = 30;
+    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0, gka_iters = 30, kalman_expand = 1, kalman_n = 16;
+    char* kalman_preset = "plain";
     char *norm = "layernorm", *mlp = "gelu";
     float norm_eps = 1e-5f;
     float lr = 3e-3f, final_frac = 0.1f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
@@ -3561,6 +4259,9 @@ int main(int argc, char** argv) {
         {"--mlp", FLAG_STRING, &mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
         {"--mlp-hidden", FLAG_INT, &mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
         {"--gka-iters", FLAG_INT, &gka_iters, "Chebyshev iterations of gka's solve", 0},
+        {"--kalman-expand", FLAG_INT, &kalman_expand, "kalman inner width = expand * C", 0},
+        {"--kalman-n", FLAG_INT, &kalman_n, "kalman states per channel (N)", 0},
+        {"--kalman-preset", FLAG_STRING, &kalman_preset, "kalman sensor map: plain or mamba", 0},
         {"--max-seq-len", FLAG_INT, &max_seq_len, "position-embedding rows (all-attn models)", 0},
         {"--vocab-size", FLAG_INT, &vocab_size, "vocabulary size of a new model", 0},
         {"--seed", FLAG_INT, &seed, "seed of the initialisation and of the data shuffling", 0},
@@ -3653,6 +4354,12 @@ int main(int argc, char** argv) {
     flag_config.gka_iters = gka_iters;
     flag_config.gka_ridge = 0.02f;
     flag_config.gka_onorm_eps = 1e-6f;
+    require(kalman_expand >= 1, "--kalman-expand", "must be >= 1");
+    require(kalman_n >= 1, "--kalman-n", "must be >= 1");
+    flag_config.kalman_expand = kalman_expand;
+    flag_config.kalman_n = kalman_n;
+    flag_config.kalman_preset = parse_choice(kalman_preset, KALMAN_PRESET_NAMES, NUM_KALMAN_PRESETS, "--kalman-preset");
+    flag_config.kalman_rank = flag_config.kalman_preset == KALMAN_MAMBA ? (width + 7) / 8 : 0;
 
     if (out_dir) { prepare_output_dir(out_dir); }
 

@@ -6,8 +6,8 @@
 # pgdn (RMSNorm, SwiGLU), pkda, and mixed (those six mixers in one model), then Gated KalmaNet: gka, and mixed7 (all
 # seven mixers in one model), then Kalman Linear Attention: kalman (plain preset, expand 2, N 8), kalman_mamba
 # (mamba preset, expand 1, N 16, RMSNorm, no MLP), and all8 (all eight mixers in one model). A configuration whose
-# two files are newer than
-# scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository root.
+# two files are newer than scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository
+# root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
