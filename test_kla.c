@@ -3159,10 +3159,11 @@ int test_kalman_properties(void) {
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "dev/test/ref";
     // the foundation's four configurations, one per trunk option (RMSNorm, SwiGLU, no MLP), one per pdn-family
-    // mixer, a model that mixes six mixers, gka, a model with seven, kalman in both presets and a model with all eight
+    // mixer, a model that mixes six mixers, gka, a model with seven, kalman in both presets, a model with all eight,
+    // and gka with GQA
     const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp", "pdn", "pgdn", "pkda", "mixed",
-                             "gka", "mixed7", "kalman", "kalman_mamba", "all8"};
-    for (int i = 0; i < 16; i++) {
+                             "gka", "mixed7", "kalman", "kalman_mamba", "all8", "gka_gqa"};
+    for (int i = 0; i < 17; i++) {
         test_parity(dir, configs[i], 64);
         if (i > 0) { test_parity(dir, configs[i], 32); }  // a second chunk length: T = 80 is 2.5 chunks of 32
         test_decode(dir, configs[i]);

@@ -77,6 +77,7 @@ typedef struct {
     int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
     float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
     float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
+    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; gka spec 2.4)
     int kalman_expand;      // kalman: inner width Dk = expand * C (kalman spec 1.4: 1 for the LM)
     int kalman_n;           // kalman: N, states per channel
     int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
@@ -3656,6 +3657,7 @@ static void write_model_file(const Model* m, const char* path) {
     header[30] = c->kalman_n;
     header[31] = c->kalman_preset;
     header[32] = c->kalman_rank;
+    header[33] = c->gka_kv_heads;
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -3710,6 +3712,10 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->kalman_n = header[30];
     c->kalman_preset = header[31];
     c->kalman_rank = header[32];
+    c->gka_kv_heads = header[33];
+    if (c->gka_kv_heads < 1 || c->lin_heads % c->gka_kv_heads != 0) {
+        die("%s: gka key/value heads %d do not divide the %d heads", path, c->gka_kv_heads, c->lin_heads);
+    }
     if (c->kalman_expand < 1 || c->kalman_n < 1 || c->kalman_preset < 0 || c->kalman_preset >= NUM_KALMAN_PRESETS ||
         c->kalman_rank != (c->kalman_preset == KALMAN_MAMBA ? (c->channels + 7) / 8 : 0)) {
         die("%s: invalid kalman expand %d / N %d / preset %d / rank %d in the header", path, c->kalman_expand, c->kalman_n,
@@ -4151,7 +4157,8 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     struct { const char* flag; int value; } fields[] = {
         {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
         {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
-        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters}, {"--kalman-expand", c->kalman_expand},
+        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters}, {"--gka-kv-heads", c->gka_kv_heads},
+        {"--kalman-expand", c->kalman_expand},
         {"--kalman-n", c->kalman_n},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
@@ -4220,7 +4227,7 @@ int main(int argc, char** argv) {
     int B = 8, T = 64, total_batch = 0, max_steps = -1, warmup = 20, val_every = 20, val_batches = 20;
     int sample_every = 0, gen_tokens = 64, ckpt_every = 0, ckpt_keep = 0, resume = 0;
     int depth = 4, width = 128, heads = 4, lin_heads = 0, dk = 0, dv = 0, max_seq_len = 1024, vocab_size = 50257;
-    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0, gka_iters = 30, kalman_expand = 1, kalman_n = 16;
+    int seed = 1337, shuffle = 1, chunk = 64, mlp_hidden = 0, gka_iters = 30, gka_kv_heads = 0, kalman_expand = 1, kalman_n = 16;
     char* kalman_preset = "plain";
     char *norm = "layernorm", *mlp = "gelu";
     float norm_eps = 1e-5f;
@@ -4259,6 +4266,7 @@ int main(int argc, char** argv) {
         {"--mlp", FLAG_STRING, &mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
         {"--mlp-hidden", FLAG_INT, &mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
         {"--gka-iters", FLAG_INT, &gka_iters, "Chebyshev iterations of gka's solve", 0},
+        {"--gka-kv-heads", FLAG_INT, &gka_kv_heads, "gka key/value heads, GQA when below --lin-heads (0 = all)", 0},
         {"--kalman-expand", FLAG_INT, &kalman_expand, "kalman inner width = expand * C", 0},
         {"--kalman-n", FLAG_INT, &kalman_n, "kalman states per channel (N)", 0},
         {"--kalman-preset", FLAG_STRING, &kalman_preset, "kalman sensor map: plain or mamba", 0},
@@ -4354,6 +4362,9 @@ int main(int argc, char** argv) {
     flag_config.gka_iters = gka_iters;
     flag_config.gka_ridge = 0.02f;
     flag_config.gka_onorm_eps = 1e-6f;
+    if (gka_kv_heads == 0) { gka_kv_heads = lin_heads; }
+    require(gka_kv_heads >= 1 && lin_heads % gka_kv_heads == 0, "--gka-kv-heads", "must divide --lin-heads");
+    flag_config.gka_kv_heads = gka_kv_heads;
     require(kalman_expand >= 1, "--kalman-expand", "must be >= 1");
     require(kalman_n >= 1, "--kalman-n", "must be >= 1");
     flag_config.kalman_expand = kalman_expand;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # make_reference.sh: generate the PyTorch reference dumps that test_kla.c compares train_kla.c against.
-# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for sixteen configurations:
+# Writes dev/test/ref/<config>_model.bin and <config>_debug.bin (FORMATS.md) for seventeen configurations:
 # attn (GPT-2), gdn, kaczmarz and a hybrid (LayerNorm, GELU MLP), then the trunk options: rmsnorm (RMSNorm with a
 # non-default eps), swiglu (SwiGLU MLP) and nomlp (RMSNorm, no MLP), then the Preconditioned DeltaNet family: pdn,
 # pgdn (RMSNorm, SwiGLU), pkda, and mixed (those six mixers in one model), then Gated KalmaNet: gka, and mixed7 (all
 # seven mixers in one model), then Kalman Linear Attention: kalman (plain preset, expand 2, N 8), kalman_mamba
-# (mamba preset, expand 1, N 16, RMSNorm, no MLP), and all8 (all eight mixers in one model). A configuration whose
+# (mamba preset, expand 1, N 16, RMSNorm, no MLP), all8 (all eight mixers in one model), and gka_gqa (gka with GQA:
+# 8 heads reading 2 key/value heads, header slot 33). A configuration whose
 # two files are newer than scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository
 # root.
 set -euo pipefail
@@ -68,3 +69,5 @@ make_config kalman_mamba --mixer kalman:2 --kalman-preset mamba --kalman-expand 
                      --mlp none --depth 2 --width 64 --heads 4 --B 2 --T 80 --seed 15
 make_config all8     --mixer attn:1,gdn:1,kaczmarz:1,kalman:1,gka:1,pdn:1,pgdn:1,pkda:1 --depth 8 --width 64 \
                      --heads 4 --lin-heads 2 --dk 16 --dv 24 --kalman-n 8 --max-seq-len 128 --B 2 --T 80 --seed 16
+make_config gka_gqa  --mixer gka:2 --depth 2 --width 64 --heads 8 --lin-heads 4 --gka-kv-heads 2 --dk 16 --dv 24 \
+                     --B 2 --T 80 --seed 17

@@ -3,7 +3,7 @@ train_kla.py: the PyTorch reference of train_kla (the ground truth that train_kl
 
 It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer mixer is softmax attention
 (`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`), one of the Preconditioned DeltaNet
-family (`pdn`, `pgdn`, `pkda`), Gated KalmaNet (`gka`) or Kalman Linear Attention (`kalman`, presets plain and
+family (`pdn`, `pgdn`, `pkda`), Gated KalmaNet (`gka`, with GQA key/value heads: --gka-kv-heads) or Kalman Linear Attention (`kalman`, presets plain and
 mamba: --kalman-preset, --kalman-expand, --kalman-n), chosen by a pattern such as `gdn:1,attn:1,gka:1,kalman:1`.
 The recurrent mixers run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1,
 ../shared/spec/pdn.md section 2.1, ../shared/spec/gka.md section 3 and ../shared/spec/kalman.md section 2.3 (with
@@ -92,7 +92,7 @@ RESIDUAL_PROJ_SUFFIXES = ("attn.proj.w", "out_proj.w", "mlp.proj.w")
 
 Config = collections.namedtuple(
     "Config", "vocab_size padded_vocab_size max_seq_len mixers n_embd n_head lin_heads lin_dk lin_dv "
-              "norm mlp mlp_hidden norm_eps kalman_expand kalman_n kalman_preset kalman_rank")
+              "norm mlp mlp_hidden norm_eps kalman_expand kalman_n kalman_preset kalman_rank gka_kv_heads")
 
 
 def default_mlp_hidden(mlp, C):
@@ -149,7 +149,7 @@ def tensor_shapes(cfg):
             shapes += kalman_shapes(cfg, p + "kalman.")
         elif mixer == "gka":
             m = p + "gka."
-            shapes += [(m + "in_proj.w", (sum(gka_split(cfg)), C)), (m + "conv.w", (2 * H * dk + H * dv, CONV_SIZE)),
+            shapes += [(m + "in_proj.w", (sum(gka_split(cfg)), C)), (m + "conv.w", (gka_split(cfg)[0], CONV_SIZE)),
                        (m + "b_bias", (H,)), (m + "alpha_bias", (H,)), (m + "A_log", (H,)), (m + "dt_bias", (H,)),
                        (m + "onorm.w", (dv,)), (m + "out_proj.w", (C, H * dv))]
         else:
@@ -184,9 +184,10 @@ def precond_split(cfg, mixer):
 
 
 def gka_split(cfg):
-    """Row blocks of a gka in_proj.w: [q|k|v (conv'd), gate (H*dv), a (H), b (H), alpha (H)] (FORMATS.md)."""
-    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
-    return [2 * H * dk + H * dv, H * dv, H, H, H]
+    """Row blocks of a gka in_proj.w: [q (H*dk) | k (Hkv*dk) | v (Hkv*dv) (conv'd), gate (H*dv), a (H), b (H),
+    alpha (H)] (FORMATS.md); Hkv = gka_kv_heads (= H without GQA)."""
+    H, Hkv, dk, dv = cfg.lin_heads, cfg.gka_kv_heads, cfg.lin_dk, cfg.lin_dv
+    return [H * dk + Hkv * dk + Hkv * dv, H * dv, H, H, H]
 
 
 def kalman_split(cfg):
@@ -546,16 +547,20 @@ def precond_mixer(x, params, p, kind, cfg, cores):
 
 
 def gka_mixer(x, params, p, cfg, cores):
-    """gka layer (gka spec 2.3 with the official defaults of 2.1, FORMATS.md): fused in_proj, Hq = Hk = Hv = H, W = 4,
-    beta gate, alpha connection, conv on v, decay on both H and U, s = dk^-1/2, swish-gated output RMSNorm."""
+    """gka layer (gka spec 2.3 with the official defaults of 2.1, FORMATS.md): fused in_proj, Hq = H,
+    Hk = Hv = Hkv = gka_kv_heads (GQA when Hkv < H: conv on the un-expanded channels, then k and v repeat-interleaved
+    to H heads, spec 2.3 step 3 and 2.4), W = 4, beta gate, alpha connection, conv on v, decay on both H and U,
+    s = dk^-1/2, swish-gated output RMSNorm."""
     B, T, _ = x.shape
-    H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
+    H, Hkv, dk, dv = cfg.lin_heads, cfg.gka_kv_heads, cfg.lin_dk, cfg.lin_dv
     m = p + "gka."
     proj = F.linear(x, params[m + "in_proj.w"])
     qkv, gate, a, b, alpha = proj.split(gka_split(cfg), dim=-1)
     qkv = F.silu(causal_depthwise_conv(qkv, params[m + "conv.w"]))
-    q, k, v = qkv.split([H * dk, H * dk, H * dv], dim=-1)
-    q, k, v = q.view(B, T, H, dk), k.view(B, T, H, dk), v.view(B, T, H, dv)
+    q, k, v = qkv.split([H * dk, Hkv * dk, Hkv * dv], dim=-1)
+    q, k, v = q.view(B, T, H, dk), k.view(B, T, Hkv, dk), v.view(B, T, Hkv, dv)
+    if Hkv != H:    # expanded head e reads key/value head e // (H // Hkv); autograd sums the repeated heads' grads
+        k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)
     q = q / (q.norm(dim=-1, keepdim=True) + GKA_NORM_EPS)                 # eps added to the norm (step 4)
     k = k / (k.norm(dim=-1, keepdim=True) + GKA_NORM_EPS)
     beta = (torch.sigmoid(b + params[m + "b_bias"]) + GKA_BETA_EPS)[..., None]   # write gate (step 5)
@@ -709,7 +714,7 @@ def write_checkpoint(path, cfg, params):
          14: payload_offset & 0xFFFFFFFF, 15: payload_offset >> 32,
          20: NORMS.index(cfg.norm), 21: MLPS.index(cfg.mlp), 22: cfg.mlp_hidden, 26: GKA_ITERS,
          29: cfg.kalman_expand, 30: cfg.kalman_n, 31: KALMAN_PRESETS.index(cfg.kalman_preset),
-         32: cfg.kalman_rank},
+         32: cfg.kalman_rank, 33: cfg.gka_kv_heads},
         {16: cfg.norm_eps, 17: L2N_EPS, 18: ONORM_EPS, 19: KACZMARZ_EPS,
          23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS, 27: GKA_RIDGE, 28: GKA_ONORM_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
@@ -750,6 +755,8 @@ def add_model_args(parser, max_seq_len):
     parser.add_argument("--lin-heads", type=int, default=0, help="heads H of the recurrent mixers (0: heads/2, at least 1)")
     parser.add_argument("--dk", type=int, default=0, help="key/query head dim of the recurrent mixers (0: 2*width/heads)")
     parser.add_argument("--dv", type=int, default=0, help="value head dim of the recurrent mixers (0: dk)")
+    parser.add_argument("--gka-kv-heads", type=int, default=0,
+                        help="key/value heads Hkv of gka (GQA when < lin-heads; must divide it; 0: lin-heads)")
     parser.add_argument("--max-seq-len", type=int, default=max_seq_len, help="rows of wpe (all-attn models)")
     parser.add_argument("--vocab-size", type=int, default=50257, help="vocabulary size V")
     parser.add_argument("--norm", choices=NORMS, default="layernorm",
@@ -780,7 +787,7 @@ def config_from_args(args, parser):
     for flag in ("width", "heads", "max_seq_len", "vocab_size", "kalman_expand", "kalman_n"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be positive")
-    for flag in ("lin_heads", "dk", "dv"):
+    for flag in ("lin_heads", "dk", "dv", "gka_kv_heads"):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag.replace('_', '-')} must be positive, or 0 for the default")
     if args.mlp_hidden < 0:
@@ -792,13 +799,17 @@ def config_from_args(args, parser):
     if args.width % args.heads:
         parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
     dk = args.dk or 2 * args.width // args.heads
+    lin_heads = args.lin_heads or max(args.heads // 2, 1)
+    gka_kv_heads = args.gka_kv_heads or lin_heads
+    if gka_kv_heads > lin_heads or lin_heads % gka_kv_heads:
+        parser.error(f"--gka-kv-heads {gka_kv_heads} does not divide the {lin_heads} lin heads")
     cfg = Config(vocab_size=args.vocab_size, padded_vocab_size=(args.vocab_size + 127) // 128 * 128,
                  max_seq_len=args.max_seq_len, mixers=mixers, n_embd=args.width, n_head=args.heads,
-                 lin_heads=args.lin_heads or max(args.heads // 2, 1), lin_dk=dk, lin_dv=args.dv or dk,
+                 lin_heads=lin_heads, lin_dk=dk, lin_dv=args.dv or dk,
                  norm=args.norm, mlp=args.mlp, mlp_hidden=args.mlp_hidden or default_mlp_hidden(args.mlp, args.width),
                  norm_eps=args.norm_eps, kalman_expand=args.kalman_expand, kalman_n=args.kalman_n,
                  kalman_preset=args.kalman_preset,
-                 kalman_rank=-(-args.width // 8) if args.kalman_preset == "mamba" else 0)
+                 kalman_rank=-(-args.width // 8) if args.kalman_preset == "mamba" else 0, gka_kv_heads=gka_kv_heads)
     if has_wpe(cfg) and args.T > cfg.max_seq_len:
         parser.error(f"--T {args.T} exceeds --max-seq-len {cfg.max_seq_len} (the all-attn model has wpe)")
     return cfg
