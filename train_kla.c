@@ -1829,9 +1829,15 @@ static void pdn_decode_step(float* out, PDNState* s, const PDNParams* p, const f
 // x_t = CHEB(H_t, f_t, q_hat_t) ~ (H_t + a f_t I)^-1 q_hat_t (r Chebyshev iterations, spec 3.1, omega_0 = 2),
 // o_t = s U_t^T (q_hat + alpha (x - q_hat)), s = dk^-1/2. Backward: implicit differentiation (spec 3.2), i.e.
 // one adjoint CHEB solve per token, with the bp_lambda term w_t; not autograd through the iterations.
-// Layouts (row-major, last index fastest), with D = 2*H*dk + H*dv and P = 2*H*dk + 2*H*dv + 3*H:
+// GQA (spec 2.3 step 3, 2.4): H query heads, Hkv key/value heads (Hkv divides H, G = H/Hkv); the conv runs on
+// the un-expanded channels, then k and v are repeated to H heads, expanded head e reading source head e / G
+// (consecutive expanded heads share a source head); everything after that is per expanded head. The backward sums
+// the gradients of the G copies into their source head. Hkv = H is the plain layer (G = 1, no copies).
+// Layouts (row-major, last index fastest), with D = H*dk + Hkv*dk + Hkv*dv (conv channels, un-expanded),
+// DE = 2*H*dk + H*dv (core inputs, expanded) and P = D + H*dv + 3*H:
 //   proj [B,T,P]  in_proj output, blocks q | k | v | gate | a | b | alpha (the first D channels go through the conv)
-//   qkv  [B,T,D]  core inputs: q_hat = q/(||q|| + 1e-6), k = (beta + 1e-6) k/(||k|| + 1e-6), v = (beta + 1e-6) v
+//   qkv  [B,T,DE] core inputs, blocks q | k | v at H heads each: q_hat = q/(||q|| + 1e-6),
+//                 k = (beta + 1e-6) k/(||k|| + 1e-6), v = (beta + 1e-6) v (k, v of the source head)
 //   qn, kn, beta, alpha, g, f [B,T,H]; x [B,T,H*dk]; o, y [B,T,H*dv]; states H [dk,dk], U [dk,dv] per head
 // The core is the sequential recurrence of spec 3 (no chunk form on CPU), parallel over (b, head), with H and U
 // checkpointed every `chunk` tokens; the backward recomputes each segment's states from its checkpoint (spec 3.2).
@@ -1841,6 +1847,7 @@ static void pdn_decode_step(float* out, PDNState* s, const PDNParams* p, const f
 
 typedef struct {
     int C, H, dk, dv, W;     // model width, heads, key/query head dim, value head dim, conv taps
+    int Hkv;                 // key/value heads (header slot 33): divides H; Hkv = H without GQA
     int iters;               // r, Chebyshev iterations (header slot 26)
     float ridge, onorm_eps;  // a in lambda = a ||H||_F (slot 27); output RMSNorm eps (slot 28)
     int chunk;               // state checkpoint interval of the backward's recomputation
@@ -1849,7 +1856,7 @@ typedef struct {
 // the layer's tensors in FORMATS.md order; the same struct holds their gradients
 typedef struct {
     float* in_proj_w;   // (P, C)
-    float* conv_w;      // (D, W)
+    float* conv_w;      // (D, W), D the un-expanded conv channels
     float* b_bias;      // (H)
     float* alpha_bias;  // (H)
     float* A_log;       // (H)
@@ -1861,9 +1868,9 @@ typedef struct {
 // everything the backward needs, written by gka_forward
 typedef struct {
     float* proj;   // [B,T,P] in_proj output
-    float* qkv;    // [B,T,D] core inputs q_hat, k (beta-scaled), v (beta-scaled)
+    float* qkv;    // [B,T,DE] core inputs q_hat, k (beta-scaled), v (beta-scaled), expanded to H heads
     float* qn;     // [B,T,H] ||q|| of the conv output (before the + 1e-6)
-    float* kn;     // [B,T,H] ||k|| likewise
+    float* kn;     // [B,T,H] ||k|| likewise (per expanded head: the G copies of a source head hold the same value)
     float* beta;   // [B,T,H] sigmoid(b + b_bias)
     float* alpha;  // [B,T,H] sigmoid(alpha + alpha_bias)
     float* g;      // [B,T,H] log decay
@@ -1881,13 +1888,15 @@ typedef struct {
 
 // decode state of one sequence (spec 7)
 typedef struct {
-    float* conv;   // [W-1, D] the last W-1 pre-conv inputs, oldest first (zeros at start)
+    float* conv;   // [W-1, D] the last W-1 pre-conv inputs (un-expanded), oldest first (zeros at start)
     float* H;      // [H, dk, dk]
     float* U;      // [H, dk, dv]
 } GKAState;
 
-static inline int gka_D(const GKAConfig* c) { return 2 * c->H * c->dk + c->H * c->dv; }
-static inline int gka_P(const GKAConfig* c) { return 2 * c->H * c->dk + 2 * c->H * c->dv + 3 * c->H; }
+static inline int gka_D(const GKAConfig* c) { return c->H * c->dk + c->Hkv * (c->dk + c->dv); }   // conv channels
+static inline int gka_DE(const GKAConfig* c) { return 2 * c->H * c->dk + c->H * c->dv; }           // core inputs
+static inline int gka_P(const GKAConfig* c) { return gka_D(c) + c->H * c->dv + 3 * c->H; }
+static inline int gka_G(const GKAConfig* c) { return c->H / c->Hkv; }                            // GQA group
 static inline int gka_NT(int T, int CK) { return (T + CK - 1) / CK; }
 
 // ----------------------------------------------------------------------------
@@ -1944,7 +1953,7 @@ static float gka_state_step(float* Hm, float* Um, const float* k, const float* v
 static void gka_core_forward(float* o, float* x, float* f, float* Hck, float* Uck, float* Hs, float* Us,
                              const float* qkv, const float* alpha, const float* g, int B, int T, int H, int dk, int dv,
                              int CK, int iters, float ridge) {
-    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);
+    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);   // D: the expanded core-input width (DE)
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     const float s = 1.0f / sqrtf((float)dk);
     double om[iters + 1];
@@ -1991,7 +2000,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0,
                               const float* qkv, const float* alpha, const float* g, const float* x, const float* f,
                               int B, int T, int H, int dk, int dv, int CK, int iters, float ridge,
                               float* scratch, int nthr) {
-    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);
+    const int D = 2 * H * dk + H * dv, NT = gka_NT(T, CK);   // D: the expanded core-input width (DE)
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     const float s = 1.0f / sqrtf((float)dk);
     double om[iters + 1];
@@ -2085,6 +2094,36 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0,
 // ----------------------------------------------------------------------------
 // per-token pieces of the layer, shared by the forward, the backward and decode
 
+// spec 2.3 step 3 (GQA expand) for one token: u [D] (SiLU output, un-expanded) -> row [DE], expanded head e of
+// k and v copying source head e / G
+static void gka_expand_row(float* row, const float* u, const GKAConfig* c) {
+    const int H = c->H, Hkv = c->Hkv, dk = c->dk, dv = c->dv, G = gka_G(c);
+    memcpy(row, u, (size_t)H * dk * sizeof(float));
+    for (int e = 0; e < H; e++) {
+        memcpy(row + H * dk + e * dk, u + H * dk + (e / G) * dk, (size_t)dk * sizeof(float));
+        memcpy(row + 2 * H * dk + e * dv, u + H * dk + Hkv * dk + (e / G) * dv, (size_t)dv * sizeof(float));
+    }
+}
+
+// the backward of gka_expand_row (spec 3.3 "GQA expand"): drow [DE] -> du [D], the G copies of each source head
+// of k and v summed in head order
+static void gka_reduce_row(float* du, const float* drow, const GKAConfig* c) {
+    const int H = c->H, Hkv = c->Hkv, dk = c->dk, dv = c->dv, G = gka_G(c);
+    memcpy(du, drow, (size_t)H * dk * sizeof(float));
+    for (int j = 0; j < Hkv; j++) {
+        float* dks = du + H * dk + j * dk;
+        float* dvs = du + H * dk + Hkv * dk + j * dv;
+        memcpy(dks, drow + H * dk + (j * G) * dk, (size_t)dk * sizeof(float));
+        memcpy(dvs, drow + 2 * H * dk + (j * G) * dv, (size_t)dv * sizeof(float));
+        for (int m = 1; m < G; m++) {
+            const float* dke = drow + H * dk + (j * G + m) * dk;
+            const float* dve = drow + 2 * H * dk + (j * G + m) * dv;
+            for (int d = 0; d < dk; d++) { dks[d] += dke[d]; }
+            for (int d = 0; d < dv; d++) { dvs[d] += dve[d]; }
+        }
+    }
+}
+
 // spec 2.3 steps 4-7 for one token, on the SiLU output qkv_row (modified in place): q_hat = q/(||q|| + 1e-6),
 // k_hat likewise; beta = sigmoid(b + b_bias), k = (beta + 1e-6) k_hat, v = (beta + 1e-6) v;
 // alpha = sigmoid(alpha + alpha_bias); g = -exp(A_log) softplus(a + dt_bias). Writes qn, kn, beta, alpha, g [H].
@@ -2116,7 +2155,7 @@ static void gka_token_features(float* qkv_row, float* qn, float* kn, float* beta
 static size_t gka_acts_floats(int B, int T, const GKAConfig* c) {
     const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
     const size_t st = (size_t)c->dk * c->dk + (size_t)c->dk * c->dv;
-    return BT * gka_P(c) + BT * gka_D(c) + 7 * BT * c->H + BT * HK
+    return BT * gka_P(c) + BT * gka_DE(c) + 7 * BT * c->H + BT * HK
          + (size_t)B * c->H * (gka_NT(T, c->chunk) + 1) * st + 2 * BT * HV;
 }
 
@@ -2124,7 +2163,7 @@ static void gka_acts_point(GKAActs* a, float* base, int B, int T, const GKAConfi
     const size_t BT = (size_t)B * T, HK = (size_t)c->H * c->dk, HV = (size_t)c->H * c->dv;
     const size_t NS = (size_t)B * c->H * gka_NT(T, c->chunk);
     a->proj = base;   base += BT * gka_P(c);
-    a->qkv = base;    base += BT * gka_D(c);
+    a->qkv = base;    base += BT * gka_DE(c);
     a->qn = base;     base += BT * c->H;
     a->kn = base;     base += BT * c->H;
     a->beta = base;   base += BT * c->H;
@@ -2142,27 +2181,35 @@ static void gka_acts_point(GKAActs* a, float* base, int B, int T, const GKAConfi
     a->nthr = max_threads();
 }
 
-// scratch of gka_backward: dy/do [BT,HV], dqkv [BT,D], dalpha, dg [BT,H], dproj [BT,P], core scratch.
-// Sized for max_threads() at the time of the call (as GKAActs): do not raise the thread count later.
+// scratch of gka_backward: dy/do [BT,HV], dqkv [BT,DE], dalpha, dg [BT,H], dproj [BT,P], with GQA du [BT,D],
+// core scratch. Sized for max_threads() at the time of the call (as GKAActs): do not raise the thread count later.
 static size_t gka_scratch_floats(int B, int T, const GKAConfig* c) {
     const size_t BT = (size_t)B * T;
-    return BT * ((size_t)c->H * c->dv + gka_D(c) + 2 * c->H + gka_P(c))
+    return BT * ((size_t)c->H * c->dv + gka_DE(c) + 2 * c->H + gka_P(c) + (gka_G(c) > 1 ? gka_D(c) : 0))
          + (size_t)max_threads() * gka_core_bwd_floats(c->chunk, c->dk, c->dv);
 }
 
 // spec 2.3. x [B,T,C] (the normed mixer input); out [B,T,C] overwritten. H_0 = U_0 = 0; the final states are
 // left in a->Hf, a->Uf.
 static void gka_forward(float* out, GKAActs* a, const GKAParams* p, const float* x, int B, int T, const GKAConfig* c) {
-    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, D = gka_D(c), P = gka_P(c);
+    const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, D = gka_D(c), DE = gka_DE(c), P = gka_P(c);
+    const int G = gka_G(c);
     // step 1: fused projection, blocks q | k | v | gate | a | b | alpha
     matmul_forward(a->proj, x, p->in_proj_w, NULL, BT, C, P);
-    // steps 2-7: conv + SiLU, L2 norms, beta, alpha, g
+    // steps 2-7: conv + SiLU on the D un-expanded channels, GQA expand, L2 norms, beta, alpha, g
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < BT; r++) {
-        float* row = a->qkv + (size_t)r * D;
+        float* row = a->qkv + (size_t)r * DE;
         const float* prow = a->proj + (size_t)r * P;
-        shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
-        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        if (G == 1) {   // D == DE: no copies
+            shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
+            for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        } else {
+            float u[D];
+            shortconv_row(u, prow, r % T, p->conv_w, D, P, c->W);
+            for (int ch = 0; ch < D; ch++) { u[ch] *= gdn_sigmoidf(u[ch]); }
+            gka_expand_row(row, u, c);
+        }
         const size_t e = (size_t)r * H;
         gka_token_features(row, a->qn + e, a->kn + e, a->beta + e, a->alpha + e, a->g + e, prow, p, c);
     }
@@ -2185,13 +2232,14 @@ static void gka_forward(float* out, GKAActs* a, const GKAParams* p, const float*
 static void gka_backward(float* dx, GKAParams* grads, const float* dout, const GKAActs* a, const GKAParams* p,
                          const float* x, float* scratch, int B, int T, const GKAConfig* c) {
     const int BT = B * T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
-    const int HV = H * dv, HK = H * dk, D = gka_D(c), P = gka_P(c);
+    const int HV = H * dv, HK = H * dk, D = gka_D(c), DE = gka_DE(c), P = gka_P(c), G = gka_G(c);
     float* dyo = scratch;                          // dL/dy, then dL/do in place
-    float* dqkv = dyo + (size_t)BT * HV;           // dL/d(core q_hat, k, v), then dL/d(conv pre-activation)
-    float* dalpha = dqkv + (size_t)BT * D;
+    float* dqkv = dyo + (size_t)BT * HV;           // [BT,DE] dL/d(core q_hat, k, v) (G = 1: then as du)
+    float* dalpha = dqkv + (size_t)BT * DE;
     float* dg = dalpha + (size_t)BT * H;
     float* dproj = dg + (size_t)BT * H;            // dL/dproj
-    float* core_scratch = dproj + (size_t)BT * P;
+    float* du = G > 1 ? dproj + (size_t)BT * P : dqkv;   // [BT,D] dL/d(conv output), then d(pre-activation)
+    float* core_scratch = dproj + (size_t)BT * P + (G > 1 ? (size_t)BT * D : 0);
 
     // out = y W_o^T
     memset(dyo, 0, (size_t)BT * HV * sizeof(float));
@@ -2204,13 +2252,15 @@ static void gka_backward(float* dx, GKAParams* grads, const float* dout, const G
     gka_core_backward(dqkv, dalpha, dg, NULL, NULL, dyo, NULL, NULL, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x,
                       a->f, B, T, H, dk, dv, c->chunk, c->iters, c->ridge, core_scratch, a->nthr);
 
-    // per token (spec 3.3): beta gate, L2 norms, sigmoid gates, softplus decay; then SiLU'(conv pre-activation),
-    // recomputed into dproj[r, 0:D) which the conv backward below overwrites
+    // per token (spec 3.3): beta gate, L2 norms, sigmoid gates, softplus decay (per expanded head: the L2-norm
+    // backward is linear in dy and y = k_hat is the same for all G copies of a source head, so summing the copies'
+    // dk after it equals backpropagating the summed d(k_hat) once); the GQA reduce; then SiLU'(conv
+    // pre-activation), recomputed into dproj[r, 0:D) which the conv backward below overwrites
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < BT; r++) {
         const float* prow = a->proj + (size_t)r * P;
-        const float* row = a->qkv + (size_t)r * D;
-        float* drow = dqkv + (size_t)r * D;
+        const float* row = a->qkv + (size_t)r * DE;
+        float* drow = dqkv + (size_t)r * DE;
         float* dprow = dproj + (size_t)r * P;
         for (int hh = 0; hh < H; hh++) {
             const size_t e = (size_t)r * H + hh;
@@ -2239,7 +2289,9 @@ static void gka_backward(float* dx, GKAParams* grads, const float* dout, const G
             const float u = prow[D + HV + hh] + p->dt_bias[hh];
             dprow[D + HV + hh] = dg[e] * -expf(p->A_log[hh]) * dsoftplusf(u);
         }
-        shortconv_silu_backward_row(drow, dprow, prow, r % T, p->conv_w, D, P, W);
+        float* durow = du + (size_t)r * D;
+        if (G > 1) { gka_reduce_row(durow, drow, c); }   // G = 1: durow == drow
+        shortconv_silu_backward_row(durow, dprow, prow, r % T, p->conv_w, D, P, W);
     }
     // gate and decay parameters, tokens in order: dA_log = sum dg g, ddt_bias = sum da, db_bias, dalpha_bias
     for (size_t r = 0; r < (size_t)BT; r++) {
@@ -2252,7 +2304,7 @@ static void gka_backward(float* dx, GKAParams* grads, const float* dout, const G
     }
 
     // conv backward
-    shortconv_backward(dproj, grads->conv_w, dqkv, a->proj, p->conv_w, BT, T, D, P, W);
+    shortconv_backward(dproj, grads->conv_w, du, a->proj, p->conv_w, BT, T, D, P, W);
 
     // proj = x W_in^T
     matmul_backward(dx, grads->in_proj_w, NULL, dproj, x, p->in_proj_w, BT, C, P);
@@ -2275,17 +2327,18 @@ static void gka_state_reset(GKAState* s, const GKAConfig* c) {
     memset(s->conv, 0, gka_state_floats(c) * sizeof(float));   // conv cache, H and U are contiguous
 }
 
-// scratch of gka_decode_step: proj [P], qkv [D], qn, kn, beta, alpha, g, f, rstd [H each], x [H*dk], o, y [H*dv]
+// scratch of gka_decode_step: proj [P], qkv [DE], qn, kn, beta, alpha, g, f, rstd [H each], x [H*dk], o, y [H*dv],
+// u [D] (the un-expanded conv output, GQA)
 static size_t gka_decode_scratch_floats(const GKAConfig* c) {
-    return (size_t)gka_P(c) + gka_D(c) + 7 * c->H + (size_t)c->H * c->dk + 2 * (size_t)c->H * c->dv;
+    return (size_t)gka_P(c) + gka_DE(c) + 7 * c->H + (size_t)c->H * c->dk + 2 * (size_t)c->H * c->dv + gka_D(c);
 }
 
 static void gka_decode_step(float* out, GKAState* s, const GKAParams* p, const float* x, float* scratch,
                             const GKAConfig* c) {
-    const int H = c->H, dk = c->dk, dv = c->dv, W = c->W, D = gka_D(c), P = gka_P(c);
+    const int H = c->H, dk = c->dk, dv = c->dv, W = c->W, D = gka_D(c), DE = gka_DE(c), P = gka_P(c);
     float* proj = scratch;
     float* qkv = proj + P;
-    float* qn = qkv + D;
+    float* qn = qkv + DE;
     float* kn = qn + H;
     float* beta = kn + H;
     float* alpha = beta + H;
@@ -2295,8 +2348,14 @@ static void gka_decode_step(float* out, GKAState* s, const GKAParams* p, const f
     float* xs = rstd + H;
     float* o = xs + H * dk;
     float* y = o + H * dv;
+    float* u = y + H * dv;
     matmul_forward(proj, x, p->in_proj_w, NULL, 1, c->C, P);
-    shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
+    if (gka_G(c) == 1) {
+        shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
+    } else {
+        shortconv_decode_step(u, s->conv, proj, p->conv_w, D, W);
+        gka_expand_row(qkv, u, c);
+    }
     gka_token_features(qkv, qn, kn, beta, alpha, g, proj, p, c);
     gka_core_forward(o, xs, f, NULL, NULL, s->H, s->U, qkv, alpha, g, 1, 1, H, dk, dv, 1, c->iters, c->ridge);
     gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
@@ -3030,9 +3089,9 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
             tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
             T1(lp->kalman.lambda_skip, MNAME("lambda_skip"), INIT_LAMBDA_SKIP, 1);
             tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
-        } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q | k | v | gate | a | b | alpha]
-            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
-            int P = 2 * H * dk + 2 * H * dv + 3 * H, D = 2 * H * dk + H * dv;
+        } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q (H) | k (Hkv) | v (Hkv) | gate | a | b | alpha]
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, Hkv = c->gka_kv_heads;
+            int D = H * dk + Hkv * (dk + dv), P = D + H * dv + 3 * H;
             T2(lp->gka.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
             T2(lp->gka.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
             T1(lp->gka.b_bias, MNAME("b_bias"), INIT_ZERO, H);
@@ -3099,6 +3158,7 @@ static GKAConfig gka_config(const Config* c, int chunk) {
     GKAConfig g;
     g.C = c->channels;
     g.H = c->lin_heads;
+    g.Hkv = c->gka_kv_heads;
     g.dk = c->lin_dk;
     g.dv = c->lin_dv;
     g.W = c->conv_size;

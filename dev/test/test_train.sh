@@ -49,13 +49,15 @@ expect_error "heads do not divide width" "--heads" "divide" -- ./train_kla --wid
 expect_error "total batch not a multiple" "-d" "multiple" -- ./train_kla -b 2 -t 32 -d 100
 expect_error "unknown schedule" "-k" -- ./train_kla -k triangle
 expect_error "mixer kla is ambiguous" "kla" "kaczmarz" "kalman" -- ./train_kla --mixer kla
-expect_error "unknown mixer" "--mixer" "mamba" "gka" -- ./train_kla --mixer gdn:2,mamba:1
+expect_error "unknown mixer" "--mixer" "mamba" "kalman" -- ./train_kla --mixer gdn:2,mamba:1
 expect_error "bad layer count" "--mixer" -- ./train_kla --mixer gdn:x
 expect_error "pattern vs depth" "--mixer" "3" -- ./train_kla --mixer gdn:2 --depth 3
 expect_error "unknown norm" "--norm" "rmsnorm" -- ./train_kla --norm batchnorm
 expect_error "unknown mlp" "--mlp" "swiglu" -- ./train_kla --mlp relu
 expect_error "negative mlp hidden" "--mlp-hidden" -- ./train_kla --mlp-hidden -4
 expect_error "gka iterations out of range" "--gka-iters" -- ./train_kla --gka-iters 0
+expect_error "gka kv heads do not divide" "--gka-kv-heads" -- ./train_kla --mixer gka --lin-heads 4 --gka-kv-heads 3
+expect_error "unknown kalman preset" "--kalman-preset" "mamba" -- ./train_kla --kalman-preset mamba2
 expect_error "T above max_seq_len (attn)" "-t" "max_seq_len" -- ./train_kla --mixer attn:2 --max-seq-len 64 -t 128
 
 # ---- data
@@ -164,11 +166,11 @@ fi
 out=$(./train_kla "${SMALL[@]}" -x 1 -g 16 --prompt "The President said" 2>&1)
 if echo "$out" | grep -q "^The President said"; then pass "sampling continues an encoded --prompt"; else fail "sampling with --prompt" "prompt not echoed"; fi
 
-# ---- the pdn family and gka train, checkpoint and sample through their decode steps
-out=$(./train_kla --mixer pdn:1,pgdn:1,pkda:1,gka:1 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 16 -b 2 -t 32 -v 2 -m 2 -x 2 \
+# ---- the pdn family, gka (with GQA) and kalman train, checkpoint and sample through their decode steps
+out=$(./train_kla --mixer pdn:1,pgdn:1,pkda:1,gka:1,kalman:1 --kalman-n 8 --gka-kv-heads 1 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 16 -b 2 -t 32 -v 2 -m 2 -x 2 \
       -g 8 --prompt "We the People" -o "$tmp/pdn" 2>&1)
 if echo "$out" | grep -q "^step    2/2 | val loss" && echo "$out" | grep -q "^We the People" && [ -e "$tmp/pdn/DONE_00000002" ]; then
-    pass "pdn, pgdn, pkda, gka: 2 steps, validation, checkpoint, sampling"
+    pass "pdn, pgdn, pkda, gka, kalman: 2 steps, validation, checkpoint, sampling"
 else
     fail "pdn family run" "$(echo "$out" | tail -2)"
 fi
