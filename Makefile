@@ -44,11 +44,13 @@ encode_shards: scripts/encode_shards.c $(COMMON)
 data: encode_shards
 	bash scripts/prepare_data.sh
 
-# quick start 1: install what is missing, prepare the data, build, train the default model, print samples
+# quick start 1: install what is missing, prepare the data, build, train the default model, print samples.
+# RUN_FLAGS picks another model, e.g. make run RUN_FLAGS="--mixer attn:2,kalman:1,gka:1"
+RUN_FLAGS ?=
 run: all
 	bash scripts/install_deps.sh run
 	$(MAKE) data
-	./train_kla -o log_demo -x 400 -v 50 -m 40 -s 200
+	./train_kla -o log_demo -x 400 -v 50 -m 40 -s 200 $(RUN_FLAGS)
 
 # quick start 2: install the test dependencies, then every test; ends with "N passed, M failed"
 test: all
