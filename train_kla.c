@@ -640,6 +640,13 @@ static inline float gdn_dot(const float* a, const float* b, int n) {
     return acc[0] + acc[1];
 }
 
+// Backward of u_hat = u / n, n = sqrt(||u||^2 + eps) (gdn spec 1.6, pdn spec 2.4): du = (du_hat - u_hat (u_hat . du_hat)) / n,
+// in place on du (gka normalises with eps outside the sqrt and has its own).
+static inline void l2norm_backward(float* du, const float* u_hat, float n, int d) {
+    const float c = gdn_dot(u_hat, du, d);
+    for (int i = 0; i < d; i++) { du[i] = (du[i] - u_hat[i] * c) / n; }
+}
+
 // y += alpha * x
 static inline void gdn_axpy(float* y, float alpha, const float* x, int n) {
     for (int i = 0; i < n; i++) { y[i] += alpha * x[i]; }
@@ -1150,11 +1157,7 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
         float* dprow = dproj + (size_t)r * P;
         for (int hh = 0; hh < H; hh++) {
             const size_t e = (size_t)r * H + hh;
-            // l2n backward: du = (duh - uh (uh . duh)) / n
-            const float* qh = row + hh * dk;
-            float* dq = drow + hh * dk;
-            const float cq = gdn_dot(qh, dq, dk);
-            for (int d = 0; d < dk; d++) { dq[d] = (dq[d] - qh[d] * cq) / a->qn[e]; }
+            l2norm_backward(drow + hh * dk, row + hh * dk, a->qn[e], dk);
             const float* kh = row + H * dk + hh * dk;
             float* dkk = drow + H * dk + hh * dk;
             float deta;
@@ -1165,8 +1168,7 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
                 for (int d = 0; d < dk; d++) { dkk[d] += ck * kh[d]; }
                 deta = dbeta[e] / s2;
             } else {
-                const float ck = gdn_dot(kh, dkk, dk);
-                for (int d = 0; d < dk; d++) { dkk[d] = (dkk[d] - kh[d] * ck) / a->kn[e]; }
+                l2norm_backward(dkk, kh, a->kn[e], dk);
                 deta = dbeta[e];
             }
             // eta = sigmoid(b + b_bias)
@@ -1695,14 +1697,8 @@ static void pdn_backward(float* dx, PDNParams* grads, const float* dout, const P
         float* dprow = dproj + (size_t)r * P;
         for (int hh = 0; hh < H; hh++) {
             const size_t e = (size_t)r * H + hh;
-            const float* qh = row + hh * dk;
-            float* dq = drow + hh * dk;
-            const float cq = gdn_dot(qh, dq, dk);
-            for (int d = 0; d < dk; d++) { dq[d] = (dq[d] - qh[d] * cq) / a->qn[e]; }
-            const float* kh = row + HK + hh * dk;
-            float* dkk = drow + HK + hh * dk;
-            const float ck = gdn_dot(kh, dkk, dk);
-            for (int d = 0; d < dk; d++) { dkk[d] = (dkk[d] - kh[d] * ck) / a->kn[e]; }
+            l2norm_backward(drow + hh * dk, row + hh * dk, a->qn[e], dk);
+            l2norm_backward(drow + HK + hh * dk, row + HK + hh * dk, a->kn[e], dk);
             const float bt = a->beta[e], bp = a->bP[e];
             dprow[D + hh] = dbeta[e] * bt * (1.0f - bt);
             dprow[D + 2 * H + hh] = dbP[e] * bp * (1.0f - bp);
