@@ -19,7 +19,7 @@ ifndef NO_OMP
 endif
 
 PROGRAMS = train_kla test_kla test_tokenizer test_dataloader encode_shards
-COMMON = utils.h tokenizer.h dataloader.h
+COMMON = utils.h tokenizer.h dataloader.h model.h
 
 .PHONY: all data run test bench deps clean
 all: $(PROGRAMS)

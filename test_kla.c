@@ -218,7 +218,7 @@ static void test_checkpoint_round_trip(const char* dir, const char* name) {
     snprintf(out, sizeof(out), "%s/%s_roundtrip.bin", dir, name);
     Model a, b;
     model_load(&a, path, 64);
-    write_model_file(&a, out);
+    write_model_file(&a.config, &a.table, a.params_memory, out);
     model_load(&b, out, 64);
     int same = a.num_parameters == b.num_parameters &&
                memcmp(a.params_memory, b.params_memory, a.num_parameters * sizeof(float)) == 0 &&
@@ -920,7 +920,7 @@ static void test_checkpoint_dir(const char* ref_dir) {
     for (int step = 1; step <= 4; step++) {
         s.step = step;
         s.loader.epoch = (uint64_t)step * 10;
-        write_checkpoint(&m, &s, dir);
+        write_checkpoint(&m.config, &m.table, m.params_memory, m.m_memory, m.v_memory, &s, dir);
         delete_old_checkpoints(dir, 2);
     }
     int64_t latest = find_latest_checkpoint(dir);
@@ -931,8 +931,10 @@ static void test_checkpoint_dir(const char* ref_dir) {
     checkpoint_path(path, sizeof(path), dir, "model", 4);
     model_load(&r, path, 64);
     checkpoint_path(path, sizeof(path), dir, "state", 4);
-    read_state_file(&r, &rs, path);
-    int same = rs.step == 4 && rs.loader.epoch == 40 &&
+    r.m_memory = (float*)calloc_or_die(r.num_parameters, sizeof(float));
+    r.v_memory = (float*)calloc_or_die(r.num_parameters, sizeof(float));
+    int has_adam = read_state_file(&rs, r.num_parameters, r.m_memory, r.v_memory, path);
+    int same = has_adam && rs.step == 4 && rs.loader.epoch == 40 &&
                memcmp(r.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(r.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0;
     report(kept_ok && same, "checkpoint dir: newest found, -nk 2 keeps two, state round trip", "latest %lld, state ok %d", (long long)latest, same);

@@ -1,0 +1,103 @@
+/*
+kernels/common.cuh: what every CUDA file of train_kla shares: the activation type floatX, error checks, and a
+few device helpers.
+
+Mixed precision (issue: "bf16 weights and activations for the matmuls, fp32 master weights and AdamW state,
+gradients accumulated in fp32"):
+  - PRECISION=BF16 (default) builds with ENABLE_BF16: floatX = __nv_bfloat16. PRECISION=FP32 builds with
+    ENABLE_FP32: floatX = float, and every matmul runs in true fp32 (no TF32), for tight parity tests.
+  - Parameters: an fp32 master copy (what AdamW updates and what checkpoints hold) and a floatX copy that the
+    matmuls read (the same memory in the FP32 build). Kernels other than matmuls read the fp32 master.
+  - Parameter gradients are fp32 and are accumulated (+=) across micro-steps.
+  - Activations and activation gradients are floatX, except per-token statistics (mean, rstd), losses and the
+    recurrent mixers' decay/gate/state arithmetic, which stay fp32 (spec/gdn_kaczmarz.md section 5).
+  - No floating-point atomics anywhere: every reduction has a fixed order, so a run is bit-for-bit
+    reproducible (resume equality depends on it).
+*/
+#ifndef TRAIN_KLA_KERNELS_COMMON_CUH
+#define TRAIN_KLA_KERNELS_COMMON_CUH
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include "../utils.h"
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#else
+#ifndef ENABLE_BF16
+#define ENABLE_BF16
+#endif
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
+// error checks: one line naming the call site, exit 1 (utils.h die)
+
+static inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        if (err == cudaErrorMemoryAllocation) {
+            die("CUDA out of memory at %s:%d (lower the batch size -b or the sequence length -t, or use -r 1)", file, line);
+        }
+        die("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(err));
+    }
+}
+#define cudaCheck(err) (cuda_check((err), __FILE__, __LINE__))
+
+static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) { die("cuBLAS error %d at %s:%d", (int)status, file, line); }
+}
+#define cublasCheck(status) (cublas_check((status), __FILE__, __LINE__))
+
+// check the last kernel launch (cheap; does not synchronise)
+#define cudaCheckLaunch() cudaCheck(cudaGetLastError())
+
+// cudaMalloc that names what it allocates when memory runs out
+static inline void* cuda_malloc_or_die(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 1);
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        die("out of GPU memory allocating %.2f GiB for %s (%.2f GiB free of %.2f): lower the batch size -b or the "
+            "sequence length -t, or recompute activations with -r 1",
+            bytes / 1073741824.0, what, free_b / 1073741824.0, total_b / 1073741824.0);
+    }
+    cudaCheck(err);
+    return p;
+}
+
+static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static inline size_t ceil_div_z(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// ----------------------------------------------------------------------------------------------------------
+// device helpers
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+__device__ __forceinline__ float warp_reduce_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+
+__device__ __forceinline__ float sigmoidf_dev(float u) { return 1.0f / (1.0f + expf(-u)); }
+// softplus with torch's threshold 20 (spec/gdn_kaczmarz.md 1.2 step 6) and its derivative
+__device__ __forceinline__ float softplusf_dev(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
+__device__ __forceinline__ float dsoftplusf_dev(float u) { return u > 20.0f ? 1.0f : sigmoidf_dev(u); }
+
+#endif // TRAIN_KLA_KERNELS_COMMON_CUH

@@ -1,0 +1,1105 @@
+/*
+model.h: what train_kla.c and train_kla.cu share: the model configuration and the mixer pattern, the parameter
+layout (FORMATS.md "Tensor order and names"), initialisation, the checkpoint files (FORMATS.md), the
+learning-rate schedules, sampling, and the command-line flags. Everything here runs on the host in fp32, so a
+checkpoint written by either program is read by the other.
+*/
+#ifndef TRAIN_KLA_MODEL_H
+#define TRAIN_KLA_MODEL_H
+
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "utils.h"
+#include "dataloader.h"
+
+// ----------------------------------------------------------------------------------------------------------
+// model configuration and the mixer pattern
+
+enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA, MIXER_GKA, MIXER_KALMAN, NUM_MIXERS };
+static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka", "kalman"};
+enum { KALMAN_PLAIN = 0, KALMAN_MAMBA = 1, NUM_KALMAN_PRESETS = 2 };
+static const char* KALMAN_PRESET_NAMES[NUM_KALMAN_PRESETS] = {"plain", "mamba"};
+// gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
+static int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
+static int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
+// trunk options (FORMATS.md header slots 20-22)
+enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
+static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};
+enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_NONE = 2, NUM_MLPS = 3 };
+static const char* MLP_NAMES[NUM_MLPS] = {"gelu", "swiglu", "none"};
+#define MAX_LAYERS 128
+
+typedef struct {
+    int vocab_size;         // V, 50257 for GPT-2
+    int padded_vocab_size;  // Vp, V rounded up to a multiple of 128
+    int max_seq_len;        // rows of wpe (only present when every layer is attn)
+    int num_layers;         // L
+    int channels;           // C
+    int num_heads;          // attention heads, head size C / num_heads
+    int lin_heads;          // H of gdn/kaczmarz
+    int lin_dk, lin_dv;     // per-head key and value dims of gdn/kaczmarz
+    int conv_size;          // W, the short causal conv of gdn/kaczmarz
+    int norm;               // NORM_*: the block and final norms
+    int mlp;                // MLP_*: the block's MLP
+    int mlp_hidden;         // hidden width of the MLP (0 without one)
+    float norm_eps;         // eps of the block and final norms (1e-5)
+    float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
+    float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
+    float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
+    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (pdn spec 1.3: 1.5)
+    float precond_eps;      // pdn family: r = log(A + eps) - c (pdn spec 1.3: 1e-6)
+    float precond_onorm_eps;  // pdn family: output RMSNorm eps (pdn spec 1.5: 1e-6)
+    int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
+    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
+    float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
+    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; gka spec 2.4)
+    int kalman_expand;      // kalman: inner width Dk = expand * C (kalman spec 1.4: 1 for the LM)
+    int kalman_n;           // kalman: N, states per channel
+    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
+    int kalman_rank;        // kalman: R = ceil(C/8) of the mamba preset's variance path, 0 for plain
+    int mixer[MAX_LAYERS];  // MIXER_* per layer
+} Config;
+
+// Parse a pattern `name[:count],...` into per-layer mixer ids; returns the number of layers.
+// `what` names the flag or file the pattern came from, for the error message.
+static int parse_mixer_pattern(const char* pattern, int* mixer, const char* what) {
+    int n = 0;
+    const char* p = pattern;
+    if (*p == '\0') { die("%s: empty mixer pattern", what); }
+    while (*p) {
+        const char* end = p;
+        while (*end && *end != ':' && *end != ',') { end++; }
+        size_t len = (size_t)(end - p);
+        int id = -1;
+        for (int m = 0; m < NUM_MIXERS; m++) {
+            if (strlen(MIXER_NAMES[m]) == len && strncmp(p, MIXER_NAMES[m], len) == 0) { id = m; }
+        }
+        if (id < 0) {
+            if (len == 3 && strncmp(p, "kla", 3) == 0) {
+                die("%s: mixer 'kla' is ambiguous: use 'kaczmarz' (Kaczmarz Linear Attention) or 'kalman' (Kalman Linear Attention)", what);
+            }
+            die("%s: unknown mixer '%.*s' in pattern '%s' (known: attn, gdn, kaczmarz, pdn, pgdn, pkda, gka, kalman)", what, (int)len, p, pattern);
+        }
+        long count = 1;
+        if (*end == ':') {
+            char* num_end;
+            count = strtol(end + 1, &num_end, 10);
+            if (num_end == end + 1 || (*num_end != ',' && *num_end != '\0') || count < 1) {
+                die("%s: bad layer count after '%.*s' in pattern '%s' (want name:count with count >= 1)", what, (int)len, p, pattern);
+            }
+            end = num_end;
+        }
+        if (n + count > MAX_LAYERS) { die("%s: pattern '%s' has more than %d layers", what, pattern, MAX_LAYERS); }
+        for (long i = 0; i < count; i++) { mixer[n++] = id; }
+        p = end;
+        if (*p == ',') {
+            p++;
+            if (*p == '\0') { die("%s: pattern '%s' ends with a comma", what, pattern); }
+        }
+    }
+    return n;
+}
+
+// The canonical run-length form of the pattern (consecutive equal mixers merged), as stored in checkpoints.
+static void format_mixer_pattern(const Config* c, char* buf, size_t size) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (int l = 0; l < c->num_layers;) {
+        int run = 1;
+        while (l + run < c->num_layers && c->mixer[l + run] == c->mixer[l]) { run++; }
+        pos += (size_t)snprintf(buf + pos, size - pos, "%s%s:%d", l ? "," : "", MIXER_NAMES[c->mixer[l]], run);
+        l += run;
+    }
+}
+
+// GPT-2 has a learned position embedding; models with any recurrent mixer have none (DESIGN.md).
+static int config_has_wpe(const Config* c) {
+    for (int l = 0; l < c->num_layers; l++) { if (c->mixer[l] != MIXER_ATTN) { return 0; } }
+    return 1;
+}
+
+static int config_has_mixer(const Config* c, int mixer) {
+    for (int l = 0; l < c->num_layers; l++) { if (c->mixer[l] == mixer) { return 1; } }
+    return 0;
+}
+
+
+// the layer's tensors in FORMATS.md order; the same struct holds their gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W)
+    float* b_bias;      // (H)
+    float* A_log;       // (H)
+    float* dt_bias;     // (H)
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} GDNParams;
+
+
+// the layer's tensors in FORMATS.md order; those absent for a variant are NULL; the same struct holds gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W)
+    float* A_log;       // (H)            pgdn, pkda
+    float* dt_bias;     // (H) pgdn, (H*dk) pkda
+    float* f2_w;        // (H*dk, dv)     pkda
+    float* g2_w;        // (H*dv, dv)     pkda
+    float* g2_b;        // (H*dv)         pkda
+    float* A_log_P;     // (H)
+    float* dt_bias_P;   // (H)
+    float* log_scale;   // (H)  c, the squash centre
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} PDNParams;
+
+
+// the layer's tensors in FORMATS.md order; the same struct holds their gradients
+typedef struct {
+    float* in_proj_w;   // (P, C)
+    float* conv_w;      // (D, W), D the un-expanded conv channels
+    float* b_bias;      // (H)
+    float* alpha_bias;  // (H)
+    float* A_log;       // (H)
+    float* dt_bias;     // (H)
+    float* onorm_w;     // (dv)
+    float* out_proj_w;  // (C, H*dv)
+} GKAParams;
+
+
+// the layer's tensors in FORMATS.md order (var_w NULL for the plain preset); the same struct holds gradients
+typedef struct {
+    float* in_proj_w;    // (2*Dk, C)
+    float* conv_w;       // (Dk, K)
+    float* conv_b;       // (Dk)
+    float* sensor_w;     // (Ws, Dk)
+    float* var_w;        // (Dk, R)  mamba only
+    float* out_proj_w;   // (C, Dk)
+    float* delta_raw;    // (Dk, N)
+    float* lambda_log;   // (Dk, N)
+    float* p_raw;        // (Dk, N)
+    float* lambda_skip;  // (1)
+} KalmanParams;
+
+
+// ----------------------------------------------------------------------------------------------------------
+// parameters: a table of named tensors over one allocation (FORMATS.md "Tensor order and names")
+
+typedef struct {
+    float *ln1w, *ln1b;
+    float *qkvw, *qkvb, *attprojw, *attprojb;  // attn
+    GDNParams gdn;                              // gdn, kaczmarz
+    PDNParams pdn;                              // pdn, pgdn, pkda
+    GKAParams gka;                              // gka
+    KalmanParams kalman;                        // kalman
+    float *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+} LayerParams;
+
+typedef struct {
+    float* wte;  // (Vp, C)
+    float* wpe;  // (max_seq_len, C) or NULL
+    LayerParams layer[MAX_LAYERS];
+    float *lnfw, *lnfb;
+} ParameterTensors;
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int shape[4];
+    size_t numel;
+    size_t offset;  // in floats from the start of the block
+    int decay;      // AdamW weight decay applies (FORMATS.md "Weight decay")
+    float lr_scale; // the tensor's learning rate is lr * lr_scale (FORMATS.md "Learning-rate groups")
+    int init;       // how train_kla initialises it: one of the INIT_* below
+    float std;      // for INIT_NORMAL
+} TensorInfo;
+
+enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_A_LOG_1_16, INIT_DT_BIAS, INIT_LOG_SCALE, INIT_CONV_UNIFORM,
+       INIT_P_RAW, INIT_LAMBDA_SKIP };
+#define MAX_TENSORS (4 + 16 * MAX_LAYERS)
+
+typedef struct {
+    TensorInfo t[MAX_TENSORS];
+    int num_tensors;
+    size_t num_parameters;
+} TensorTable;
+
+static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const char* name, int decay, int init,
+                          float std, int ndim, int d0, int d1) {
+    TensorInfo* t = &tt->t[tt->num_tensors++];
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim > 1 ? d1 : 0;
+    t->numel = (size_t)d0 * (ndim > 1 ? (size_t)d1 : 1);
+    t->offset = tt->num_parameters;
+    t->decay = decay;
+    t->lr_scale = 1.0f;
+    t->init = init;
+    t->std = std;
+    tt->num_parameters += t->numel;
+    if (base != NULL) { *ptr_slot = base + t->offset; }
+    return ptr_slot;
+}
+
+// Lay out every tensor of the model in FORMATS.md order. Fills the table and, when base is not NULL, points
+// the ParameterTensors at base (used for the parameters and, with the same layout, for their gradients).
+static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTensors* p, float* base) {
+    int C = c->channels, L = c->num_layers;
+    float std = 0.02f, std_resid = 0.02f / sqrtf(2.0f * L);  // GPT-2: residual projections scaled by 1/sqrt(2L)
+    char name[96];
+    float* unused;
+    memset(tt, 0, sizeof(*tt));
+    if (p != NULL) { memset(p, 0, sizeof(*p)); }
+#define T2(slot, nm, decay, init, sd, d0, d1) add_tensor(tt, p ? &(slot) : &unused, base, nm, decay, init, sd, 2, d0, d1)
+#define T1(slot, nm, init, d0) add_tensor(tt, p ? &(slot) : &unused, base, nm, 0, init, 0.0f, 1, d0, 0)
+#define LNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s", l, suffix), name)
+#define MNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s.%s", l, MIXER_NAMES[c->mixer[l]], suffix), name)
+    T2(p->wte, "wte", 0, INIT_NORMAL, std, c->padded_vocab_size, C);
+    if (config_has_wpe(c)) { T2(p->wpe, "wpe", 0, INIT_NORMAL, std, c->max_seq_len, C); }
+    for (int l = 0; l < L; l++) {
+        LayerParams* lp = p ? &p->layer[l] : NULL;
+        T1(lp->ln1w, LNAME("ln1.w"), INIT_ONE, C);
+        if (c->norm == NORM_LAYERNORM) { T1(lp->ln1b, LNAME("ln1.b"), INIT_ZERO, C); }
+        if (c->mixer[l] == MIXER_ATTN) {
+            T2(lp->qkvw, LNAME("attn.qkv.w"), 1, INIT_NORMAL, std, 3 * C, C);
+            T1(lp->qkvb, LNAME("attn.qkv.b"), INIT_ZERO, 3 * C);
+            T2(lp->attprojw, LNAME("attn.proj.w"), 1, INIT_NORMAL, std_resid, C, C);
+            T1(lp->attprojb, LNAME("attn.proj.b"), INIT_ZERO, C);
+        } else if (is_gdn_family(c->mixer[l])) {
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
+            int P = 2 * H * dk + 2 * H * dv + 2 * H, D = 2 * H * dk + H * dv;
+            T2(lp->gdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->gdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            T1(lp->gdn.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+            T1(lp->gdn.A_log, MNAME("A_log"), INIT_A_LOG, H);
+            T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+            T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        } else if (c->mixer[l] == MIXER_KALMAN) {  // kalman spec 1.2; FORMATS.md
+            int Dk = c->kalman_expand * C, N = c->kalman_n, R = c->kalman_rank;
+            int Ws = c->kalman_preset == KALMAN_MAMBA ? R + 2 * N : 2 * Dk + 2 * N;
+            T2(lp->kalman.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, 2 * Dk, C);
+            T2(lp->kalman.conv_w, MNAME("conv.w"), 0, INIT_CONV_UNIFORM, 0.0f, Dk, c->conv_size);  // 1-D group: no decay
+            T1(lp->kalman.conv_b, MNAME("conv.b"), INIT_ZERO, Dk);
+            T2(lp->kalman.sensor_w, MNAME("sensor.w"), 1, INIT_NORMAL, std, Ws, Dk);
+            if (c->kalman_preset == KALMAN_MAMBA) { T2(lp->kalman.var_w, MNAME("var.w"), 1, INIT_NORMAL, std, Dk, R); }
+            T2(lp->kalman.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, Dk);
+            // the state-space parameters: 0.1x learning rate, no weight decay (FORMATS.md "Learning-rate groups")
+            T2(lp->kalman.delta_raw, MNAME("delta_raw"), 0, INIT_DT_BIAS, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T2(lp->kalman.lambda_log, MNAME("lambda_log"), 0, INIT_ZERO, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T2(lp->kalman.p_raw, MNAME("p_raw"), 0, INIT_P_RAW, 0.0f, Dk, N);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+            T1(lp->kalman.lambda_skip, MNAME("lambda_skip"), INIT_LAMBDA_SKIP, 1);
+            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
+        } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q (H) | k (Hkv) | v (Hkv) | gate | a | b | alpha]
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, Hkv = c->gka_kv_heads;
+            int D = H * dk + Hkv * (dk + dv), P = D + H * dv + 3 * H;
+            T2(lp->gka.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->gka.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            T1(lp->gka.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+            T1(lp->gka.alpha_bias, MNAME("alpha_bias"), INIT_ZERO, H);
+            T1(lp->gka.A_log, MNAME("A_log"), INIT_A_LOG, H);
+            T1(lp->gka.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+            T1(lp->gka.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->gka.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        } else {  // pdn family (FORMATS.md): in_proj rows [q | k | v | b | aP | bP] then pgdn [a], pkda [f1 | g1]
+            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, D = 2 * H * dk + H * dv, mixer = c->mixer[l];
+            int P = D + 3 * H + (mixer == MIXER_PGDN ? H : mixer == MIXER_PKDA ? 2 * dv : 0);
+            T2(lp->pdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+            T2(lp->pdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+            if (mixer != MIXER_PDN) {
+                T1(lp->pdn.A_log, MNAME("A_log"), INIT_A_LOG_1_16, H);
+                T1(lp->pdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, mixer == MIXER_PKDA ? H * dk : H);
+            }
+            if (mixer == MIXER_PKDA) {
+                T2(lp->pdn.f2_w, MNAME("f2.w"), 1, INIT_NORMAL, std, H * dk, dv);
+                T2(lp->pdn.g2_w, MNAME("g2.w"), 1, INIT_NORMAL, std, H * dv, dv);
+                T1(lp->pdn.g2_b, MNAME("g2.b"), INIT_ZERO, H * dv);
+            }
+            T1(lp->pdn.A_log_P, MNAME("A_log_P"), INIT_A_LOG_1_16, H);
+            T1(lp->pdn.dt_bias_P, MNAME("dt_bias_P"), INIT_DT_BIAS, H);
+            T1(lp->pdn.log_scale, MNAME("log_scale"), INIT_LOG_SCALE, H);
+            T1(lp->pdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+            T2(lp->pdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+        }
+        if (c->mlp == MLP_NONE) { continue; }
+        int Hm = c->mlp_hidden;
+        T1(lp->ln2w, LNAME("ln2.w"), INIT_ONE, C);
+        if (c->norm == NORM_LAYERNORM) { T1(lp->ln2b, LNAME("ln2.b"), INIT_ZERO, C); }
+        if (c->mlp == MLP_GELU) {
+            T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, Hm, C);
+            T1(lp->fcb, LNAME("mlp.fc.b"), INIT_ZERO, Hm);
+            T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, Hm);
+            T1(lp->fcprojb, LNAME("mlp.proj.b"), INIT_ZERO, C);
+        } else {  // SwiGLU: rows [gate | up], no biases
+            T2(lp->fcw, LNAME("mlp.fc.w"), 1, INIT_NORMAL, std, 2 * Hm, C);
+            T2(lp->fcprojw, LNAME("mlp.proj.w"), 1, INIT_NORMAL, std_resid, C, Hm);
+        }
+    }
+    T1(p->lnfw, "lnf.w", INIT_ONE, C);
+    if (c->norm == NORM_LAYERNORM) { T1(p->lnfb, "lnf.b", INIT_ZERO, C); }
+#undef T2
+#undef T1
+#undef LNAME
+#undef MNAME
+}
+
+
+// ----------------------------------------------------------------------------------------------------------
+// random numbers: splitmix64 (init and sampling); the state is one uint64
+
+static uint64_t rng_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+// uniform in [0, 1) with 24 random bits
+static float rng_uniform(uint64_t* state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
+// standard normal by Box-Muller (one value per call; simple and plenty for initialisation)
+static float rng_normal(uint64_t* state) {
+    double u1 = ((double)(rng_next(state) >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+    double u2 = (double)(rng_next(state) >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+// Initialise every tensor as FORMATS.md "Initialisation" says.
+static void init_parameters(float* params, const Config* c, const TensorTable* tt, uint64_t seed) {
+    uint64_t rng = seed;
+    for (int i = 0; i < tt->num_tensors; i++) {
+        const TensorInfo* t = &tt->t[i];
+        float* w = params + t->offset;
+        for (size_t j = 0; j < t->numel; j++) {
+            switch (t->init) {
+                case INIT_ZERO: w[j] = 0.0f; break;
+                case INIT_ONE: w[j] = 1.0f; break;
+                case INIT_NORMAL: w[j] = t->std * rng_normal(&rng); break;
+                case INIT_A_LOG: {  // spec 1.5: A ~ U(0, 16), A_log = log(A)
+                    float A = 16.0f * rng_uniform(&rng);
+                    w[j] = logf(A > 1e-30f ? A : 1e-30f);
+                    break;
+                }
+                case INIT_A_LOG_1_16: {  // pdn spec 10.7: A ~ U(1, 16), A_log = log(A)
+                    w[j] = logf(1.0f + 15.0f * rng_uniform(&rng));
+                    break;
+                }
+                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // pdn spec 10.7: the squash centre c starts at -0.2
+                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // kalman spec 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
+                case INIT_P_RAW: w[j] = 0.01f; break;                            // kalman spec 1.2: process noise
+                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // kalman spec 1.2
+                case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
+                    double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
+                    if (dt < 1e-4) { dt = 1e-4; }
+                    w[j] = (float)(dt + log(-expm1(-dt)));
+                    break;
+                }
+            }
+        }
+        if (i == 0) {  // wte: the padding rows V..Vp-1 stay zero
+            memset(w + (size_t)c->vocab_size * c->channels, 0,
+                   (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels * sizeof(float));
+        }
+    }
+}
+
+
+// ----------------------------------------------------------------------------------------------------------
+// checkpoints (FORMATS.md): model file = header + tensor table + fp32 payload; state file = step, dataloader
+// and AdamW state. Files are written to a temporary name, fsync'ed and renamed, so a file either exists
+// complete or not at all; DONE_<step> is written last and marks a complete checkpoint.
+
+#define MODEL_MAGIC 20251121
+#define MODEL_VERSION 1
+#define STATE_MAGIC 20251123
+#define STATE_VERSION 1
+#define TENSOR_ENTRY_BYTES 128
+
+typedef struct {
+    char tmp[4096];
+    const char* path;
+    FILE* f;
+} AtomicFile;
+
+static void atomic_open(AtomicFile* af, const char* path) {
+    af->path = path;
+    if ((size_t)snprintf(af->tmp, sizeof(af->tmp), "%s.tmp", path) >= sizeof(af->tmp)) { die("%s: path too long", path); }
+    af->f = fopen_or_die(af->tmp, "wb");
+}
+
+static void atomic_commit(AtomicFile* af) {
+    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) { die("%s: write failed (%s)", af->tmp, strerror(errno)); }
+    if (fclose(af->f) != 0) { die("%s: close failed (%s)", af->tmp, strerror(errno)); }
+    if (rename(af->tmp, af->path) != 0) { die("%s: rename to %s failed (%s)", af->tmp, af->path, strerror(errno)); }
+    // make the rename itself durable
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", af->path);
+    char* slash = strrchr(dir, '/');
+    if (slash) { *slash = '\0'; } else { snprintf(dir, sizeof(dir), "."); }
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static void write_model_file(const Config* c, const TensorTable* tt, const float* params, const char* path) {
+    int32_t header[256] = {0};
+    int n = tt->num_tensors;
+    int64_t payload_offset = 1024 + (int64_t)TENSOR_ENTRY_BYTES * n;
+    header[0] = MODEL_MAGIC;
+    header[1] = MODEL_VERSION;
+    header[2] = c->vocab_size;
+    header[3] = c->padded_vocab_size;
+    header[4] = c->max_seq_len;
+    header[5] = c->num_layers;
+    header[6] = c->channels;
+    header[7] = c->num_heads;
+    header[8] = c->lin_heads;
+    header[9] = c->lin_dk;
+    header[10] = c->lin_dv;
+    header[11] = c->conv_size;
+    header[12] = n;
+    header[13] = 0;  // fp32
+    header[14] = (int32_t)(payload_offset & 0xffffffff);
+    header[15] = (int32_t)(payload_offset >> 32);
+    header[16] = f32_to_slot(c->norm_eps);
+    header[17] = f32_to_slot(c->l2norm_eps);
+    header[18] = f32_to_slot(c->onorm_eps);
+    header[19] = f32_to_slot(c->kaczmarz_eps);
+    header[20] = c->norm;
+    header[21] = c->mlp;
+    header[22] = c->mlp_hidden;
+    header[23] = f32_to_slot(c->precond_x);
+    header[24] = f32_to_slot(c->precond_eps);
+    header[25] = f32_to_slot(c->precond_onorm_eps);
+    header[26] = c->gka_iters;
+    header[27] = f32_to_slot(c->gka_ridge);
+    header[28] = f32_to_slot(c->gka_onorm_eps);
+    header[29] = c->kalman_expand;
+    header[30] = c->kalman_n;
+    header[31] = c->kalman_preset;
+    header[32] = c->kalman_rank;
+    header[33] = c->gka_kv_heads;
+    format_mixer_pattern(c, (char*)header + 512, 512);
+    AtomicFile af;
+    atomic_open(&af, path);
+    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
+    for (int i = 0; i < n; i++) {
+        const TensorInfo* t = &tt->t[i];
+        unsigned char entry[TENSOR_ENTRY_BYTES] = {0};
+        int32_t ints[6] = {0, t->ndim, t->shape[0], t->shape[1], t->shape[2], t->shape[3]};
+        int64_t offset = (int64_t)(t->offset * sizeof(float));
+        memcpy(entry, t->name, strlen(t->name));
+        memcpy(entry + 96, ints, sizeof(ints));
+        memcpy(entry + 120, &offset, 8);
+        fwrite_or_die(entry, sizeof(entry), af.f, af.tmp);
+    }
+    fwrite_or_die(params, tt->num_parameters * sizeof(float), af.f, af.tmp);
+    atomic_commit(&af);
+}
+
+// Read a model file's header into a Config, checking everything that can be checked without the flags.
+static void read_model_header(const char* path, FILE* f, Config* c, int* num_tensors) {
+    int32_t header[256];
+    fread_or_die(header, sizeof(header), f, path);
+    if (header[0] != MODEL_MAGIC) { die("%s: not a train_kla model file (magic %d, expected %d)", path, header[0], MODEL_MAGIC); }
+    if (header[1] != MODEL_VERSION) { die("%s: model file version %d, this program reads version %d", path, header[1], MODEL_VERSION); }
+    if (header[13] != 0) { die("%s: tensors stored as dtype %d; train_kla.c reads fp32 (dtype 0) only", path, header[13]); }
+    memset(c, 0, sizeof(*c));
+    c->vocab_size = header[2];
+    c->padded_vocab_size = header[3];
+    c->max_seq_len = header[4];
+    c->num_layers = header[5];
+    c->channels = header[6];
+    c->num_heads = header[7];
+    c->lin_heads = header[8];
+    c->lin_dk = header[9];
+    c->lin_dv = header[10];
+    c->conv_size = header[11];
+    *num_tensors = header[12];
+    c->norm_eps = slot_to_f32(header[16]);
+    c->l2norm_eps = slot_to_f32(header[17]);
+    c->onorm_eps = slot_to_f32(header[18]);
+    c->kaczmarz_eps = slot_to_f32(header[19]);
+    c->norm = header[20];
+    c->mlp = header[21];
+    c->mlp_hidden = header[22];
+    c->precond_x = slot_to_f32(header[23]);
+    c->precond_eps = slot_to_f32(header[24]);
+    c->precond_onorm_eps = slot_to_f32(header[25]);
+    c->gka_iters = header[26];
+    c->gka_ridge = slot_to_f32(header[27]);
+    c->gka_onorm_eps = slot_to_f32(header[28]);
+    c->kalman_expand = header[29];
+    c->kalman_n = header[30];
+    c->kalman_preset = header[31];
+    c->kalman_rank = header[32];
+    c->gka_kv_heads = header[33];
+    if (c->gka_kv_heads < 1 || c->lin_heads % c->gka_kv_heads != 0) {
+        die("%s: gka key/value heads %d do not divide the %d heads", path, c->gka_kv_heads, c->lin_heads);
+    }
+    if (c->kalman_expand < 1 || c->kalman_n < 1 || c->kalman_preset < 0 || c->kalman_preset >= NUM_KALMAN_PRESETS ||
+        c->kalman_rank != (c->kalman_preset == KALMAN_MAMBA ? (c->channels + 7) / 8 : 0)) {
+        die("%s: invalid kalman expand %d / N %d / preset %d / rank %d in the header", path, c->kalman_expand, c->kalman_n,
+            c->kalman_preset, c->kalman_rank);
+    }
+    if (c->gka_iters < 0 || !(c->gka_ridge >= 0.0f)) { die("%s: invalid gka iterations %d / ridge %g in the header", path, c->gka_iters, c->gka_ridge); }
+    if (c->norm < 0 || c->norm >= NUM_NORMS) { die("%s: unknown norm kind %d in the header", path, c->norm); }
+    if (c->mlp < 0 || c->mlp >= NUM_MLPS || (c->mlp != MLP_NONE) != (c->mlp_hidden > 0)) {
+        die("%s: invalid MLP kind %d / hidden width %d in the header", path, c->mlp, c->mlp_hidden);
+    }
+    char pattern[513];
+    memcpy(pattern, (char*)header + 512, 512);
+    pattern[512] = '\0';
+    char what[4200];
+    snprintf(what, sizeof(what), "%s: mixer pattern", path);
+    int L = parse_mixer_pattern(pattern, c->mixer, what);
+    if (L != c->num_layers) { die("%s: mixer pattern '%s' has %d layers but the header says %d", path, pattern, L, c->num_layers); }
+    if (c->vocab_size < 1 || c->padded_vocab_size < c->vocab_size || c->channels < 1 || c->max_seq_len < 1 ||
+        c->num_heads < 1 || c->channels % c->num_heads != 0 || c->lin_heads < 0 || c->lin_dk < 0 || c->lin_dv < 0 || c->conv_size < 0) {
+        die("%s: header holds an invalid model config", path);
+    }
+    int64_t payload_offset = (int64_t)(uint32_t)header[14] | ((int64_t)header[15] << 32);
+    if (*num_tensors < 1 || *num_tensors > MAX_TENSORS || payload_offset != 1024 + (int64_t)TENSOR_ENTRY_BYTES * *num_tensors) {
+        die("%s: header has an inconsistent tensor count / payload offset", path);
+    }
+}
+
+// Open a model file and check its header and tensor table: every tensor entry must match the layout the
+// header's config implies. Fills c and tt; the file is left at the start of the fp32 payload, which
+// read_model_payload reads.
+static FILE* open_model_file(const char* path, Config* c, TensorTable* tt) {
+    FILE* f = fopen_or_die(path, "rb");
+    int n;
+    read_model_header(path, f, c, &n);
+    build_parameter_layout(c, tt, NULL, NULL);
+    if (n != tt->num_tensors) { die("%s: file lists %d tensors, the config in its header implies %d", path, n, tt->num_tensors); }
+    for (int i = 0; i < n; i++) {
+        const TensorInfo* t = &tt->t[i];
+        unsigned char entry[TENSOR_ENTRY_BYTES];
+        int32_t ints[6];
+        int64_t offset;
+        fread_or_die(entry, sizeof(entry), f, path);
+        memcpy(ints, entry + 96, sizeof(ints));
+        memcpy(&offset, entry + 120, 8);
+        entry[95] = '\0';
+        if (strcmp((char*)entry, t->name) != 0) { die("%s: tensor %d is '%s', expected '%s'", path, i, (char*)entry, t->name); }
+        if (ints[0] != 0) { die("%s: tensor %s has dtype %d, expected 0 (fp32)", path, t->name, ints[0]); }
+        if (ints[1] != t->ndim || ints[2] != t->shape[0] || ints[3] != t->shape[1] || ints[4] != 0 || ints[5] != 0) {
+            die("%s: tensor %s has shape (%d, %d), expected (%d, %d)", path, t->name, ints[2], ints[3], t->shape[0], t->shape[1]);
+        }
+        if (offset != (int64_t)(t->offset * sizeof(float))) { die("%s: tensor %s at payload offset %lld, expected %zu", path, t->name, (long long)offset, t->offset * sizeof(float)); }
+    }
+    return f;
+}
+
+// Read the payload of a file opened by open_model_file into params (num_parameters floats); the size must be exact.
+static void read_model_payload(FILE* f, const char* path, float* params, size_t num_parameters) {
+    fread_or_die(params, num_parameters * sizeof(float), f, path);
+    if (fgetc(f) != EOF) { die("%s: file is longer than its %zu parameters", path, num_parameters); }
+    fclose(f);
+}
+
+typedef struct {
+    int64_t step;       // optimizer updates done
+    DataLoaderState loader;
+} TrainState;
+
+// m and v: AdamW's moments (num_parameters floats each), or NULL before the first update.
+static void write_state_file(const TrainState* s, size_t num_parameters, const float* m, const float* v, const char* path) {
+    int32_t header[256] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = (int32_t)(s->step & 0xffffffff);
+    header[3] = (int32_t)(s->step >> 32);
+    header[4] = (int32_t)(num_parameters & 0xffffffff);
+    header[5] = (int32_t)((uint64_t)num_parameters >> 32);
+    header[6] = (int32_t)sizeof(DataLoaderState);
+    header[7] = m != NULL;
+    AtomicFile af;
+    atomic_open(&af, path);
+    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
+    fwrite_or_die(&s->loader, sizeof(DataLoaderState), af.f, af.tmp);
+    if (m) {
+        fwrite_or_die(m, num_parameters * sizeof(float), af.f, af.tmp);
+        fwrite_or_die(v, num_parameters * sizeof(float), af.f, af.tmp);
+    }
+    atomic_commit(&af);
+}
+
+// Reads AdamW's moments into m and v (num_parameters floats each, allocated by the caller) when the file holds
+// them; returns whether it did.
+static int read_state_file(TrainState* s, size_t num_parameters, float* m, float* v, const char* path) {
+    FILE* f = fopen_or_die(path, "rb");
+    int32_t header[256];
+    fread_or_die(header, sizeof(header), f, path);
+    if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
+    if (header[1] != STATE_VERSION) { die("%s: state file version %d, expected %d", path, header[1], STATE_VERSION); }
+    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    uint64_t np = (uint64_t)(uint32_t)header[4] | ((uint64_t)(uint32_t)header[5] << 32);
+    if (np != num_parameters) { die("%s: state is for %llu parameters, the model has %zu", path, (unsigned long long)np, num_parameters); }
+    if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }
+    fread_or_die(&s->loader, sizeof(DataLoaderState), f, path);
+    if (header[7]) {
+        fread_or_die(m, num_parameters * sizeof(float), f, path);
+        fread_or_die(v, num_parameters * sizeof(float), f, path);
+    }
+    if (fgetc(f) != EOF) { die("%s: file is longer than expected", path); }
+    fclose(f);
+    return header[7] != 0;
+}
+
+// The highest step with a DONE_<step> marker in dir, or -1.
+static int64_t find_latest_checkpoint(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int64_t best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        long long s;
+        char rest;
+        if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1 && s > best) { best = s; }
+    }
+    closedir(d);
+    return best;
+}
+
+static void checkpoint_path(char* buf, size_t size, const char* dir, const char* kind, int64_t step) {
+    snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, strcmp(kind, "DONE") == 0 ? "" : ".bin");
+}
+
+// model_<step>.bin, state_<step>.bin, then the DONE_<step> marker. m, v: as write_state_file.
+static void write_checkpoint(const Config* c, const TensorTable* tt, const float* params, const float* m, const float* v,
+                             const TrainState* s, const char* dir) {
+    char path[4096];
+    checkpoint_path(path, sizeof(path), dir, "model", s->step);
+    write_model_file(c, tt, params, path);
+    checkpoint_path(path, sizeof(path), dir, "state", s->step);
+    write_state_file(s, tt->num_parameters, m, v, path);
+    checkpoint_path(path, sizeof(path), dir, "DONE", s->step);
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_commit(&af);
+}
+
+// Keep the newest `keep` complete checkpoints; the DONE marker goes first so a half-deleted one is never used.
+static void delete_old_checkpoints(const char* dir, int keep) {
+    if (keep <= 0) { return; }
+    for (;;) {
+        DIR* d = opendir(dir);
+        if (d == NULL) { return; }
+        int64_t oldest = -1;
+        int count = 0;
+        struct dirent* e;
+        while ((e = readdir(d)) != NULL) {
+            long long s;
+            char rest;
+            if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1) {
+                count++;
+                if (oldest < 0 || s < oldest) { oldest = s; }
+            }
+        }
+        closedir(d);
+        if (count <= keep) { return; }
+        const char* kinds[3] = {"DONE", "model", "state"};
+        for (int k = 0; k < 3; k++) {
+            char path[4096];
+            checkpoint_path(path, sizeof(path), dir, kinds[k], oldest);
+            remove(path);
+        }
+    }
+}
+
+
+// Sample from softmax(logits[0..V)) / temperature by inverse CDF with a uniform coin in [0, 1).
+static int sample_token(const float* logits, int V, float temperature, float coin) {
+    float maxv = -INFINITY;
+    for (int i = 0; i < V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) { sum += exp((logits[i] - maxv) / temperature); }
+    double cdf = 0.0, target = coin * sum;
+    for (int i = 0; i < V; i++) {
+        cdf += exp((logits[i] - maxv) / temperature);
+        if (target < cdf) { return i; }
+    }
+    return V - 1;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// learning-rate schedules (llm.c's): warmup is linear from lr/W to lr over the first W steps
+
+enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
+static const char* SCHED_NAMES[] = {"cosine", "linear", "constant", "wsd"};
+
+static float learning_rate(int sched, int step, int total, int warmup, float lr, float final_frac) {
+    float min_lr = lr * final_frac;
+    if (sched != SCHED_CONSTANT && step < warmup) { return lr * (step + 1) / warmup; }
+    if (sched == SCHED_CONSTANT) { return lr; }
+    if (sched == SCHED_WSD) {  // warmup, stable, then decay over the last 20% by 1 - sqrt
+        int decay_start = (int)(0.8f * total);
+        if (decay_start < warmup) { decay_start = warmup; }
+        if (step < decay_start) { return lr; }
+        float r = (float)(step - decay_start) / (float)(total - decay_start > 0 ? total - decay_start : 1);
+        return min_lr + (1.0f - sqrtf(r)) * (lr - min_lr);
+    }
+    float r = (float)(step - warmup) / (float)(total - warmup > 0 ? total - warmup : 1);
+    if (r > 1.0f) { r = 1.0f; }
+    if (sched == SCHED_LINEAR) { return lr - r * (lr - min_lr); }
+    return min_lr + 0.5f * (1.0f + cosf((float)M_PI * r)) * (lr - min_lr);
+}
+
+
+
+// ----------------------------------------------------------------------------------------------------------
+// command-line flags (the programs' main; not compiled into the tests)
+#ifndef TESTING
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING } FlagType;
+typedef struct {
+    const char* name;
+    FlagType type;
+    void* value;
+    const char* help;
+    int given;  // set by the parser when the flag is on the command line
+} Flag;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void print_usage(const Flag* flags, int n) {
+    printf("usage: ./train_kla [flags]   (each flag takes one value)\n");
+    for (int i = 0; i < n; i++) {
+        const Flag* f = &flags[i];
+        char def[64];
+        if (f->type == FLAG_INT) { snprintf(def, sizeof(def), "%d", *(int*)f->value); }
+        else if (f->type == FLAG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)f->value); }
+        else { snprintf(def, sizeof(def), "%s", *(char**)f->value ? *(char**)f->value : "(none)"); }
+        printf("  %-14s %-62s default: %s\n", f->name, f->help, def);
+    }
+}
+
+static void parse_flags(Flag* flags, int n, int argc, char** argv) {
+    for (int a = 1; a < argc; a += 2) {
+        if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) { print_usage(flags, n); exit(0); }
+        Flag* f = NULL;
+        for (int i = 0; i < n; i++) { if (strcmp(argv[a], flags[i].name) == 0) { f = &flags[i]; } }
+        if (f == NULL) { die("unknown flag '%s' (./train_kla -h lists them)", argv[a]); }
+        if (a + 1 >= argc) { die("flag %s needs a value", argv[a]); }
+        const char* v = argv[a + 1];
+        char* end = NULL;
+        errno = 0;
+        if (f->type == FLAG_INT) {
+            long x = strtol(v, &end, 10);
+            if (end == v || *end != '\0' || errno != 0 || x < -2147483647L || x > 2147483647L) { die("flag %s: '%s' is not an integer", f->name, v); }
+            *(int*)f->value = (int)x;
+        } else if (f->type == FLAG_FLOAT) {
+            float x = strtof(v, &end);
+            if (end == v || *end != '\0' || errno != 0 || !isfinite(x)) { die("flag %s: '%s' is not a finite number", f->name, v); }
+            *(float*)f->value = x;
+        } else {
+            *(char**)f->value = argv[a + 1];
+        }
+        f->given = 1;
+    }
+}
+
+static Flag* find_flag(Flag* flags, int n, const char* name) {
+    for (int i = 0; i < n; i++) { if (strcmp(flags[i].name, name) == 0) { return &flags[i]; } }
+    return NULL;
+}
+
+static void require(int ok, const char* flag, const char* what) {
+    if (!ok) { die("flag %s: %s", flag, what); }
+}
+
+// The index of value in names, or die naming the flag and the choices.
+static int parse_choice(const char* value, const char** names, int n, const char* flag) {
+    char choices[256] = "";
+    for (int i = 0; i < n; i++) {
+        if (strcmp(value, names[i]) == 0) { return i; }
+        snprintf(choices + strlen(choices), sizeof(choices) - strlen(choices), "%s%s", i ? ", " : "", names[i]);
+    }
+    die("flag %s: '%s' is not one of %s", flag, value, choices);
+}
+
+// Create dir (and parents) and prove it is writable, before any training happens.
+static void prepare_output_dir(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char* p = path + 1; *p; p++) {
+        if (*p == '/') { *p = '\0'; mkdir(path, 0755); *p = '/'; }
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) { die("-o %s: cannot create directory (%s)", dir, strerror(errno)); }
+    snprintf(path, sizeof(path), "%s/.write_test", dir);
+    FILE* f = fopen(path, "wb");
+    if (f == NULL || fputc('x', f) == EOF || fclose(f) != 0) { die("-o %s: directory is not writable (%s)", dir, strerror(errno)); }
+    remove(path);
+}
+
+// Flags that describe the model must agree with a model loaded from a file.
+static void check_model_flags(const Config* c, Flag* flags, int n, const char* path) {
+    struct { const char* flag; int value; } fields[] = {
+        {"--depth", c->num_layers}, {"--width", c->channels}, {"--heads", c->num_heads}, {"--lin-heads", c->lin_heads},
+        {"--dk", c->lin_dk}, {"--dv", c->lin_dv}, {"--max-seq-len", c->max_seq_len}, {"--vocab-size", c->vocab_size},
+        {"--mlp-hidden", c->mlp_hidden}, {"--gka-iters", c->gka_iters}, {"--gka-kv-heads", c->gka_kv_heads},
+        {"--kalman-expand", c->kalman_expand},
+        {"--kalman-n", c->kalman_n},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        Flag* f = find_flag(flags, n, fields[i].flag);
+        if (f->given && *(int*)f->value != fields[i].value) {
+            die("%s: the checkpoint has %s %d but the flags ask for %d", path, fields[i].flag, fields[i].value, *(int*)f->value);
+        }
+    }
+    struct { const char* flag; const char** names; int count, value; } choices[] = {
+        {"--norm", NORM_NAMES, NUM_NORMS, c->norm}, {"--mlp", MLP_NAMES, NUM_MLPS, c->mlp},
+        {"--kalman-preset", KALMAN_PRESET_NAMES, NUM_KALMAN_PRESETS, c->kalman_preset},
+    };
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
+        Flag* f = find_flag(flags, n, choices[i].flag);
+        if (f->given && parse_choice(*(char**)f->value, choices[i].names, choices[i].count, choices[i].flag) != choices[i].value) {
+            die("%s: the checkpoint has %s %s but the flags ask for %s", path, choices[i].flag, choices[i].names[choices[i].value], *(char**)f->value);
+        }
+    }
+    Flag* f = find_flag(flags, n, "--mixer");
+    if (f->given) {
+        int mixer[MAX_LAYERS];
+        int L = parse_mixer_pattern(*(char**)f->value, mixer, "--mixer");
+        char have[512];
+        format_mixer_pattern(c, have, sizeof(have));
+        if (L != c->num_layers || memcmp(mixer, c->mixer, L * sizeof(int)) != 0) {
+            die("%s: the checkpoint's mixer pattern is '%s' but --mixer asks for '%s'", path, have, *(char**)f->value);
+        }
+    }
+}
+
+#define MAX_FLAGS 64
+
+// Everything the command line sets (defaults in parse_options), and the model config the flags describe.
+typedef struct {
+    const char *train_glob, *val_glob, *out_dir, *init_file, *mixer, *schedule, *prompt, *tokenizer_path;
+    const char *kalman_preset, *norm, *mlp;
+    int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens, ckpt_every, ckpt_keep;
+    int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
+    int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute;
+    float norm_eps, lr, final_frac, weight_decay, beta1, beta2, adam_eps, grad_clip, temperature;
+    int sched;            // SCHED_* of -k
+    Config config;        // the model the flags describe (used for a fresh initialisation)
+    Flag flags[MAX_FLAGS];  // the table, with `given` set, for check_model_flags
+    int num_flags;
+} Options;
+
+// Parse and check every flag (one-line error and exit 1 on anything wrong), before anything is read or written.
+static void parse_options(Options* o, int argc, char** argv) {
+    memset(o, 0, sizeof(*o));
+    o->train_glob = "data/demo/demo_train_*.bin";
+    o->val_glob = "data/demo/demo_val_*.bin";
+    o->out_dir = NULL;
+    o->init_file = NULL;
+    o->mixer = "gdn";
+    o->schedule = "cosine";
+    o->prompt = NULL;
+    o->tokenizer_path = "data/tokenizer.bin";
+    o->B = 8;
+    o->T = 64;
+    o->total_batch = 0;
+    o->max_steps = -1;
+    o->warmup = 20;
+    o->val_every = 20;
+    o->val_batches = 20;
+    o->sample_every = 0;
+    o->gen_tokens = 64;
+    o->ckpt_every = 0;
+    o->ckpt_keep = 0;
+    o->resume = 0;
+    o->depth = 4;
+    o->width = 128;
+    o->heads = 4;
+    o->lin_heads = 0;
+    o->dk = 0;
+    o->dv = 0;
+    o->max_seq_len = 1024;
+    o->vocab_size = 50257;
+    o->seed = 1337;
+    o->shuffle = 1;
+    o->chunk = 64;
+    o->mlp_hidden = 0;
+    o->gka_iters = 30;
+    o->gka_kv_heads = 0;
+    o->kalman_expand = 1;
+    o->kalman_n = 16;
+    o->kalman_preset = "plain";
+    o->norm = "layernorm";
+    o->mlp = "gelu";
+    o->norm_eps = 1e-5f;
+    o->lr = 3e-3f;
+    o->final_frac = 0.1f;
+    o->weight_decay = 0.0f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->adam_eps = 1e-8f;
+    o->grad_clip = 1.0f;
+    o->temperature = 1.0f;
+    o->recompute = 0;
+    Flag flags[] = {
+        {"-i", FLAG_STRING, &o->train_glob, "train token shards (glob)", 0},
+        {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 0},
+        {"-o", FLAG_STRING, &o->out_dir, "output dir for main.log and checkpoints", 0},
+        {"-e", FLAG_STRING, &o->init_file, "initialise from this model file (else random init)", 0},
+        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest complete checkpoint in -o", 0},
+        {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 0},
+        {"-t", FLAG_INT, &o->T, "sequence length", 0},
+        {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 0},
+        {"-x", FLAG_INT, &o->max_steps, "optimizer steps (-1 = one epoch of the train shards)", 0},
+        {"-k", FLAG_STRING, &o->schedule, "lr schedule: cosine, linear, constant, wsd", 0},
+        {"-l", FLAG_FLOAT, &o->lr, "peak learning rate", 0},
+        {"-u", FLAG_INT, &o->warmup, "warmup steps", 0},
+        {"-q", FLAG_FLOAT, &o->final_frac, "final lr as a fraction of the peak", 0},
+        {"-c", FLAG_FLOAT, &o->weight_decay, "AdamW weight decay (matrices only)", 0},
+        {"-v", FLAG_INT, &o->val_every, "validation loss every N steps (0 = only at the end)", 0},
+        {"-m", FLAG_INT, &o->val_batches, "validation batches (-1 = the whole val split)", 0},
+        {"-s", FLAG_INT, &o->sample_every, "print a sample every N steps (0 = only at the end)", 0},
+        {"-g", FLAG_INT, &o->gen_tokens, "tokens to generate per sample (0 = no samples)", 0},
+        {"-n", FLAG_INT, &o->ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 0},
+        {"-nk", FLAG_INT, &o->ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 0},
+        {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern, e.g. gdn or attn:2,gdn:1,kaczmarz:1", 0},
+        {"--depth", FLAG_INT, &o->depth, "layers; must equal the pattern's layer count", 0},
+        {"--width", FLAG_INT, &o->width, "model width C", 0},
+        {"--heads", FLAG_INT, &o->heads, "attention heads (head size C/heads)", 0},
+        {"--lin-heads", FLAG_INT, &o->lin_heads, "gdn/kaczmarz heads (0 = heads/2)", 0},
+        {"--dk", FLAG_INT, &o->dk, "gdn/kaczmarz key head dim (0 = 2*C/heads)", 0},
+        {"--dv", FLAG_INT, &o->dv, "gdn/kaczmarz value head dim (0 = dk)", 0},
+        {"--norm", FLAG_STRING, &o->norm, "block norms: layernorm (GPT-2) or rmsnorm", 0},
+        {"--norm-eps", FLAG_FLOAT, &o->norm_eps, "eps of the block norms", 0},
+        {"--mlp", FLAG_STRING, &o->mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
+        {"--mlp-hidden", FLAG_INT, &o->mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
+        {"--gka-iters", FLAG_INT, &o->gka_iters, "Chebyshev iterations of gka's solve", 0},
+        {"--gka-kv-heads", FLAG_INT, &o->gka_kv_heads, "gka key/value heads, GQA when below --lin-heads (0 = all)", 0},
+        {"--kalman-expand", FLAG_INT, &o->kalman_expand, "kalman inner width = expand * C", 0},
+        {"--kalman-n", FLAG_INT, &o->kalman_n, "kalman states per channel (N)", 0},
+        {"--kalman-preset", FLAG_STRING, &o->kalman_preset, "kalman sensor map: plain or mamba", 0},
+        {"--max-seq-len", FLAG_INT, &o->max_seq_len, "position-embedding rows (all-attn models)", 0},
+        {"--vocab-size", FLAG_INT, &o->vocab_size, "vocabulary size of a new model", 0},
+        {"--seed", FLAG_INT, &o->seed, "seed of the initialisation and of the data shuffling", 0},
+        {"--shuffle", FLAG_INT, &o->shuffle, "1 = shuffle shards and windows every epoch", 0},
+        {"--beta1", FLAG_FLOAT, &o->beta1, "AdamW beta1", 0},
+        {"--beta2", FLAG_FLOAT, &o->beta2, "AdamW beta2", 0},
+        {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 0},
+        {"--grad-clip", FLAG_FLOAT, &o->grad_clip, "clip the global gradient norm to this (0 = off)", 0},
+        {"-r", FLAG_INT, &o->recompute, "train_kla.cu: recompute activations in the backward to save memory (0 = off, 1 = on)", 0},
+        {"--chunk", FLAG_INT, &o->chunk, "chunk length of the gdn/kaczmarz chunkwise forward", 0},
+        {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 0},
+        {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 0},
+        {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
+    };
+    int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
+    if (num_flags > MAX_FLAGS) { die("internal: more than %d flags", MAX_FLAGS); }
+    parse_flags(flags, num_flags, argc, argv);
+    memcpy(o->flags, flags, sizeof(flags));
+    o->num_flags = num_flags;
+
+    // ---- check every value before anything is read or written
+    require(o->B >= 1, "-b", "must be >= 1");
+    require(o->T >= 1, "-t", "must be >= 1");
+    require(o->total_batch >= 0, "-d", "must be >= 0");
+    if (o->total_batch == 0) { o->total_batch = o->B * o->T; }
+    require(o->total_batch % (o->B * o->T) == 0, "-d", "must be a multiple of B*T");
+    require(o->max_steps >= -1 && o->max_steps != 0, "-x", "must be >= 1, or -1 for one epoch");
+    o->sched = -1;
+    for (int i = 0; i < 4; i++) { if (strcmp(o->schedule, SCHED_NAMES[i]) == 0) { o->sched = i; } }
+    require(o->sched >= 0, "-k", "must be one of cosine, linear, constant, wsd");
+    require(o->lr > 0.0f, "-l", "must be > 0");
+    require(o->warmup >= 0, "-u", "must be >= 0");
+    require(o->final_frac >= 0.0f && o->final_frac <= 1.0f, "-q", "must be in [0, 1]");
+    require(o->weight_decay >= 0.0f, "-c", "must be >= 0");
+    require(o->val_every >= 0, "-v", "must be >= 0");
+    require(o->val_batches >= 1 || o->val_batches == -1, "-m", "must be >= 1 or -1");
+    require(o->sample_every >= 0, "-s", "must be >= 0");
+    require(o->gen_tokens >= 0, "-g", "must be >= 0");
+    require(o->ckpt_every >= 0, "-n", "must be >= 0");
+    require(o->ckpt_keep >= 0, "-nk", "must be >= 0");
+    require(o->resume == 0 || o->resume == 1, "-y", "must be 0 or 1");
+    require(o->resume == 0 || o->out_dir != NULL, "-y", "resuming needs an output dir (-o)");
+    require(o->shuffle == 0 || o->shuffle == 1, "--shuffle", "must be 0 or 1");
+    require(o->beta1 >= 0.0f && o->beta1 < 1.0f, "--beta1", "must be in [0, 1)");
+    require(o->beta2 >= 0.0f && o->beta2 < 1.0f, "--beta2", "must be in [0, 1)");
+    require(o->adam_eps > 0.0f, "--adam-eps", "must be > 0");
+    require(o->grad_clip >= 0.0f, "--grad-clip", "must be >= 0");
+    require(o->recompute == 0 || o->recompute == 1, "-r", "must be 0 or 1");
+    require(o->chunk >= 1 && o->chunk <= 256, "--chunk", "must be in [1, 256]");
+    require(o->temperature > 0.0f, "--temperature", "must be > 0");
+    require(o->depth >= 1 && o->depth <= MAX_LAYERS, "--depth", "must be in [1, 128]");
+    require(o->width >= 1, "--width", "must be >= 1");
+    require(o->heads >= 1 && o->width % o->heads == 0, "--heads", "must be >= 1 and divide --width");
+    require(o->max_seq_len >= 1, "--max-seq-len", "must be >= 1");
+    require(o->vocab_size >= 2 && o->vocab_size <= 1 << 24, "--vocab-size", "must be in [2, 2^24]");
+    Config* fc = &o->config;
+    memset(fc, 0, sizeof(*fc));
+    int L = parse_mixer_pattern(o->mixer, fc->mixer, "--mixer");
+    if (L != o->depth) {
+        if (find_flag(o->flags, o->num_flags, "--depth")->given) { die("--mixer: pattern '%s' has %d layers but --depth is %d", o->mixer, L, o->depth); }
+        o->depth = L;  // the pattern says how many layers there are
+    }
+    if (o->lin_heads == 0) { o->lin_heads = o->heads / 2 > 0 ? o->heads / 2 : 1; }
+    if (o->dk == 0) { o->dk = 2 * o->width / o->heads; }
+    if (o->dv == 0) { o->dv = o->dk; }
+    require(o->lin_heads >= 1, "--lin-heads", "must be >= 1");
+    require(o->dk >= 1, "--dk", "must be >= 1");
+    require(o->dv >= 1, "--dv", "must be >= 1");
+    fc->vocab_size = o->vocab_size;
+    fc->padded_vocab_size = (o->vocab_size + 127) / 128 * 128;
+    fc->max_seq_len = o->max_seq_len;
+    fc->num_layers = o->depth;
+    fc->channels = o->width;
+    fc->num_heads = o->heads;
+    fc->lin_heads = o->lin_heads;
+    fc->lin_dk = o->dk;
+    fc->lin_dv = o->dv;
+    fc->conv_size = 4;
+    fc->norm = parse_choice(o->norm, NORM_NAMES, NUM_NORMS, "--norm");
+    fc->mlp = parse_choice(o->mlp, MLP_NAMES, NUM_MLPS, "--mlp");
+    require(o->mlp_hidden >= 0, "--mlp-hidden", "must be >= 0");
+    require(o->gka_iters >= 1 && o->gka_iters <= 1000, "--gka-iters", "must be in [1, 1000]");
+    require(o->norm_eps > 0.0f, "--norm-eps", "must be > 0");
+    if (o->mlp_hidden == 0) {  // FLA's SwiGLU rule: floor(8C/3) rounded up to a multiple of 256
+        o->mlp_hidden = fc->mlp == MLP_GELU ? 4 * o->width : (o->width * 8 / 3 + 255) / 256 * 256;
+    }
+    fc->mlp_hidden = fc->mlp == MLP_NONE ? 0 : o->mlp_hidden;
+    fc->norm_eps = o->norm_eps;
+    fc->l2norm_eps = 1e-6f;
+    fc->onorm_eps = 1e-5f;
+    fc->kaczmarz_eps = 1e-6f;
+    fc->precond_x = 1.5f;
+    fc->precond_eps = 1e-6f;
+    fc->precond_onorm_eps = 1e-6f;
+    fc->gka_iters = o->gka_iters;
+    fc->gka_ridge = 0.02f;
+    fc->gka_onorm_eps = 1e-6f;
+    if (o->gka_kv_heads == 0) { o->gka_kv_heads = o->lin_heads; }
+    require(o->gka_kv_heads >= 1 && o->lin_heads % o->gka_kv_heads == 0, "--gka-kv-heads", "must divide --lin-heads");
+    fc->gka_kv_heads = o->gka_kv_heads;
+    require(o->kalman_expand >= 1, "--kalman-expand", "must be >= 1");
+    require(o->kalman_n >= 1, "--kalman-n", "must be >= 1");
+    fc->kalman_expand = o->kalman_expand;
+    fc->kalman_n = o->kalman_n;
+    fc->kalman_preset = parse_choice(o->kalman_preset, KALMAN_PRESET_NAMES, NUM_KALMAN_PRESETS, "--kalman-preset");
+    fc->kalman_rank = fc->kalman_preset == KALMAN_MAMBA ? (o->width + 7) / 8 : 0;
+
+}
+
+#endif // TESTING
+
+#endif // TRAIN_KLA_MODEL_H
