@@ -1100,6 +1100,40 @@ static void parse_options(Options* o, int argc, char** argv) {
 
 }
 
+// The run's settings as a table, before training starts. compute: where it runs ("CPU, fp32, 2 threads", a GPU).
+static void print_run_table(const Config* cfg, size_t num_parameters, const Options* o, size_t train_tokens,
+                            size_t val_tokens, int resumed, int grad_accum, int max_steps, const char* compute) {
+    char pattern[512];
+    format_mixer_pattern(cfg, pattern, sizeof(pattern));
+    printf("+-----------------------+----------------------------------------------------+\n");
+    printf("| %-21s | %-50s |\n", "mixer pattern", pattern);
+    printf("| %-21s | %-50d |\n", "layers L", cfg->num_layers);
+    printf("| %-21s | %-50d |\n", "width C", cfg->channels);
+    if (config_has_mixer(cfg, MIXER_ATTN)) { printf("| %-21s | %-50d |\n", "attn heads", cfg->num_heads); }
+    if (config_has_wpe(cfg) == 0) {
+        char s[64];
+        snprintf(s, sizeof(s), "%d x (dk %d, dv %d)", cfg->lin_heads, cfg->lin_dk, cfg->lin_dv);
+        printf("| %-21s | %-50s |\n", "recurrent heads", s);
+    }
+    char trunk[64];
+    snprintf(trunk, sizeof(trunk), "%s, mlp %s (hidden %d)", NORM_NAMES[cfg->norm], MLP_NAMES[cfg->mlp], cfg->mlp_hidden);
+    printf("| %-21s | %-50s |\n", "trunk", trunk);
+    printf("| %-21s | %-50zu |\n", "parameters", num_parameters);
+    printf("| %-21s | %-50s |\n", "train data", o->train_glob);
+    printf("| %-21s | %-50zu |\n", "train tokens", train_tokens);
+    printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);
+    printf("| %-21s | %-50s |\n", "init", resumed ? "resume" : o->init_file ? o->init_file : "random");
+    printf("| %-21s | B %d, T %d, grad accum %d = %-27d |\n", "batch", o->B, o->T, grad_accum, o->total_batch);
+    printf("| %-21s | %-50d |\n", "steps", max_steps);
+    char lrs[64];
+    snprintf(lrs, sizeof(lrs), "%s, peak %g, warmup %d, final %g", o->schedule, o->lr, o->warmup, o->final_frac);
+    printf("| %-21s | %-50s |\n", "lr schedule", lrs);
+    printf("| %-21s | %-50g |\n", "weight decay", o->weight_decay);
+    printf("| %-21s | %-50s |\n", "compute", compute);
+    printf("| %-21s | %-50s |\n", "output dir", o->out_dir ? o->out_dir : "(none)");
+    printf("+-----------------------+----------------------------------------------------+\n");
+}
+
 #endif // TESTING
 
 #endif // TRAIN_KLA_MODEL_H

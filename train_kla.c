@@ -3508,35 +3508,10 @@ int main(int argc, char** argv) {
     }
 
     // ---- the parameter table
-    char pattern[512];
-    format_mixer_pattern(cfg, pattern, sizeof(pattern));
-    printf("+-----------------------+----------------------------------------------------+\n");
-    printf("| %-21s | %-50s |\n", "mixer pattern", pattern);
-    printf("| %-21s | %-50d |\n", "layers L", cfg->num_layers);
-    printf("| %-21s | %-50d |\n", "width C", cfg->channels);
-    if (config_has_mixer(cfg, MIXER_ATTN)) { printf("| %-21s | %-50d |\n", "attn heads", cfg->num_heads); }
-    if (config_has_wpe(cfg) == 0) {
-        char s[64];
-        snprintf(s, sizeof(s), "%d x (dk %d, dv %d)", cfg->lin_heads, cfg->lin_dk, cfg->lin_dv);
-        printf("| %-21s | %-50s |\n", "recurrent heads", s);
-    }
-    char trunk[64];
-    snprintf(trunk, sizeof(trunk), "%s, mlp %s (hidden %d)", NORM_NAMES[cfg->norm], MLP_NAMES[cfg->mlp], cfg->mlp_hidden);
-    printf("| %-21s | %-50s |\n", "trunk", trunk);
-    printf("| %-21s | %-50zu |\n", "parameters", model.num_parameters);
-    printf("| %-21s | %-50s |\n", "train data", opt.train_glob);
-    printf("| %-21s | %-50zu |\n", "train tokens", train_loader.num_tokens);
-    printf("| %-21s | %-50zu |\n", "val tokens", val_loader.num_tokens);
-    printf("| %-21s | %-50s |\n", "init", resume_step >= 0 ? "resume" : opt.init_file ? opt.init_file : "random");
-    printf("| %-21s | B %d, T %d, grad accum %d = %-27d |\n", "batch", opt.B, opt.T, grad_accum, opt.total_batch);
-    printf("| %-21s | %-50d |\n", "steps", opt.max_steps);
-    char lrs[64];
-    snprintf(lrs, sizeof(lrs), "%s, peak %g, warmup %d, final %g", opt.schedule, opt.lr, opt.warmup, opt.final_frac);
-    printf("| %-21s | %-50s |\n", "lr schedule", lrs);
-    printf("| %-21s | %-50g |\n", "weight decay", opt.weight_decay);
-    printf("| %-21s | %-50d |\n", "threads", max_threads());
-    printf("| %-21s | %-50s |\n", "output dir", opt.out_dir ? opt.out_dir : "(none)");
-    printf("+-----------------------+----------------------------------------------------+\n");
+    char compute[64];
+    snprintf(compute, sizeof(compute), "CPU, fp32, %d threads", max_threads());
+    print_run_table(cfg, model.num_parameters, &opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
+                    grad_accum, opt.max_steps, compute);
 
     FILE* log = NULL;
     if (opt.out_dir) {

@@ -58,6 +58,9 @@ static inline void cublas_check(cublasStatus_t status, const char* file, int lin
 // check the last kernel launch (cheap; does not synchronise)
 #define cudaCheckLaunch() cudaCheck(cudaGetLastError())
 
+// bytes allocated through cuda_malloc_or_die so far (frees are not subtracted: a high-water mark)
+static size_t cuda_bytes_allocated = 0;
+
 // cudaMalloc that names what it allocates when memory runs out
 static inline void* cuda_malloc_or_die(size_t bytes, const char* what) {
     void* p = NULL;
@@ -71,6 +74,7 @@ static inline void* cuda_malloc_or_die(size_t bytes, const char* what) {
             bytes / 1073741824.0, what, free_b / 1073741824.0, total_b / 1073741824.0);
     }
     cudaCheck(err);
+    cuda_bytes_allocated += bytes;
     return p;
 }
 
