@@ -1,4 +1,5 @@
-# train_kla. `make` builds the CPU programs; `make run` trains the demo model; `make test` runs every test.
+# train_kla. `make` builds the CPU programs, and the CUDA ones when nvcc is found; `make run` trains the demo
+# model; `make test` runs every test.
 CC ?= gcc
 CFLAGS ?= -O3 -Wall -Wextra
 CFLAGS += -std=gnu11
@@ -21,9 +22,56 @@ endif
 PROGRAMS = train_kla test_kla test_tokenizer test_dataloader encode_shards
 COMMON = utils.h tokenizer.h dataloader.h model.h
 
-.PHONY: all data run test bench deps clean
-all: $(PROGRAMS)
+# CUDA programs (train_klacu, test_klacu), built whenever nvcc is found, GPU or not.
+# PRECISION=BF16 (default) or FP32; GPU_COMPUTE_CAPABILITY=90 (H100/H200) by default.
+NVCC ?= $(shell command -v nvcc 2> /dev/null)
+PRECISION ?= BF16
+GPU_COMPUTE_CAPABILITY ?= 90
+NVCC_FLAGS = -O3 -std=c++17 -arch=sm_$(GPU_COMPUTE_CAPABILITY) -lineinfo -Xcompiler -Wall
+NVCC_LDLIBS = -lcublasLt -lcublas
+ifeq ($(PRECISION),FP32)
+  PRECISION_FLAG = -DENABLE_FP32
+else ifeq ($(PRECISION),BF16)
+  PRECISION_FLAG = -DENABLE_BF16
+else
+  $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
+endif
+CUDA_HEADERS = $(wildcard kernels/*.cuh) dev/test/parity.h $(COMMON)
+ifneq ($(NVCC),)
+  CUDA_PROGRAMS = train_klacu test_klacu
+  CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), sm_$(GPU_COMPUTE_CAPABILITY))
+else
+  CUDA_STATUS = nvcc not found: CUDA programs skipped
+endif
+
+.PHONY: all data run test bench bench-gpu cuda-both test-gpu deps clean
+all: $(PROGRAMS) $(CUDA_PROGRAMS)
 	@echo "$(OMP_STATUS)"
+	@echo "$(CUDA_STATUS)"
+
+train_klacu: train_kla.cu $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(NVCC_LDLIBS)
+
+test_klacu: test_kla.cu train_kla.cu $(CUDA_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(NVCC_LDLIBS)
+
+# both precisions of both CUDA programs side by side under build/ (CI compiles these; the GPU tests run them)
+CUDA_BOTH = build/train_klacu_bf16 build/train_klacu_fp32 build/test_klacu_bf16 build/test_klacu_fp32
+cuda-both: $(CUDA_BOTH)
+build/train_klacu_%: train_kla.cu $(CUDA_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_$(shell echo $* | tr a-z A-Z) -o $@ $< $(NVCC_LDLIBS)
+build/test_klacu_%: test_kla.cu train_kla.cu $(CUDA_HEADERS)
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_$(shell echo $* | tr a-z A-Z) -o $@ $< $(NVCC_LDLIBS)
+
+# the GPU tests (needs a GPU and the reference dumps of make test): parity in both precisions, dev/cuda labs
+test-gpu: cuda-both
+	bash dev/test/test_gpu.sh
+
+# the GPU benchmark (not a test): train_klacu beside PyTorch torch.compile, the gdn chunk kernel alone
+bench-gpu: train_klacu
+	bash scripts/bench_gpu.sh
 
 train_kla: train_kla.c $(COMMON)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -65,4 +113,5 @@ bench: all
 	bash scripts/bench_cpu.sh
 
 clean:
-	rm -f $(PROGRAMS) *.o
+	rm -f $(PROGRAMS) train_klacu test_klacu *.o dev/cuda/*_bin
+	rm -rf build

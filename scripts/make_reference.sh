@@ -8,7 +8,7 @@
 # (mamba preset, expand 1, N 16, RMSNorm, no MLP), all8 (all eight mixers in one model), and gka_gqa (gka with GQA:
 # 8 heads reading 2 key/value heads, header slot 33). A configuration whose
 # two files are newer than scripts/train_kla.py is skipped. Run from anywhere; paths are relative to the repository
-# root.
+# root. Arguments, if any, name the configurations to make (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,9 +31,12 @@ fi
 mkdir -p "$OUT"
 
 # make NAME ARGS...: run the reference for one configuration unless its outputs are up to date
+# with arguments, only the configurations named (e.g. the four the GPU test uses: attn gdn kaczmarz hybrid)
+ONLY=" $* "
 make_config() {
     local name=$1
     shift
+    if [ "$ONLY" != "  " ] && [[ "$ONLY" != *" $name "* ]]; then return; fi
     local prefix=$OUT/$name
     if [ "$prefix"_model.bin -nt "$SCRIPT" ] && [ "$prefix"_debug.bin -nt "$SCRIPT" ]; then
         echo "$name: up to date"

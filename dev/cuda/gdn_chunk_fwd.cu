@@ -1,0 +1,338 @@
+/*
+Kernel lab: the Gated DeltaNet core forward (spec/gdn_kaczmarz.md 2.1, 3.1-3.3), kernels/gdn_chunk.cuh.
+
+Build and run (from dev/cuda):
+  nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_fwd.cu -o gdn_chunk_fwd_bin
+  ./gdn_chunk_fwd_bin 3
+
+Versions (first argument):
+  1  token-by-token recurrence of spec 2.1 on the GPU: one CTA per (b, h, 32 dv columns), the state in registers
+  2  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_forward_impl<Tin, float>)
+  3  the chunkwise kernels of kernels/gdn_chunk.cuh as the trainer calls them (bf16 inputs: tensor cores)
+
+Validation against a float64 CPU reference (the recurrence of spec 2.1) at three shapes (B=2, H=2, dk=16, dv=24,
+T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size), for GDN-like inputs
+(l2-normalised q and k, beta = sigmoid) and KLA-like inputs (raw keys with norms spread over two decades,
+beta = sigmoid/(||k||^2 + 1e-6) up to ~1e3), in fp32 and bf16. The reference runs on the inputs as the kernel
+sees them (rounded to bf16 for bf16), so the errors are those of the kernel's arithmetic alone.
+Tolerances on the relative L2 error of o:
+  fp32 1e-4: the chunk algorithm sums in another order than the recurrence (errors ~1e-6), and exp(G_i - G_j)
+       of a long fp32 cumsum G (|G| up to ~100 in strongly decaying heads) carries ~|G| 6e-8 relative error;
+       a wrong formula gives O(1) errors, so 1e-4 separates the two with margin.
+  bf16 2e-2: the products' operands (Tm, W, U, Vn, h, P) are rounded to bf16 (2^-9 = 2e-3 relative each), several
+       roundings compound to ~4e-3 (spec 5) and the KLA inputs (large Tm entries) a little more.
+The run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16, with
+TFLOP/s from spec 3.7: F_fwd = 6 dk dv + 6 BT dk + 4 BT dv + BT^2/3 per token and head.
+*/
+#include <math.h>
+#include <string.h>
+#include "../../kernels/gdn_chunk.cuh"
+
+// ----------------------------------------------------------------------------------------------------------
+// random inputs resembling the trainer's
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double rand_uniform(void) {   // splitmix64 -> [0, 1)
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 11) * (1.0 / 9007199254740992.0);
+}
+static double rand_normal(void) {
+    double u1 = rand_uniform(), u2 = rand_uniform();
+    if (u1 < 1e-300) { u1 = 1e-300; }
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+static float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+typedef struct { int B, T, H, dk, dv; } Shape;
+
+// qkv [B*T, 2*H*dk + H*dv] (q, k, v column blocks), beta and g [B*T*H]; values already rounded to bf16 where the
+// kernel reads bf16 (q, k, v), so the reference and the kernel see the same numbers
+typedef struct { float *qkv, *beta, *g; int ld; } Inputs;
+
+static Inputs make_inputs(Shape s, int kla, int bf16) {
+    Inputs in;
+    in.ld = 2 * s.H * s.dk + s.H * s.dv;
+    const size_t rows = (size_t)s.B * s.T;
+    in.qkv = (float*)malloc_or_die(rows * in.ld * sizeof(float));
+    in.beta = (float*)malloc_or_die(rows * s.H * sizeof(float));
+    in.g = (float*)malloc_or_die(rows * s.H * sizeof(float));
+    // per head decay parameters: A ~ U(0, 16) (the last head strongly decaying, A = 16), dt_bias = softplus^-1(dt)
+    double A[64], dt_bias[64];
+    for (int h = 0; h < s.H; h++) {
+        A[h] = h == s.H - 1 ? 16.0 : 16.0 * rand_uniform();
+        const double dt = exp(log(1e-3) + rand_uniform() * (log(1e-1) - log(1e-3)));
+        dt_bias[h] = dt + log(-expm1(-dt));
+    }
+    for (size_t r = 0; r < rows; r++) {
+        float* row = in.qkv + r * in.ld;
+        for (int h = 0; h < s.H; h++) {
+            float* q = row + h * s.dk;
+            float* k = row + s.H * s.dk + h * s.dk;
+            float* v = row + 2 * s.H * s.dk + h * s.dv;
+            double nq = 0.0, nk = 0.0;
+            for (int i = 0; i < s.dk; i++) { q[i] = (float)silu(rand_normal()); nq += (double)q[i] * q[i]; }
+            for (int i = 0; i < s.dk; i++) { k[i] = (float)silu(rand_normal()); nk += (double)k[i] * k[i]; }
+            // GDN: l2-normalised q and k. KLA: q normalised, raw keys with norms spread over 10^[-2, 0.5]
+            const double kmul = kla ? pow(10.0, -2.0 + 2.5 * rand_uniform()) : 1.0 / sqrt(nk + 1e-6);
+            for (int i = 0; i < s.dk; i++) { q[i] = (float)(q[i] / sqrt(nq + 1e-6)); k[i] = (float)(k[i] * kmul); }
+            for (int i = 0; i < s.dv; i++) { v[i] = (float)silu(rand_normal()); }
+            if (bf16) {
+                for (int i = 0; i < s.dk; i++) { q[i] = round_bf16(q[i]); k[i] = round_bf16(k[i]); }
+                for (int i = 0; i < s.dv; i++) { v[i] = round_bf16(v[i]); }
+            }
+            double kk = 0.0;
+            for (int i = 0; i < s.dk; i++) { kk += (double)k[i] * k[i]; }
+            const double eta = sigmoid(rand_normal());
+            in.beta[r * s.H + h] = (float)(kla ? eta / (kk + 1e-6) : eta);
+            in.g[r * s.H + h] = (float)(-A[h] * softplus(rand_normal() + dt_bias[h]));
+        }
+    }
+    return in;
+}
+
+static void free_inputs(Inputs in) { free(in.qkv); free(in.beta); free(in.g); }
+
+// ----------------------------------------------------------------------------------------------------------
+// CPU reference in double: the recurrence of spec 2.1, o [B*T, H*dv]
+
+static void gdn_forward_reference(double* o, const Inputs& in, Shape s) {
+    const double scale = 1.0 / sqrt((double)s.dk);
+    double* S = (double*)malloc_or_die((size_t)s.dk * s.dv * sizeof(double));
+    double* r = (double*)malloc_or_die((size_t)s.dv * sizeof(double));
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.H; h++) {
+            memset(S, 0, (size_t)s.dk * s.dv * sizeof(double));
+            for (int t = 0; t < s.T; t++) {
+                const size_t row = (size_t)b * s.T + t;
+                const float* q = in.qkv + row * in.ld + h * s.dk;
+                const float* k = q + s.H * s.dk;
+                const float* v = in.qkv + row * in.ld + 2 * s.H * s.dk + h * s.dv;
+                const double alpha = exp((double)in.g[row * s.H + h]), bt = in.beta[row * s.H + h];
+                // Sbar = alpha S; r = v - Sbar^T k; S = Sbar + k (beta r)^T; o = S^T (scale q)
+                for (int j = 0; j < s.dv; j++) { r[j] = v[j]; }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { S[i * s.dv + j] *= alpha; r[j] -= S[i * s.dv + j] * k[i]; }
+                }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { S[i * s.dv + j] += k[i] * bt * r[j]; }
+                }
+                double* ot = o + row * s.H * s.dv + h * s.dv;
+                for (int j = 0; j < s.dv; j++) { ot[j] = 0.0; }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { ot[j] += S[i * s.dv + j] * scale * q[i]; }
+                }
+            }
+        }
+    }
+    free(S);
+    free(r);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// version 1: the recurrence of spec 2.1, one CTA of 32 x 8 threads per (b, h, 32 dv columns). Thread (lane, w)
+// holds state rows w, w+8, w+16, ... of column v0 + lane in registers; dot products over dk are reduced through
+// shared memory in a fixed order.
+
+template <typename Tin>
+__global__ void __launch_bounds__(256)
+gdn_recurrent_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                     const float* beta, const float* g, int T, int H, int dk, int dv, float scale) {
+    __shared__ float ks[256], qs[256], part_k[8][32], part_q[8][32];
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, col = blockIdx.x * 32 + lane;
+    float S[32];
+    #pragma unroll
+    for (int i = 0; i < 32; i++) { S[i] = 0.0f; }
+    for (int t = 0; t < T; t++) {
+        const size_t row = (size_t)b * T + t;
+        for (int d = tid; d < dk; d += 256) {
+            ks[d] = to_float(k[row * ld_qkv + (size_t)h * dk + d]);
+            qs[d] = to_float(q[row * ld_qkv + (size_t)h * dk + d]);
+        }
+        __syncthreads();
+        const float alpha = expf(g[row * H + h]), bt = beta[row * H + h];
+        float pk = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            if (w + 8 * i < dk) { pk = fmaf(S[i], ks[w + 8 * i], pk); }
+        }
+        part_k[w][lane] = pk;
+        __syncthreads();
+        float sk = 0.0f;
+        for (int j = 0; j < 8; j++) { sk += part_k[j][lane]; }
+        const float vv = col < dv ? to_float(v[row * ld_qkv + (size_t)h * dv + col]) : 0.0f;
+        const float u = bt * (vv - alpha * sk);   // u = beta (v - Sbar^T k), Sbar = alpha S
+        float po = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < 32; i++) {
+            if (w + 8 * i < dk) {
+                S[i] = fmaf(alpha, S[i], ks[w + 8 * i] * u);
+                po = fmaf(S[i], qs[w + 8 * i], po);
+            }
+        }
+        part_q[w][lane] = po;
+        __syncthreads();
+        if (w == 0 && col < dv) {
+            float so = 0.0f;
+            for (int j = 0; j < 8; j++) { so += part_q[j][lane]; }
+            o[row * ld_o + (size_t)h * dv + col] = from_float<Tin>(scale * so);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// dispatch
+
+template <typename Tin>
+static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, const Tin* qkv, int ld,
+                        const float* beta, const float* g, Shape s, float scale) {
+    const Tin* q = qkv;
+    const Tin* k = qkv + s.H * s.dk;
+    const Tin* v = qkv + 2 * s.H * s.dk;
+    if (version == 1) {
+        gdn_recurrent_kernel<Tin><<<dim3(ceil_div(s.dv, 32), s.B * s.H), dim3(32, 8)>>>(
+            o, ld_o, q, k, v, ld, beta, g, s.T, s.H, s.dk, s.dv, scale);
+        cudaCheckLaunch();
+    } else if (version == 2) {
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+    } else {
+        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+    }
+}
+
+template <typename Tin>
+static Tin* to_device(const float* x, size_t n) {
+    Tin* tmp = (Tin*)malloc_or_die(n * sizeof(Tin));
+    for (size_t i = 0; i < n; i++) { tmp[i] = (Tin)x[i]; }
+    Tin* d = (Tin*)cuda_malloc_or_die(n * sizeof(Tin), "lab input");
+    cudaCheck(cudaMemcpy(d, tmp, n * sizeof(Tin), cudaMemcpyHostToDevice));
+    free(tmp);
+    return d;
+}
+
+static float* to_device_f(const float* x, size_t n) { return to_device<float>(x, n); }
+
+template <typename Tin>
+static void to_host_f(float* dst, const Tin* d, size_t n) {
+    Tin* tmp = (Tin*)malloc_or_die(n * sizeof(Tin));
+    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(Tin), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { dst[i] = (float)tmp[i]; }
+    free(tmp);
+}
+
+// max abs error and relative L2 error of got vs ref; prints one line, returns 1 when within tol
+static int compare(const char* name, const float* got, const double* ref, size_t n, double tol) {
+    double err2 = 0.0, ref2 = 0.0, maxabs = 0.0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        const double e = (double)got[i] - ref[i];
+        if (!isfinite(got[i])) { finite = 0; }
+        err2 += e * e;
+        ref2 += ref[i] * ref[i];
+        if (fabs(e) > maxabs) { maxabs = fabs(e); }
+    }
+    const double rel = sqrt(err2 / (ref2 > 0.0 ? ref2 : 1.0));
+    const int ok = finite && rel <= tol;
+    printf("    %-6s max abs err %.3e  rel L2 err %.3e  (|ref| rms %.3e)  %s\n", name, maxabs, rel,
+           sqrt(ref2 / (double)n), ok ? "PASS" : "FAIL");
+    return ok;
+}
+
+template <typename Tin>
+static int validate(int version, Shape s, int kla) {
+    const int bf16 = sizeof(Tin) == 2;
+    const Inputs in = make_inputs(s, kla, bf16);
+    const size_t rows = (size_t)s.B * s.T, no = rows * s.H * s.dv;
+    const float scale = 1.0f / sqrtf((float)s.dk);
+    double* o_ref = (double*)malloc_or_die(no * sizeof(double));
+    gdn_forward_reference(o_ref, in, s);
+
+    Tin* d_qkv = to_device<Tin>(in.qkv, rows * in.ld);
+    float* d_beta = to_device_f(in.beta, rows * s.H);
+    float* d_g = to_device_f(in.g, rows * s.H);
+    Tin* d_o = (Tin*)cuda_malloc_or_die(no * sizeof(Tin), "o");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    cudaCheck(cudaMemset(d_o, 0xff, no * sizeof(Tin)));   // NaN: every element must be written
+    run_forward<Tin>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+    cudaCheck(cudaDeviceSynchronize());
+    float* o1 = (float*)malloc_or_die(no * sizeof(float));
+    float* o2 = (float*)malloc_or_die(no * sizeof(float));
+    to_host_f(o1, d_o, no);
+    run_forward<Tin>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+    cudaCheck(cudaDeviceSynchronize());
+    to_host_f(o2, d_o, no);
+
+    printf("  %s B=%d T=%d H=%d dk=%d dv=%d %s inputs:\n", bf16 ? "bf16" : "fp32", s.B, s.T, s.H, s.dk, s.dv,
+           kla ? "KLA-like" : "GDN-like");
+    int ok = compare("o", o1, o_ref, no, bf16 ? 2e-2 : 1e-4);
+    const int same = memcmp(o1, o2, no * sizeof(float)) == 0;
+    printf("    repeat run bitwise identical: %s\n", same ? "yes" : "NO (FAIL)");
+    ok = ok && same;
+
+    free(o1); free(o2); free(o_ref);
+    cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_beta)); cudaCheck(cudaFree(d_g)); cudaCheck(cudaFree(d_o));
+    cudaCheck(cudaFree(saved)); cudaCheck(cudaFree(work));
+    free_inputs(in);
+    return ok;
+}
+
+int main(int argc, char** argv) {
+    const int version = argc > 1 ? atoi(argv[1]) : 3;
+    if (version < 1 || version > 3) { die("version must be 1, 2 or 3 (got %s)", argv[1]); }
+    printf("gdn_chunk_fwd version %d\n", version);
+
+    int ok = 1;
+    const Shape shapes[3] = { {2, 80, 2, 16, 24}, {2, 37, 2, 16, 24}, {2, 256, 2, 128, 128} };
+    for (int si = 0; si < 3; si++) {
+        for (int kla = 0; kla < 2; kla++) {
+            ok &= validate<float>(version, shapes[si], kla);
+            ok &= validate<__nv_bfloat16>(version, shapes[si], kla);
+        }
+    }
+
+    // timing at the production shape, bf16
+    const Shape s = {16, 2048, 6, 128, 128};
+    const Inputs in = make_inputs(s, 0, 1);
+    const size_t rows = (size_t)s.B * s.T, no = rows * s.H * s.dv;
+    const float scale = 1.0f / sqrtf((float)s.dk);
+    __nv_bfloat16* d_qkv = to_device<__nv_bfloat16>(in.qkv, rows * in.ld);
+    float* d_beta = to_device_f(in.beta, rows * s.H);
+    float* d_g = to_device_f(in.g, rows * s.H);
+    __nv_bfloat16* d_o = (__nv_bfloat16*)cuda_malloc_or_die(no * sizeof(__nv_bfloat16), "o");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    const int warmup = 3, iters = version == 1 ? 5 : 20;
+    for (int i = 0; i < warmup; i++) {
+        run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+    }
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    cudaCheck(cudaEventRecord(e0));
+    for (int i = 0; i < iters; i++) {
+        run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+    }
+    cudaCheck(cudaEventRecord(e1));
+    cudaCheck(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+    ms /= iters;
+    const double BT = GDN_CHUNK, dk = s.dk, dv = s.dv;
+    const double tokens = (double)s.B * ceil_div(s.T, GDN_CHUNK) * GDN_CHUNK * s.H;
+    const double flops = tokens * (6 * dk * dv + 6 * BT * dk + 4 * BT * dv + BT * BT / 3);
+    printf("timing B=%d T=%d H=%d dk=%d dv=%d bf16: forward %.4f ms, %.1f TFLOP/s (spec 3.7 count, %.2f GFLOP)\n",
+           s.B, s.T, s.H, s.dk, s.dv, ms, flops / (ms * 1e-3) / 1e12, flops / 1e9);
+    cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_beta)); cudaCheck(cudaFree(d_g)); cudaCheck(cudaFree(d_o));
+    cudaCheck(cudaFree(saved)); cudaCheck(cudaFree(work));
+    free_inputs(in);
+
+    printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
+    return ok ? 0 : 1;
+}

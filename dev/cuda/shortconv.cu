@@ -1,0 +1,757 @@
+/*
+Kernel lab for the per-token kernels of the gdn / kaczmarz layer (spec/gdn_kaczmarz.md): the short causal conv
++ SiLU of kernels/shortconv.cuh (forward, backward, decode), and the kernels of kernels/gdn.cuh around the
+chunkwise core (token features forward/backward, gated RMSNorm forward/backward, the decode recurrent step).
+Every kernel is checked against a CPU reference in double precision; the conv is then timed.
+
+Compile and run from dev/cuda:
+nvcc -O3 -arch=sm_90 -std=c++17 shortconv.cu -o shortconv_bin
+nvcc -O3 -arch=sm_90 -std=c++17 -DENABLE_FP32 shortconv.cu -o shortconv_fp32_bin
+./shortconv_bin 2        (the argument picks the conv version that is checked and timed; default 2)
+
+version 1 is the direct port: the forward runs one thread per output element and loads all W taps from
+global memory; the backward makes three passes (dL/d(pre-activation) per element into a buffer, dproj per
+element from it, and dconv_w with one thread per tap summing every row in order).
+version 2 is kernels/shortconv.cuh: one thread per channel walks a tile of 64 tokens keeping the conv window
+in registers (each input loaded once), the backward fused into one pass with per-tile dconv_w partials that
+a second kernel sums in a fixed order.
+
+Checks: relative L2 error ||gpu - ref|| / ||ref|| per output, against a double reference fed the exact inputs
+the GPU sees (floatX inputs are rounded first). Tolerance 1e-5 in the fp32 build: the kernels compute in fp32,
+so only fp32 rounding (relative ~1e-7, grown by sums of up to a few thousand terms) separates them from the
+reference. 1e-2 in the bf16 build: floatX outputs are rounded to bf16 (8 significant bits, relative error up
+to 2^-9 = 2e-3 per element), and the normalised q, k stored in bf16 feed the features backward.
+Exit status 1 if any check fails.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <algorithm>
+#include <vector>
+#include "../../kernels/shortconv.cuh"
+#include "../../kernels/gdn.cuh"
+
+#if defined(ENABLE_FP32)
+static const double TOLERANCE = 1e-5;
+#else
+static const double TOLERANCE = 1e-2;
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
+// version 1 of the conv (see the header comment)
+
+__global__ void shortconv_forward_kernel1(floatX* out, const floatX* proj, int ld_proj, const float* conv_w,
+                                          int BT, int T, int D, int W) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * D) { return; }
+    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
+    float pre = 0.0f;
+    for (int j = 0; j < W; j++) {
+        const int back = W - 1 - j;
+        if (back <= t) { pre += conv_w[ch * W + j] * to_float(proj[(size_t)(r - back) * ld_proj + ch]); }
+    }
+    out[idx] = from_float<floatX>(shortconv_silu(pre));
+}
+
+__global__ void shortconv_dpre_kernel1(float* dpre, const float* dy, const floatX* proj, int ld_proj,
+                                       const float* conv_w, int BT, int T, int D, int W) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * D) { return; }
+    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
+    float pre = 0.0f;
+    for (int j = 0; j < W; j++) {
+        const int back = W - 1 - j;
+        if (back <= t) { pre += conv_w[ch * W + j] * to_float(proj[(size_t)(r - back) * ld_proj + ch]); }
+    }
+    dpre[idx] = dy[idx] * shortconv_dsilu(pre);
+}
+
+__global__ void shortconv_dproj_kernel1(floatX* dproj, int ld_proj, const float* dpre, const float* conv_w,
+                                        int BT, int T, int D, int W) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * D) { return; }
+    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
+    float d = 0.0f;
+    for (int j = 0; j < W; j++) {
+        const int fwd = W - 1 - j;   // this input is tap j of token t + fwd
+        if (t + fwd < T) { d += conv_w[ch * W + j] * dpre[(size_t)(r + fwd) * D + ch]; }
+    }
+    dproj[(size_t)r * ld_proj + ch] = from_float<floatX>(d);
+}
+
+__global__ void shortconv_dw_kernel1(float* dconv_w, const float* dpre, const floatX* proj, int ld_proj,
+                                     int BT, int T, int D, int W) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= D * W) { return; }
+    const int ch = idx / W, j = idx % W, back = W - 1 - j;
+    float acc = 0.0f;
+    for (int r = 0; r < BT; r++) {
+        if (r % T >= back) { acc += dpre[(size_t)r * D + ch] * to_float(proj[(size_t)(r - back) * ld_proj + ch]); }
+    }
+    dconv_w[idx] += acc;
+}
+
+static void conv_forward(int version, floatX* out, const floatX* proj, int ld_proj, const float* conv_w,
+                         int B, int T, int D, int W) {
+    const int block = 256;
+    switch (version) {
+        case 1:
+            shortconv_forward_kernel1<<<(unsigned)ceil_div_z((size_t)B * T * D, block), block>>>(out, proj, ld_proj,
+                                                                                              conv_w, B * T, T, D, W);
+            cudaCheckLaunch();
+            break;
+        case 2: shortconv_silu_forward(out, proj, ld_proj, conv_w, B, T, D, W, 0); break;
+        default: die("unknown version %d", version);
+    }
+}
+
+// scratch: conv_scratch_bytes(version, ...)
+static size_t conv_scratch_bytes(int version, int B, int T, int D, int W) {
+    return version == 1 ? (size_t)B * T * D * sizeof(float) : shortconv_backward_scratch_bytes(B, T, D, W);
+}
+
+static void conv_backward(int version, floatX* dproj, int ld_proj, float* dconv_w, float* scratch, float* dy,
+                          const floatX* proj, const float* conv_w, int B, int T, int D, int W) {
+    const int block = 256;
+    const unsigned elem_blocks = (unsigned)ceil_div_z((size_t)B * T * D, block);
+    switch (version) {
+        case 1:
+            shortconv_dpre_kernel1<<<elem_blocks, block>>>(scratch, dy, proj, ld_proj, conv_w, B * T, T, D, W);
+            cudaCheckLaunch();
+            shortconv_dproj_kernel1<<<elem_blocks, block>>>(dproj, ld_proj, scratch, conv_w, B * T, T, D, W);
+            cudaCheckLaunch();
+            shortconv_dw_kernel1<<<ceil_div(D * W, block), block>>>(dconv_w, scratch, proj, ld_proj, B * T, T, D, W);
+            cudaCheckLaunch();
+            break;
+        case 2: shortconv_silu_backward(dproj, ld_proj, dconv_w, scratch, dy, proj, conv_w, B, T, D, W, 0); break;
+        default: die("unknown version %d", version);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// host helpers: random inputs, transfers, checks
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float rand_uniform(float lo, float hi) {   // xorshift64*
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    const uint64_t x = rng_state * 0x2545F4914F6CDD1Dull;
+    return lo + (hi - lo) * (float)((x >> 40) * (1.0 / 16777216.0));
+}
+static std::vector<float> random_vector(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) { v[i] = rand_uniform(lo, hi); }
+    return v;
+}
+
+// copies h to a new device floatX array, first rounding h in place to floatX so that the CPU reference
+// sees exactly what the GPU sees
+static floatX* upload_floatX(std::vector<float>& h) {
+    std::vector<floatX> x(h.size());
+    for (size_t i = 0; i < h.size(); i++) {
+        x[i] = floatX(h[i]);
+        h[i] = (float)x[i];
+    }
+    floatX* d = (floatX*)cuda_malloc_or_die(h.size() * sizeof(floatX), "lab buffer");
+    cudaCheck(cudaMemcpy(d, x.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+static float* upload_f32(const std::vector<float>& h) {
+    float* d = (float*)cuda_malloc_or_die(h.size() * sizeof(float), "lab buffer");
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> download_floatX(const floatX* d, size_t n) {
+    std::vector<floatX> x(n);
+    cudaCheck(cudaMemcpy(x.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++) { h[i] = (float)x[i]; }
+    return h;
+}
+static std::vector<float> download_f32(const float* d, size_t n) {
+    std::vector<float> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+// columns [c0, c0 + n) of every row of a [rows, ld] matrix, packed
+static std::vector<float> columns(const std::vector<float>& m, int rows, int ld, int c0, int n) {
+    std::vector<float> out((size_t)rows * n);
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < n; c++) { out[(size_t)r * n + c] = m[(size_t)r * ld + c0 + c]; }
+    }
+    return out;
+}
+static std::vector<double> columns(const std::vector<double>& m, int rows, int ld, int c0, int n) {
+    std::vector<double> out((size_t)rows * n);
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < n; c++) { out[(size_t)r * n + c] = m[(size_t)r * ld + c0 + c]; }
+    }
+    return out;
+}
+
+static int failures = 0;
+
+// relative L2 error of gpu against ref; fails on any non-finite gpu value
+static void check(const char* what, const std::vector<float>& gpu, const std::vector<double>& ref) {
+    if (gpu.size() != ref.size()) { die("check %s: %zu values against %zu", what, gpu.size(), ref.size()); }
+    double num = 0.0, den = 0.0;
+    size_t nonfinite = 0;
+    for (size_t i = 0; i < gpu.size(); i++) {
+        if (!isfinite(gpu[i])) { nonfinite++; }
+        const double d = gpu[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    const double rel = sqrt(num / (den > 0.0 ? den : 1.0));
+    const int ok = nonfinite == 0 && rel <= TOLERANCE;
+    printf("  %-34s rel L2 %.3e%s  %s\n", what, rel, nonfinite ? " (non-finite values)" : "", ok ? "PASS" : "FAIL");
+    if (!ok) { failures++; }
+}
+
+// every value must still be `sentinel` (columns a kernel must not write)
+static void check_untouched(const char* what, const std::vector<float>& gpu, float sentinel) {
+    size_t changed = 0;
+    for (float v : gpu) { changed += v != sentinel; }
+    printf("  %-34s %zu changed  %s\n", what, changed, changed ? "FAIL" : "PASS");
+    if (changed) { failures++; }
+}
+
+template <typename F>
+static float time_ms(int repeats, F launch) {
+    launch();   // warm-up
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventRecord(start));
+    for (int i = 0; i < repeats; i++) { launch(); }
+    cudaCheck(cudaEventRecord(stop));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return ms / repeats;
+}
+
+static double silu_d(double u) { return u / (1.0 + exp(-u)); }
+static double dsilu_d(double u) {
+    const double s = 1.0 / (1.0 + exp(-u));
+    return s * (1.0 + u * (1.0 - s));
+}
+static double sigmoid_d(double u) { return 1.0 / (1.0 + exp(-u)); }
+static double softplus_d(double u) { return u > 20.0 ? u : log1p(exp(u)); }
+
+// ----------------------------------------------------------------------------------------------------------
+// CPU references in double (spec 1.2 step 2, 1.6)
+
+// pre [B*T, D] = conv pre-activation; out = SiLU(pre)
+static void conv_forward_ref(std::vector<double>& pre, std::vector<double>& out, const std::vector<float>& proj,
+                             int ld, const std::vector<float>& w, int B, int T, int D, int W) {
+    pre.assign((size_t)B * T * D, 0.0);
+    out.assign((size_t)B * T * D, 0.0);
+    for (int r = 0; r < B * T; r++) {
+        const int t = r % T;
+        for (int ch = 0; ch < D; ch++) {
+            double acc = 0.0;
+            for (int j = 0; j < W; j++) {
+                const int back = W - 1 - j;
+                if (back <= t) { acc += (double)w[ch * W + j] * proj[(size_t)(r - back) * ld + ch]; }
+            }
+            pre[(size_t)r * D + ch] = acc;
+            out[(size_t)r * D + ch] = silu_d(acc);
+        }
+    }
+}
+
+// dproj [B*T, D]; dw += sum of the tap products
+static void conv_backward_ref(std::vector<double>& dproj, std::vector<double>& dw, const std::vector<float>& dy,
+                              const std::vector<double>& pre, const std::vector<float>& proj, int ld,
+                              const std::vector<float>& w, int B, int T, int D, int W) {
+    std::vector<double> dpre((size_t)B * T * D);
+    for (size_t i = 0; i < dpre.size(); i++) { dpre[i] = dy[i] * dsilu_d(pre[i]); }
+    dproj.assign((size_t)B * T * D, 0.0);
+    for (int r = 0; r < B * T; r++) {
+        const int t = r % T;
+        for (int ch = 0; ch < D; ch++) {
+            for (int j = 0; j < W; j++) {
+                const int fwd = W - 1 - j;
+                if (t + fwd < T) { dproj[(size_t)r * D + ch] += w[ch * W + j] * dpre[(size_t)(r + fwd) * D + ch]; }
+                if (t >= fwd) { dw[ch * W + j] += dpre[(size_t)r * D + ch] * proj[(size_t)(r - fwd) * ld + ch]; }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the conv checks: forward, backward, decode from scratch and after a prefill
+
+static void check_conv(int version, int B, int T, int H, int dk, int dv, int W) {
+    const int D = 2 * H * dk + H * dv, P = D + H * dv + 2 * H, BT = B * T;
+    printf("short conv, version %d: B=%d T=%d D=%d (H=%d dk=%d dv=%d) W=%d, proj row stride %d\n",
+           version, B, T, D, H, dk, dv, W, P);
+    std::vector<float> proj = random_vector((size_t)BT * P, -2.0f, 2.0f);
+    std::vector<float> conv_w = random_vector((size_t)D * W, -0.5f, 0.5f);
+    std::vector<float> dy = random_vector((size_t)BT * D, -1.0f, 1.0f);
+    std::vector<float> dw0 = random_vector((size_t)D * W, -1.0f, 1.0f);
+    floatX* d_proj = upload_floatX(proj);
+    float* d_w = upload_f32(conv_w);
+    float* d_dy = upload_f32(dy);
+    float* d_dw = upload_f32(dw0);
+    floatX* d_out = (floatX*)cuda_malloc_or_die((size_t)BT * D * sizeof(floatX), "out");
+    // dproj starts filled with a sentinel: the columns past D must keep it (exact in bf16)
+    const float sentinel = 3.0f;
+    std::vector<float> fill((size_t)BT * P, sentinel);
+    floatX* d_dproj = upload_floatX(fill);
+    float* d_scratch = (float*)cuda_malloc_or_die(conv_scratch_bytes(version, B, T, D, W), "scratch");
+
+    std::vector<double> pre, out_ref, dproj_ref;
+    conv_forward_ref(pre, out_ref, proj, P, conv_w, B, T, D, W);
+    std::vector<double> dw_ref(dw0.begin(), dw0.end());
+    conv_backward_ref(dproj_ref, dw_ref, dy, pre, proj, P, conv_w, B, T, D, W);
+
+    conv_forward(version, d_out, d_proj, P, d_w, B, T, D, W);
+    check("forward out", download_floatX(d_out, (size_t)BT * D), out_ref);
+
+    conv_backward(version, d_dproj, P, d_dw, d_scratch, d_dy, d_proj, d_w, B, T, D, W);
+    const std::vector<float> dproj_gpu = download_floatX(d_dproj, (size_t)BT * P);
+    check("backward dproj", columns(dproj_gpu, BT, P, 0, D), dproj_ref);
+    check_untouched("backward dproj columns >= D", columns(dproj_gpu, BT, P, D, P - D), sentinel);
+    check("backward dconv_w (accumulated)", download_f32(d_dw, (size_t)D * W), dw_ref);
+
+    // decode token by token from a zero cache; token t of every sequence is proj + t*P with row stride T*P
+    float* d_cache = (float*)cuda_malloc_or_die((size_t)B * (W - 1) * D * sizeof(float), "cache");
+    floatX* d_step = (floatX*)cuda_malloc_or_die((size_t)B * D * sizeof(floatX), "step out");
+    floatX* d_dec = (floatX*)cuda_malloc_or_die((size_t)BT * D * sizeof(floatX), "decode out");
+    auto decode_tokens = [&](int t_begin) {
+        for (int t = t_begin; t < T; t++) {
+            shortconv_silu_decode(d_step, d_cache, d_proj + (size_t)t * P, T * P, d_w, B, D, W, 0);
+            cudaCheck(cudaMemcpy2D(d_dec + (size_t)t * D, (size_t)T * D * sizeof(floatX), d_step, D * sizeof(floatX),
+                                   D * sizeof(floatX), B, cudaMemcpyDeviceToDevice));
+        }
+    };
+    cudaCheck(cudaMemset(d_cache, 0, (size_t)B * (W - 1) * D * sizeof(float)));
+    decode_tokens(0);
+    check("decode from an empty cache", download_floatX(d_dec, (size_t)BT * D), out_ref);
+
+    // prefill the first T0 tokens (their own [B*T0, P] buffer), fill the cache, decode the rest
+    const int T0 = T / 2 + 1;
+    floatX* d_prefix = (floatX*)cuda_malloc_or_die((size_t)B * T0 * P * sizeof(floatX), "prefix");
+    for (int b = 0; b < B; b++) {
+        cudaCheck(cudaMemcpy(d_prefix + (size_t)b * T0 * P, d_proj + (size_t)b * T * P, (size_t)T0 * P * sizeof(floatX),
+                             cudaMemcpyDeviceToDevice));
+    }
+    shortconv_fill_cache(d_cache, d_prefix, P, B, T0, D, W, 0);
+    decode_tokens(T0);
+    std::vector<float> dec_gpu = download_floatX(d_dec, (size_t)BT * D);
+    std::vector<float> tail_gpu;
+    std::vector<double> tail_ref;
+    for (int b = 0; b < B; b++) {
+        for (int t = T0; t < T; t++) {
+            for (int ch = 0; ch < D; ch++) {
+                const size_t i = ((size_t)b * T + t) * D + ch;
+                tail_gpu.push_back(dec_gpu[i]);
+                tail_ref.push_back(out_ref[i]);
+            }
+        }
+    }
+    check("decode after a prefill", tail_gpu, tail_ref);
+
+    cudaCheck(cudaFree(d_prefix));
+    cudaCheck(cudaFree(d_dec));
+    cudaCheck(cudaFree(d_step));
+    cudaCheck(cudaFree(d_cache));
+    cudaCheck(cudaFree(d_scratch));
+    cudaCheck(cudaFree(d_dproj));
+    cudaCheck(cudaFree(d_out));
+    cudaCheck(cudaFree(d_dw));
+    cudaCheck(cudaFree(d_dy));
+    cudaCheck(cudaFree(d_w));
+    cudaCheck(cudaFree(d_proj));
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the gdn.cuh checks
+
+struct LayerDims {
+    int B, T, H, dk, dv;
+    int BT() const { return B * T; }
+    int D() const { return 2 * H * dk + H * dv; }
+    int HV() const { return H * dv; }
+    int P() const { return D() + HV() + 2 * H; }
+};
+
+// spec 1.2 steps 4-6 in double from the raw SiLU output qkv_raw
+static void features_forward_ref(std::vector<double>& qkv, std::vector<double>& qn, std::vector<double>& kn,
+                                 std::vector<double>& beta, std::vector<double>& g, const std::vector<float>& qkv_raw,
+                                 const std::vector<float>& proj, const std::vector<float>& b_bias,
+                                 const std::vector<float>& A_log, const std::vector<float>& dt_bias, const LayerDims& L,
+                                 int kaczmarz, double l2_eps, double kz_eps) {
+    const int H = L.H, dk = L.dk, D = L.D(), P = L.P(), HV = L.HV();
+    qkv.assign(qkv_raw.begin(), qkv_raw.end());
+    qn.assign((size_t)L.BT() * H, 0.0);
+    kn = qn;
+    beta = qn;
+    g = qn;
+    for (int r = 0; r < L.BT(); r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = (size_t)r * H + hh;
+            double* q = &qkv[(size_t)r * D + hh * dk];
+            double* k = &qkv[(size_t)r * D + H * dk + hh * dk];
+            double qq = 0.0, kk = 0.0;
+            for (int d = 0; d < dk; d++) { qq += q[d] * q[d]; kk += k[d] * k[d]; }
+            qn[e] = sqrt(qq + l2_eps);
+            for (int d = 0; d < dk; d++) { q[d] /= qn[e]; }
+            const double eta = sigmoid_d((double)proj[(size_t)r * P + D + HV + H + hh] + b_bias[hh]);
+            if (kaczmarz) {
+                kn[e] = kk + kz_eps;
+                beta[e] = eta / kn[e];
+            } else {
+                kn[e] = sqrt(kk + l2_eps);
+                for (int d = 0; d < dk; d++) { k[d] /= kn[e]; }
+                beta[e] = eta;
+            }
+            g[e] = -exp((double)A_log[hh]) * softplus_d((double)proj[(size_t)r * P + D + HV + hh] + dt_bias[hh]);
+        }
+    }
+}
+
+// spec 1.6 in double: dqkv (in: core gradients, out: dL/d(SiLU output)), da, db [BT, H], parameter sums added
+static void features_backward_ref(std::vector<double>& dqkv, std::vector<double>& da, std::vector<double>& db,
+                                  std::vector<double>& dA_log, std::vector<double>& ddt_bias,
+                                  std::vector<double>& db_bias, const std::vector<float>& dbeta,
+                                  const std::vector<float>& dg, const std::vector<float>& qkv_raw,
+                                  const std::vector<float>& proj, const std::vector<float>& b_bias_p,
+                                  const std::vector<float>& A_log, const std::vector<float>& dt_bias,
+                                  const LayerDims& L, int kaczmarz, double l2_eps, double kz_eps) {
+    const int H = L.H, dk = L.dk, D = L.D(), P = L.P(), HV = L.HV();
+    da.assign((size_t)L.BT() * H, 0.0);
+    db.assign((size_t)L.BT() * H, 0.0);
+    // l2 norm backward of u_hat = u / n, n = sqrt(||u||^2 + eps)
+    auto l2norm_backward = [&](double* du, const float* u) {
+        double uu = 0.0, dot = 0.0;
+        for (int d = 0; d < dk; d++) { uu += (double)u[d] * u[d]; }
+        const double n = sqrt(uu + l2_eps);
+        for (int d = 0; d < dk; d++) { dot += u[d] / n * du[d]; }
+        for (int d = 0; d < dk; d++) { du[d] = (du[d] - u[d] / n * dot) / n; }
+    };
+    for (int r = 0; r < L.BT(); r++) {
+        const float* prow = &proj[(size_t)r * P];
+        for (int hh = 0; hh < H; hh++) {
+            const size_t e = (size_t)r * H + hh;
+            const float* q = &qkv_raw[(size_t)r * D + hh * dk];
+            const float* k = &qkv_raw[(size_t)r * D + H * dk + hh * dk];
+            double* dq = &dqkv[(size_t)r * D + hh * dk];
+            double* dkk = &dqkv[(size_t)r * D + H * dk + hh * dk];
+            l2norm_backward(dq, q);
+            const double eta = sigmoid_d((double)prow[D + HV + H + hh] + b_bias_p[hh]);
+            double deta;
+            if (kaczmarz) {
+                double kk = 0.0;
+                for (int d = 0; d < dk; d++) { kk += (double)k[d] * k[d]; }
+                const double s2 = kk + kz_eps, beta = eta / s2;
+                for (int d = 0; d < dk; d++) { dkk[d] += -2.0 * dbeta[e] * beta / s2 * k[d]; }
+                deta = dbeta[e] / s2;
+            } else {
+                l2norm_backward(dkk, k);
+                deta = dbeta[e];
+            }
+            db[e] = deta * eta * (1.0 - eta);
+            const double u = (double)prow[D + HV + hh] + dt_bias[hh];
+            const double softplus_grad = u > 20.0 ? 1.0 : sigmoid_d(u);
+            da[e] = dg[e] * -exp((double)A_log[hh]) * softplus_grad;
+            const double g = -exp((double)A_log[hh]) * softplus_d(u);
+            dA_log[hh] += dg[e] * g;
+            ddt_bias[hh] += da[e];
+            db_bias[hh] += db[e];
+        }
+    }
+}
+
+static void check_features(const LayerDims& L, int kaczmarz) {
+    const int BT = L.BT(), H = L.H, dk = L.dk, D = L.D(), P = L.P(), HV = L.HV();
+    const float l2_eps = 1e-6f, kz_eps = 1e-6f;
+    printf("token features (%s): B=%d T=%d H=%d dk=%d dv=%d\n", kaczmarz ? "kaczmarz" : "gdn", L.B, L.T, H, dk, L.dv);
+    // post-SiLU values lie above -0.28; some (row, head) keys are made small (kaczmarz: large beta)
+    std::vector<float> qkv_raw = random_vector((size_t)BT * D, -0.25f, 2.0f);
+    for (int r = 0; r < BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            if ((r * H + hh) % 7 == 3) {
+                for (int d = 0; d < dk; d++) { qkv_raw[(size_t)r * D + H * dk + hh * dk + d] *= 0.05f; }
+            }
+        }
+    }
+    std::vector<float> proj = random_vector((size_t)BT * P, -4.0f, 4.0f);
+    for (int r = 0; r < BT; r += 13) {   // a + dt_bias above softplus's threshold 20 on some rows
+        for (int hh = 0; hh < H; hh++) { proj[(size_t)r * P + D + HV + hh] = 25.0f; }
+    }
+    std::vector<float> b_bias = random_vector(H, -1.0f, 1.0f), A_log(H), dt_bias(H);
+    for (int hh = 0; hh < H; hh++) {
+        A_log[hh] = logf(rand_uniform(1.0f, 16.0f));
+        const float dt = expf(rand_uniform(logf(1e-3f), logf(1e-1f)));
+        dt_bias[hh] = dt + logf(-expm1f(-dt));   // softplus^-1 (spec 1.5)
+    }
+    floatX* d_qkv = upload_floatX(qkv_raw);
+    floatX* d_proj = upload_floatX(proj);
+    float* d_b_bias = upload_f32(b_bias);
+    float* d_A_log = upload_f32(A_log);
+    float* d_dt_bias = upload_f32(dt_bias);
+    float* d_stats = (float*)cuda_malloc_or_die((size_t)4 * BT * H * sizeof(float), "stats");
+    float *d_qn = d_stats, *d_kn = d_qn + (size_t)BT * H, *d_beta = d_kn + (size_t)BT * H, *d_g = d_beta + (size_t)BT * H;
+
+    std::vector<double> qkv_ref, qn_ref, kn_ref, beta_ref, g_ref;
+    features_forward_ref(qkv_ref, qn_ref, kn_ref, beta_ref, g_ref, qkv_raw, proj, b_bias, A_log, dt_bias, L, kaczmarz,
+                         l2_eps, kz_eps);
+    gdn_features_forward(d_qkv, d_qn, d_kn, d_beta, d_g, d_proj, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv,
+                         kaczmarz, l2_eps, kz_eps, 0);
+    const std::vector<float> qkv_gpu = download_floatX(d_qkv, (size_t)BT * D);
+    check("forward q (normalised)", columns(qkv_gpu, BT, D, 0, H * dk), columns(qkv_ref, BT, D, 0, H * dk));
+    check("forward k", columns(qkv_gpu, BT, D, H * dk, H * dk), columns(qkv_ref, BT, D, H * dk, H * dk));
+    check("forward v (untouched)", columns(qkv_gpu, BT, D, 2 * H * dk, HV), columns(qkv_ref, BT, D, 2 * H * dk, HV));
+    check("forward qn", download_f32(d_qn, (size_t)BT * H), qn_ref);
+    check("forward kn", download_f32(d_kn, (size_t)BT * H), kn_ref);
+    check("forward beta", download_f32(d_beta, (size_t)BT * H), beta_ref);
+    check("forward g", download_f32(d_g, (size_t)BT * H), g_ref);
+
+    // backward, fed what the GPU forward produced (as the trainer does)
+    std::vector<float> dqkv = random_vector((size_t)BT * D, -1.0f, 1.0f);
+    std::vector<float> dbeta = random_vector((size_t)BT * H, -1.0f, 1.0f);
+    std::vector<float> dg = random_vector((size_t)BT * H, -1.0f, 1.0f);
+    std::vector<float> dA_log0 = random_vector(H, -1.0f, 1.0f), ddt0 = random_vector(H, -1.0f, 1.0f);
+    std::vector<float> dbb0 = random_vector(H, -1.0f, 1.0f);
+    float* d_dqkv = upload_f32(dqkv);
+    float* d_dbeta = upload_f32(dbeta);
+    float* d_dg = upload_f32(dg);
+    float* d_dA_log = upload_f32(dA_log0);
+    float* d_ddt = upload_f32(ddt0);
+    float* d_dbb = upload_f32(dbb0);
+    floatX* d_dproj = (floatX*)cuda_malloc_or_die((size_t)BT * P * sizeof(floatX), "dproj");
+    cudaCheck(cudaMemset(d_dproj, 0, (size_t)BT * P * sizeof(floatX)));
+    float* d_scratch = (float*)cuda_malloc_or_die(gdn_features_backward_scratch_bytes(BT, H), "scratch");
+
+    std::vector<double> dqkv_ref(dqkv.begin(), dqkv.end()), da_ref, db_ref;
+    std::vector<double> dA_log_ref(dA_log0.begin(), dA_log0.end()), ddt_ref(ddt0.begin(), ddt0.end());
+    std::vector<double> dbb_ref(dbb0.begin(), dbb0.end());
+    features_backward_ref(dqkv_ref, da_ref, db_ref, dA_log_ref, ddt_ref, dbb_ref, dbeta, dg, qkv_raw, proj, b_bias,
+                          A_log, dt_bias, L, kaczmarz, l2_eps, kz_eps);
+    gdn_features_backward(d_dqkv, d_dproj, d_dA_log, d_dbb, d_ddt, d_scratch, d_dbeta, d_dg, d_qkv, d_qn, d_kn, d_beta,
+                          d_g, d_proj, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv, kaczmarz, 0);
+    const std::vector<float> dqkv_gpu = download_f32(d_dqkv, (size_t)BT * D);
+    check("backward dq", columns(dqkv_gpu, BT, D, 0, H * dk), columns(dqkv_ref, BT, D, 0, H * dk));
+    check("backward dk", columns(dqkv_gpu, BT, D, H * dk, H * dk), columns(dqkv_ref, BT, D, H * dk, H * dk));
+    check("backward dv (untouched)", columns(dqkv_gpu, BT, D, 2 * H * dk, HV), columns(dqkv_ref, BT, D, 2 * H * dk, HV));
+    const std::vector<float> dproj_gpu = download_floatX(d_dproj, (size_t)BT * P);
+    check("backward da (dproj a columns)", columns(dproj_gpu, BT, P, D + HV, H), da_ref);
+    check("backward db (dproj b columns)", columns(dproj_gpu, BT, P, D + HV + H, H), db_ref);
+    check_untouched("backward other dproj columns", columns(dproj_gpu, BT, P, 0, D + HV), 0.0f);
+    check("backward dA_log (accumulated)", download_f32(d_dA_log, H), dA_log_ref);
+    check("backward ddt_bias (accumulated)", download_f32(d_ddt, H), ddt_ref);
+    check("backward db_bias (accumulated)", download_f32(d_dbb, H), dbb_ref);
+
+    for (void* p : std::vector<void*>{d_qkv, d_proj, d_b_bias, d_A_log, d_dt_bias, d_stats, d_dqkv, d_dbeta, d_dg,
+                                      d_dA_log, d_ddt, d_dbb, d_dproj, d_scratch}) {
+        cudaCheck(cudaFree(p));
+    }
+}
+
+static void check_gated_rmsnorm(const LayerDims& L) {
+    const int BT = L.BT(), H = L.H, dv = L.dv, D = L.D(), P = L.P(), HV = L.HV();
+    const float eps = 1e-5f;
+    printf("gated RMSNorm: B=%d T=%d H=%d dv=%d\n", L.B, L.T, H, dv);
+    std::vector<float> o = random_vector((size_t)BT * HV, -1.0f, 1.0f);
+    for (size_t i = 0; i < (size_t)BT * H; i += 5) {   // some heads with a small RMS, where eps matters
+        for (int c = 0; c < dv; c++) { o[i * dv + c] *= 0.003f; }
+    }
+    std::vector<float> proj = random_vector((size_t)BT * P, -4.0f, 4.0f);
+    std::vector<float> w = random_vector(dv, 0.5f, 1.5f);
+    std::vector<float> dy = random_vector((size_t)BT * HV, -1.0f, 1.0f);
+    std::vector<float> dw0 = random_vector(dv, -1.0f, 1.0f);
+    floatX* d_o = upload_floatX(o);
+    floatX* d_proj = upload_floatX(proj);
+    float* d_w = upload_f32(w);
+    floatX* d_dyo = upload_floatX(dy);   // dL/dy in, dL/do out (in place)
+    float* d_dw = upload_f32(dw0);
+    floatX* d_y = (floatX*)cuda_malloc_or_die((size_t)BT * HV * sizeof(floatX), "y");
+    float* d_rstd = (float*)cuda_malloc_or_die((size_t)BT * H * sizeof(float), "rstd");
+    floatX* d_dproj = (floatX*)cuda_malloc_or_die((size_t)BT * P * sizeof(floatX), "dproj");
+    cudaCheck(cudaMemset(d_dproj, 0, (size_t)BT * P * sizeof(floatX)));
+    float* d_scratch = (float*)cuda_malloc_or_die(gated_rmsnorm_backward_scratch_bytes(BT, H, dv), "scratch");
+
+    std::vector<double> y_ref((size_t)BT * HV), rstd_ref((size_t)BT * H), do_ref((size_t)BT * HV), dz_ref((size_t)BT * HV);
+    std::vector<double> dw_ref(dw0.begin(), dw0.end());
+    for (int r = 0; r < BT; r++) {
+        for (int hh = 0; hh < H; hh++) {
+            const size_t off = (size_t)r * HV + hh * dv;
+            const float* z = &proj[(size_t)r * P + D + hh * dv];
+            double ss = 0.0, m = 0.0;
+            for (int i = 0; i < dv; i++) { ss += (double)o[off + i] * o[off + i]; }
+            const double rs = 1.0 / sqrt(ss / dv + eps);
+            rstd_ref[(size_t)r * H + hh] = rs;
+            for (int i = 0; i < dv; i++) {
+                const double xh = o[off + i] * rs, s = silu_d(z[i]);
+                y_ref[off + i] = xh * w[i] * s;
+                dz_ref[off + i] = dy[off + i] * xh * w[i] * dsilu_d(z[i]);
+                dw_ref[i] += dy[off + i] * xh * s;
+                m += dy[off + i] * w[i] * s * xh;
+            }
+            m /= dv;
+            for (int i = 0; i < dv; i++) {
+                const double dxh = dy[off + i] * w[i] * silu_d(z[i]);
+                do_ref[off + i] = rs * (dxh - o[off + i] * rs * m);
+            }
+        }
+    }
+    gated_rmsnorm_forward(d_y, d_rstd, d_o, d_proj + D, P, d_w, BT, H, dv, eps, 0);
+    check("forward y", download_floatX(d_y, (size_t)BT * HV), y_ref);
+    check("forward rstd", download_f32(d_rstd, (size_t)BT * H), rstd_ref);
+    gated_rmsnorm_backward(d_dyo, d_dproj + D, P, d_dw, d_scratch, d_dyo, d_o, d_proj + D, d_rstd, d_w, BT, H, dv, 0);
+    check("backward do (in place on dy)", download_floatX(d_dyo, (size_t)BT * HV), do_ref);
+    const std::vector<float> dproj_gpu = download_floatX(d_dproj, (size_t)BT * P);
+    check("backward dz (dproj z columns)", columns(dproj_gpu, BT, P, D, HV), dz_ref);
+    check_untouched("backward other dproj columns", columns(dproj_gpu, BT, P, 0, D), 0.0f);
+    check_untouched("backward dproj a, b columns", columns(dproj_gpu, BT, P, D + HV, 2 * H), 0.0f);
+    check("backward dw (accumulated)", download_f32(d_dw, dv), dw_ref);
+
+    for (void* p : std::vector<void*>{d_o, d_proj, d_w, d_dyo, d_dw, d_y, d_rstd, d_dproj, d_scratch}) {
+        cudaCheck(cudaFree(p));
+    }
+}
+
+// a few decode tokens of the recurrence (spec 2.1) from a random state
+static void check_recurrent_step(const LayerDims& L) {
+    const int B = L.B, H = L.H, dk = L.dk, dv = L.dv, D = L.D(), HV = L.HV();
+    const int steps = 3;
+    printf("decode recurrent step: B=%d H=%d dk=%d dv=%d, %d tokens\n", B, H, dk, dv, steps);
+    std::vector<float> S0 = random_vector((size_t)B * H * dk * dv, -0.3f, 0.3f);
+    std::vector<double> S_ref(S0.begin(), S0.end()), o_ref;
+    std::vector<float> o_gpu;
+    float* d_S = upload_f32(S0);
+    floatX* d_o = (floatX*)cuda_malloc_or_die((size_t)B * HV * sizeof(floatX), "o");
+    const double scale = 1.0 / sqrt((double)dk);
+    for (int step = 0; step < steps; step++) {
+        std::vector<float> qkv = random_vector((size_t)B * D, -0.5f, 1.0f);
+        std::vector<float> beta = random_vector((size_t)B * H, 0.0f, 1.0f);
+        std::vector<float> g = random_vector((size_t)B * H, -2.0f, 0.0f);
+        floatX* d_qkv = upload_floatX(qkv);
+        float* d_beta = upload_f32(beta);
+        float* d_g = upload_f32(g);
+        gdn_recurrent_step(d_o, d_S, d_qkv, d_beta, d_g, B, H, dk, dv, 0);
+        const std::vector<float> o_step = download_floatX(d_o, (size_t)B * HV);
+        o_gpu.insert(o_gpu.end(), o_step.begin(), o_step.end());
+        for (int b = 0; b < B; b++) {
+            for (int hh = 0; hh < H; hh++) {
+                const float* q = &qkv[(size_t)b * D + hh * dk];
+                const float* k = &qkv[(size_t)b * D + H * dk + hh * dk];
+                const float* v = &qkv[(size_t)b * D + 2 * H * dk + hh * dv];
+                double* S = &S_ref[((size_t)b * H + hh) * dk * dv];
+                const double alpha = exp((double)g[b * H + hh]);
+                for (int j = 0; j < dv; j++) {
+                    double kS = 0.0;
+                    for (int i = 0; i < dk; i++) { kS += k[i] * S[(size_t)i * dv + j]; }
+                    const double u = beta[b * H + hh] * (v[j] - alpha * kS);
+                    double qS = 0.0;
+                    for (int i = 0; i < dk; i++) {
+                        S[(size_t)i * dv + j] = alpha * S[(size_t)i * dv + j] + k[i] * u;
+                        qS += q[i] * S[(size_t)i * dv + j];
+                    }
+                    o_ref.push_back(scale * qS);
+                }
+            }
+        }
+        cudaCheck(cudaFree(d_qkv));
+        cudaCheck(cudaFree(d_beta));
+        cudaCheck(cudaFree(d_g));
+    }
+    check("o of every token", o_gpu, o_ref);
+    check("final state S", download_f32(d_S, (size_t)B * H * dk * dv), S_ref);
+    cudaCheck(cudaFree(d_o));
+    cudaCheck(cudaFree(d_S));
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// timing of the conv (chosen version) and of the gdn.cuh kernels
+
+static void benchmark(int version, int B, int T, int H, int dk, int dv, int W) {
+    const int D = 2 * H * dk + H * dv, P = D + H * dv + 2 * H, BT = B * T, HV = H * dv;
+    const int repeats = 50;
+    printf("timing: B=%d T=%d D=%d (H=%d dk=%d dv=%d) W=%d, mean of %d runs\n", B, T, D, H, dk, dv, W, repeats);
+    std::vector<float> proj = random_vector((size_t)BT * P, -2.0f, 2.0f);
+    std::vector<float> conv_w = random_vector((size_t)D * W, -0.5f, 0.5f);
+    std::vector<float> dy = random_vector((size_t)BT * D, -1.0f, 1.0f);
+    // fp32 per-token stats (qn | kn | beta | g, then dbeta | dg), parameters (b_bias | A_log | dt_bias | norm w)
+    // and their gradients; the values only need to be finite
+    const size_t n_stats = (size_t)BT * H, n_par = (size_t)3 * H + dv;
+    floatX* d_proj = upload_floatX(proj);
+    float* d_w = upload_f32(conv_w);
+    float* d_dy = upload_f32(dy);
+    float* d_stats = upload_f32(random_vector(6 * n_stats, 0.5f, 1.0f));
+    float* d_par = upload_f32(random_vector(n_par, 0.5f, 1.0f));
+    float* d_grad = upload_f32(random_vector(n_par, 0.5f, 1.0f));
+    float *qn = d_stats, *kn = qn + n_stats, *beta = kn + n_stats, *g = beta + n_stats;
+    float *dbeta = g + n_stats, *dg = dbeta + n_stats;
+    float *b_bias = d_par, *A_log = b_bias + H, *dt_bias = A_log + H, *norm_w = dt_bias + H;
+    float *db_bias = d_grad, *dA_log = db_bias + H, *ddt_bias = dA_log + H, *dnorm_w = ddt_bias + H;
+    float* d_dw = (float*)cuda_malloc_or_die((size_t)D * W * sizeof(float), "dw");
+    cudaCheck(cudaMemset(d_dw, 0, (size_t)D * W * sizeof(float)));
+    floatX* d_out = (floatX*)cuda_malloc_or_die((size_t)BT * D * sizeof(floatX), "out");
+    floatX* d_dproj = (floatX*)cuda_malloc_or_die((size_t)BT * P * sizeof(floatX), "dproj");
+    floatX* d_o = (floatX*)cuda_malloc_or_die((size_t)BT * HV * sizeof(floatX), "o");
+    cudaCheck(cudaMemset(d_o, 0, (size_t)BT * HV * sizeof(floatX)));
+    const size_t scratch_bytes = std::max(std::max(conv_scratch_bytes(version, B, T, D, W),
+                                                   gdn_features_backward_scratch_bytes(BT, H)),
+                                          gated_rmsnorm_backward_scratch_bytes(BT, H, dv));
+    float* d_scratch = (float*)cuda_malloc_or_die(scratch_bytes, "scratch");
+    const size_t x = sizeof(floatX);
+    auto report = [](const char* what, float ms, double bytes) {
+        printf("  %-28s %8.4f ms  %7.1f GB/s\n", what, ms, bytes / (ms * 1e-3) / 1e9);
+    };
+
+    float ms = time_ms(repeats, [&] { conv_forward(version, d_out, d_proj, P, d_w, B, T, D, W); });
+    report("conv forward", ms, (double)BT * D * 2 * x);
+    ms = time_ms(repeats, [&] { conv_backward(version, d_dproj, P, d_dw, d_scratch, d_dy, d_proj, d_w, B, T, D, W); });
+    report("conv backward", ms, (double)BT * D * (4 + 2 * x));
+
+    // gdn.cuh kernels on the same shapes: d_out plays qkv, d_dy plays dqkv, d_o plays o and dy
+    ms = time_ms(repeats, [&] {
+        gdn_features_forward(d_out, qn, kn, beta, g, d_proj, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 1e-6f, 1e-6f, 0);
+    });
+    report("features forward", ms, (double)BT * 2 * H * dk * 2 * x + (double)BT * H * 16);
+    ms = time_ms(repeats, [&] {
+        gdn_features_backward(d_dy, d_dproj, dA_log, db_bias, ddt_bias, d_scratch, dbeta, dg, d_out, qn, kn, beta, g,
+                              d_proj, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 0);
+    });
+    report("features backward", ms, (double)BT * 2 * H * dk * (8 + x) + (double)BT * H * 32);
+    ms = time_ms(repeats, [&] { gated_rmsnorm_forward(d_out, qn, d_o, d_proj + D, P, norm_w, BT, H, dv, 1e-5f, 0); });
+    report("gated rmsnorm forward", ms, (double)BT * HV * 3 * x);
+    ms = time_ms(repeats, [&] {
+        gated_rmsnorm_backward(d_out, d_dproj + D, P, dnorm_w, d_scratch, d_o, d_o, d_proj + D, qn, norm_w, BT, H, dv, 0);
+    });
+    report("gated rmsnorm backward", ms, (double)BT * HV * 5 * x);
+
+    for (void* p : std::vector<void*>{d_proj, d_w, d_dy, d_stats, d_par, d_grad, d_dw, d_out, d_dproj, d_o, d_scratch}) {
+        cudaCheck(cudaFree(p));
+    }
+}
+
+int main(int argc, char** argv) {
+    const int version = argc > 1 ? atoi(argv[1]) : 2;
+    if (version < 1 || version > 2) { die("usage: %s [version 1|2]", argv[0]); }
+    printf("precision %s, tolerance %.0e (relative L2)\n", PRECISION_NAME, TOLERANCE);
+
+    const LayerDims small = {2, 80, 2, 16, 24}, large = {4, 1024, 6, 128, 128};
+    for (const LayerDims& L : {small, large}) {
+        check_conv(version, L.B, L.T, L.H, L.dk, L.dv, 4);
+        for (int kaczmarz = 0; kaczmarz <= 1; kaczmarz++) { check_features(L, kaczmarz); }
+        check_gated_rmsnorm(L);
+        check_recurrent_step(L);
+    }
+    check_conv(version, 2, 80, 2, 16, 24, 3);   // another window length (the kernels are templated on W)
+
+    benchmark(version, 16, 1024, 6, 128, 128, 4);
+
+    if (failures) {
+        printf("FAIL: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("all checks PASS\n");
+    return 0;
+}

@@ -1,0 +1,127 @@
+/*
+kernels/classifier.cuh: softmax + cross-entropy loss + its gradient, fused, over the LM head's logits. The CPU
+versions are softmax_crossentropy_forward and softmax_crossentropy_backward in train_kla.c.
+
+Per row i of logits [BT, Vp] (only the first V columns are real tokens):
+  p = softmax(logits[i, :V])                 in fp32
+  losses[i] = -log p[target[i]] = log(sum_j exp(z_j - max)) - (z_target - max)
+  with write_dlogits: logits[i, :] is overwritten in place by dlogits = (p - onehot(target)) * dloss, and the
+  padding columns V..Vp-1 by 0. The probabilities themselves are never stored.
+
+One block of CLASSIFIER_BLOCK threads per row, which is read exactly twice: once for the running max and sum
+(an "online" softmax: when the max grows, the sum so far is rescaled by exp(old max - new max)), and once to
+write the gradient. Loads and stores are 16 bytes wide (8 bf16 or 4 floats), which needs Vp to be a multiple
+of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max, sum) pairs are combined in a fixed tree
+(warp shuffles, then the warps' results in one warp), so the result is the same on every run.
+*/
+#ifndef TRAIN_KLA_KERNELS_CLASSIFIER_CUH
+#define TRAIN_KLA_KERNELS_CLASSIFIER_CUH
+
+#include <stdint.h>
+#include "common.cuh"
+
+#define CLASSIFIER_BLOCK 1024
+#define CLASSIFIER_VEC ((int)(16 / sizeof(floatX)))   // elements per 16-byte access
+
+// 16 bytes of a logits row, loaded and stored as one access
+struct alignas(16) ClassifierPack {
+    floatX v[CLASSIFIER_VEC];
+};
+
+// (m, s) := the (max, sum of exp(x - max)) of the union of two sets given as (m, s) and (m2, s2).
+// An empty set is (-inf, 0), and contributes nothing (without computing exp(-inf - -inf) = exp(nan)).
+__device__ __forceinline__ void softmax_stats_merge(float& m, float& s, float m2, float s2) {
+    const float m_new = fmaxf(m, m2);
+    const float a = s == 0.0f ? 0.0f : s * expf(m - m_new);
+    const float b = s2 == 0.0f ? 0.0f : s2 * expf(m2 - m_new);
+    m = m_new;
+    s = a + b;
+}
+
+// grid BT, block CLASSIFIER_BLOCK: one row per block
+__global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_kernel(floatX* logits, float* losses,
+                                                                           const int* targets, float dloss, int V,
+                                                                           int Vp, int write_dlogits) {
+    __shared__ float warp_m[CLASSIFIER_BLOCK / 32], warp_s[CLASSIFIER_BLOCK / 32];
+    const int row = blockIdx.x;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    floatX* z = logits + (size_t)row * Vp;
+    const int target = targets != NULL ? targets[row] : -1;
+    // the target's logit, read before any thread may overwrite it with its gradient (after the barrier below)
+    const float z_target = (threadIdx.x == 0 && target >= 0) ? to_float(z[target]) : 0.0f;
+
+    // pass 1: each thread's running (max, sum) over its 16-byte packs of the first V columns
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x * CLASSIFIER_VEC; i < V; i += CLASSIFIER_BLOCK * CLASSIFIER_VEC) {
+        const ClassifierPack pack = *(const ClassifierPack*)(z + i);
+        float pack_max = -INFINITY;
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            if (i + k < V) { pack_max = fmaxf(pack_max, to_float(pack.v[k])); }
+        }
+        const float m_new = fmaxf(m, pack_max);
+        s *= expf(m - m_new);   // m = -inf on the first pack: s is 0 and exp(-inf) = 0
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            if (i + k < V) { s += expf(to_float(pack.v[k]) - m_new); }
+        }
+        m = m_new;
+    }
+    // combine: within each warp, then the warps' results in warp 0
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        softmax_stats_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < CLASSIFIER_BLOCK / 32 ? warp_m[lane] : -INFINITY;
+        s = lane < CLASSIFIER_BLOCK / 32 ? warp_s[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            softmax_stats_merge(m, s, m2, s2);
+        }
+        if (lane == 0) {
+            warp_m[0] = m;
+            warp_s[0] = s;
+            if (losses != NULL && target >= 0) { losses[row] = logf(s) - (z_target - m); }
+        }
+    }
+    __syncthreads();
+    if (!write_dlogits) { return; }
+    const float row_max = warp_m[0], inv_sum = 1.0f / warp_s[0];
+
+    // pass 2: dlogits = (p - onehot(target)) * dloss over the first V columns, 0 over the padding
+    for (int i = threadIdx.x * CLASSIFIER_VEC; i < Vp; i += CLASSIFIER_BLOCK * CLASSIFIER_VEC) {
+        ClassifierPack pack = *(const ClassifierPack*)(z + i);
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            const int j = i + k;
+            float d = 0.0f;
+            if (j < V) {
+                const float p = expf(to_float(pack.v[k]) - row_max) * inv_sum;
+                d = (p - (j == target ? 1.0f : 0.0f)) * dloss;
+            }
+            pack.v[k] = from_float<floatX>(d);
+        }
+        *(ClassifierPack*)(z + i) = pack;
+    }
+}
+
+// logits [BT, Vp] floatX; losses [BT] fp32 (written when not NULL and targets is not NULL); targets [BT] on the
+// device, in 0..V-1 (needed when write_dlogits). dloss: the gradient of the total loss w.r.t. each row's loss,
+// e.g. 1 / (B * T * grad_accum) for a mean.
+static void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int BT, int V, int Vp,
+                             int write_dlogits, cudaStream_t stream) {
+    if (Vp % CLASSIFIER_VEC != 0 || (uintptr_t)logits % 16 != 0) {
+        die("fused_classifier: the padded vocabulary %d must be a multiple of %d and the logits 16-byte aligned",
+            Vp, CLASSIFIER_VEC);
+    }
+    if (V <= 0 || V > Vp) { die("fused_classifier: vocabulary %d must be in 1..%d (the padded vocabulary)", V, Vp); }
+    if (write_dlogits && targets == NULL) { die("fused_classifier: the gradient needs targets"); }
+    if (BT == 0) { return; }
+    fused_classifier_kernel<<<BT, CLASSIFIER_BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    cudaCheckLaunch();
+}
+
+#endif // TRAIN_KLA_KERNELS_CLASSIFIER_CUH

@@ -1,0 +1,233 @@
+/*
+kernels/norm.cuh: the trunk's normalisation (--norm): LayerNorm with bias (kind NORM_LAYERNORM) or RMSNorm
+without (kind NORM_RMSNORM), over the last dimension C of [N, C] rows. The CPU versions are
+layernorm_forward/backward and rmsnorm_forward/backward in train_kla.c.
+
+  LayerNorm  mean = sum(x) / C,  rstd = 1 / sqrt(sum((x - mean)^2) / C + eps),  out = (x - mean) rstd w + b
+  RMSNorm    rstd = 1 / sqrt(sum(x^2) / C + eps),                                out = x rstd w
+Both write xhat w (+ b) with xhat = (x - mean) rstd, where mean = 0 for RMSNorm. So one backward serves both:
+  dxhat = dout w
+  dinp += (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd   (the mean(dxhat) term only for LayerNorm)
+  dw += sum over rows of dout xhat,  db += sum over rows of dout   (db only for LayerNorm)
+
+Forward and the dinp part of the backward: one warp per row (a row is read a few times; the re-reads hit the
+cache), fp32 math, warp sums by shuffles (a fixed tree). The residual variant adds the two inputs first,
+rounds the sum to floatX, stores it, and normalises exactly the stored value.
+
+dw and db are sums over all rows, done without atomics: a column kernel sums fixed chunks of rows into
+scratch [num_chunks, 2C] (dw partials, then db partials), and a second kernel adds the chunks in order. The
+chunk count depends only on N, so the result is bitwise the same on every run.
+*/
+#ifndef TRAIN_KLA_KERNELS_NORM_CUH
+#define TRAIN_KLA_KERNELS_NORM_CUH
+
+#include "common.cuh"
+
+#define NORM_LAYERNORM 0
+#define NORM_RMSNORM 1
+
+#define NORM_ROWS_PER_BLOCK 8         // warps (rows) per block of the row kernels
+#define NORM_MAX_CHUNKS 64            // row chunks of the dw/db reduction
+#define NORM_MIN_CHUNK_ROWS 64
+#define NORM_ROW_LANES 8              // threads per column in a block of the dw/db kernel (32 columns x 8 lanes)
+
+// ----------------------------------------------------------------------------------------------------------
+// forward
+
+// grid ceil(N / NORM_ROWS_PER_BLOCK), block 32 * NORM_ROWS_PER_BLOCK; one warp per row.
+// inp2 == NULL: x = inp1. inp2 != NULL: x = floatX(inp1 + inp2) is written to residual_out first (which may be
+// inp1 or inp2 itself: each element is read and written by the same thread, reads first).
+// mean (LayerNorm) and rstd are written when not NULL.
+__global__ void norm_forward_kernel(int kind, floatX* out, float* mean, float* rstd, floatX* residual_out,
+                                    const floatX* inp1, const floatX* inp2, const float* w, const float* b,
+                                    int N, int C, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) { return; }
+    const size_t base = (size_t)row * C;
+    const floatX* x = inp1 + base;
+
+    // pass 1: the residual sum (when fused), and sum(x) (LayerNorm) or sum(x^2) (RMSNorm)
+    float sum = 0.0f;
+    if (inp2 != NULL) {
+        floatX* r = residual_out + base;
+        for (int i = lane; i < C; i += 32) {
+            const floatX v = from_float<floatX>(to_float(inp1[base + i]) + to_float(inp2[base + i]));
+            r[i] = v;
+            const float xv = to_float(v);
+            sum += kind == NORM_LAYERNORM ? xv : xv * xv;
+        }
+        x = r;
+    } else {
+        for (int i = lane; i < C; i += 32) {
+            const float xv = to_float(x[i]);
+            sum += kind == NORM_LAYERNORM ? xv : xv * xv;
+        }
+    }
+    sum = warp_reduce_sum(sum);
+
+    float m = 0.0f, s;
+    if (kind == NORM_LAYERNORM) {
+        // pass 2: the variance around the mean (two passes, as the CPU version: no cancellation)
+        m = sum / C;
+        float var = 0.0f;
+        for (int i = lane; i < C; i += 32) {
+            const float d = to_float(x[i]) - m;
+            var += d * d;
+        }
+        var = warp_reduce_sum(var);
+        s = 1.0f / sqrtf(var / C + eps);
+    } else {
+        s = 1.0f / sqrtf(sum / C + eps);
+    }
+
+    // last pass: the normalised output
+    floatX* o = out + base;
+    for (int i = lane; i < C; i += 32) {
+        const float xhat = (to_float(x[i]) - m) * s;
+        o[i] = from_float<floatX>(kind == NORM_LAYERNORM ? xhat * w[i] + b[i] : xhat * w[i]);
+    }
+    if (lane == 0) {
+        if (mean != NULL && kind == NORM_LAYERNORM) { mean[row] = m; }
+        if (rstd != NULL) { rstd[row] = s; }
+    }
+}
+
+static void norm_check_kind(int kind) {
+    if (kind != NORM_LAYERNORM && kind != NORM_RMSNORM) { die("norm: unknown kind %d", kind); }
+}
+
+// out = norm(inp) [N, C]; mean, rstd fp32 [N] (mean only for LayerNorm; either may be NULL when the backward
+// will not run); w, b fp32 [C] (b only for LayerNorm)
+static void norm_forward(int kind, floatX* out, float* mean, float* rstd, const floatX* inp, const float* w,
+                         const float* b, int N, int C, float eps, cudaStream_t stream) {
+    norm_check_kind(kind);
+    if (N == 0) { return; }
+    norm_forward_kernel<<<ceil_div(N, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK, 0, stream>>>(
+        kind, out, mean, rstd, NULL, inp, NULL, w, b, N, C, eps);
+    cudaCheckLaunch();
+}
+
+// residual_out = inp1 + inp2 (rounded to floatX; may be inp1 or inp2 itself), norm_out = norm(residual_out)
+static void fused_residual_norm_forward(int kind, floatX* residual_out, floatX* norm_out, float* mean, float* rstd,
+                                        const floatX* inp1, const floatX* inp2, const float* w, const float* b,
+                                        int N, int C, float eps, cudaStream_t stream) {
+    norm_check_kind(kind);
+    if (N == 0) { return; }
+    norm_forward_kernel<<<ceil_div(N, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK, 0, stream>>>(
+        kind, norm_out, mean, rstd, residual_out, inp1, inp2, w, b, N, C, eps);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward
+
+// grid ceil(N / NORM_ROWS_PER_BLOCK), block 32 * NORM_ROWS_PER_BLOCK; one warp per row: dinp += ...
+__global__ void norm_backward_dinp_kernel(int kind, floatX* dinp, const floatX* dout, const floatX* inp,
+                                          const float* w, const float* mean, const float* rstd, int N, int C) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) { return; }
+    const size_t base = (size_t)row * C;
+    const float m = kind == NORM_LAYERNORM ? mean[row] : 0.0f, s = rstd[row];
+
+    // mean(dxhat) and mean(dxhat xhat) over the row
+    float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+        const float xhat = (to_float(inp[base + i]) - m) * s;
+        const float dxhat = to_float(dout[base + i]) * w[i];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+    }
+    const float mean_dxhat = kind == NORM_LAYERNORM ? warp_reduce_sum(sum_dxhat) / C : 0.0f;
+    const float mean_dxhat_xhat = warp_reduce_sum(sum_dxhat_xhat) / C;
+
+    for (int i = lane; i < C; i += 32) {
+        const float xhat = (to_float(inp[base + i]) - m) * s;
+        const float dxhat = to_float(dout[base + i]) * w[i];
+        const float dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+        dinp[base + i] = from_float<floatX>(to_float(dinp[base + i]) + dx);
+    }
+}
+
+// Rows are cut into a number of chunks that depends only on N.
+static int norm_num_chunks(int N) {
+    const int chunks = ceil_div(N, NORM_MIN_CHUNK_ROWS);
+    return chunks < 1 ? 1 : chunks > NORM_MAX_CHUNKS ? NORM_MAX_CHUNKS : chunks;
+}
+
+// scratch needed by norm_backward: one row of dw and db partial sums per chunk
+static size_t norm_backward_scratch_bytes(int N, int C) {
+    return (size_t)norm_num_chunks(N) * 2 * C * sizeof(float);
+}
+
+// grid (ceil(C / 32), num_chunks), block (32, NORM_ROW_LANES). Thread (x, y) sums channel blockIdx.x*32 + x over
+// rows y, y + NORM_ROW_LANES, ... of chunk blockIdx.y; the lanes are then added in order into
+// partial[chunk][c] (dw) and partial[chunk][C + c] (db).
+__global__ void norm_backward_dwdb_partial_kernel(int kind, float* partial, const floatX* dout, const floatX* inp,
+                                                  const float* mean, const float* rstd, int N, int C,
+                                                  int rows_per_chunk) {
+    __shared__ float lane_dw[NORM_ROW_LANES][32];
+    __shared__ float lane_db[NORM_ROW_LANES][32];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    const int row_begin = blockIdx.y * rows_per_chunk;
+    const int row_end = min(N, row_begin + rows_per_chunk);
+    float dw = 0.0f, db = 0.0f;
+    if (c < C) {
+        for (int r = row_begin + threadIdx.y; r < row_end; r += NORM_ROW_LANES) {
+            const float m = kind == NORM_LAYERNORM ? mean[r] : 0.0f;
+            const float xhat = (to_float(inp[(size_t)r * C + c]) - m) * rstd[r];
+            const float d = to_float(dout[(size_t)r * C + c]);
+            dw += d * xhat;
+            db += d;
+        }
+    }
+    lane_dw[threadIdx.y][threadIdx.x] = dw;
+    lane_db[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sum_dw = 0.0f, sum_db = 0.0f;
+        for (int y = 0; y < NORM_ROW_LANES; y++) {
+            sum_dw += lane_dw[y][threadIdx.x];
+            sum_db += lane_db[y][threadIdx.x];
+        }
+        partial[(size_t)blockIdx.y * 2 * C + c] = sum_dw;
+        partial[(size_t)blockIdx.y * 2 * C + C + c] = sum_db;
+    }
+}
+
+// one thread per channel: dw[c] += the chunks' partials in order; db likewise when not NULL
+__global__ void norm_backward_dwdb_finish_kernel(float* dw, float* db, const float* partial, int C, int num_chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float sum_dw = 0.0f, sum_db = 0.0f;
+    for (int k = 0; k < num_chunks; k++) {
+        sum_dw += partial[(size_t)k * 2 * C + c];
+        sum_db += partial[(size_t)k * 2 * C + C + c];
+    }
+    dw[c] += sum_dw;
+    if (db != NULL) { db[c] += sum_db; }
+}
+
+// dinp [N, C] floatX +=; dw, db fp32 [C] += (db only for LayerNorm, may be NULL for RMSNorm);
+// scratch: norm_backward_scratch_bytes(N, C); inp: the forward's input (the stored residual), mean/rstd: what
+// the forward saved (mean unused for RMSNorm). dinp must not alias dout or inp.
+static void norm_backward(int kind, floatX* dinp, float* dw, float* db, float* scratch, const floatX* dout,
+                          const floatX* inp, const float* w, const float* mean, const float* rstd, int N, int C,
+                          cudaStream_t stream) {
+    norm_check_kind(kind);
+    if (N == 0) { return; }
+    const int num_chunks = norm_num_chunks(N);
+    const int rows_per_chunk = ceil_div(N, num_chunks);
+    norm_backward_dwdb_partial_kernel<<<dim3(ceil_div(C, 32), num_chunks), dim3(32, NORM_ROW_LANES), 0, stream>>>(
+        kind, scratch, dout, inp, mean, rstd, N, C, rows_per_chunk);
+    cudaCheckLaunch();
+    norm_backward_dwdb_finish_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(
+        dw, kind == NORM_LAYERNORM ? db : NULL, scratch, C, num_chunks);
+    cudaCheckLaunch();
+    norm_backward_dinp_kernel<<<ceil_div(N, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK, 0, stream>>>(
+        kind, dinp, dout, inp, w, mean, rstd, N, C);
+    cudaCheckLaunch();
+}
+
+#endif // TRAIN_KLA_KERNELS_NORM_CUH

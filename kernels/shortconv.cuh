@@ -1,0 +1,264 @@
+/*
+kernels/shortconv.cuh: the short causal depthwise convolution + SiLU in front of q, k and v
+(spec/gdn_kaczmarz.md 1.2 step 2, backward 1.6, decode 4). The CPU versions are shortconv_row,
+shortconv_silu_backward_row, shortconv_backward and shortconv_decode_step in train_kla.c.
+
+Layouts (row-major), r = b*T + t:
+  proj   [B*T, ld_proj] floatX: the conv reads its first D columns (the pre-conv q | k | v)
+  out    [B*T, D] floatX: SiLU(conv), the qkv buffer
+  conv_w [D, W] fp32 master weights; tap j of channel ch multiplies the input W-1-j tokens back, so tap W-1
+         multiplies the current token. Taps that reach before the sequence start read 0.
+  cache  [B, W-1, D] fp32 (decode): the previous W-1 pre-conv inputs of each sequence, oldest first.
+
+The training kernels give each thread one channel and a tile of SHORTCONV_T_TILE consecutive tokens of one
+sequence: the thread walks its tile keeping the conv window in registers, so each input is loaded once
+(plus a halo of W-1 tokens per tile), and the 32 channels of a warp are adjacent in memory (coalesced).
+The pointers of these kernels are __restrict__ (outputs never alias inputs) and the token loop is unrolled,
+so the loads of the next tokens can be issued before the current token's store.
+The window length W is a template parameter (registers need compile-time indices); conv_size is stored in
+the checkpoint header, so every W in 1..SHORTCONV_MAX_W is compiled.
+
+Determinism: dconv_w is reduced without atomics. Each (sequence, token tile) writes its per-channel partial
+sums into scratch; a second kernel adds the partials of every tile in a fixed order.
+*/
+#ifndef TRAIN_KLA_KERNELS_SHORTCONV_CUH
+#define TRAIN_KLA_KERNELS_SHORTCONV_CUH
+
+#include <type_traits>
+#include "common.cuh"
+
+#define SHORTCONV_T_TILE 64     // tokens walked by one thread
+#define SHORTCONV_BLOCK 128     // channels per block
+#define SHORTCONV_MAX_W 8       // largest conv_size compiled
+#define SHORTCONV_RED_ROWS 16   // row groups of the dconv_w reduction block (32 columns x 16 row groups)
+
+// SiLU(u) = u sigmoid(u) and its derivative SiLU'(u) = sigmoid(u) (1 + u (1 - sigmoid(u)))
+__device__ __forceinline__ float shortconv_silu(float u) { return u * sigmoidf_dev(u); }
+__device__ __forceinline__ float shortconv_dsilu(float u) {
+    const float s = sigmoidf_dev(u);
+    return s * (1.0f + u * (1.0f - s));
+}
+
+// Calls launch(std::integral_constant<int, W>{}) for the runtime conv size W.
+template <typename Launch>
+static void shortconv_dispatch_w(int W, Launch launch) {
+    switch (W) {
+        case 1: launch(std::integral_constant<int, 1>{}); break;
+        case 2: launch(std::integral_constant<int, 2>{}); break;
+        case 3: launch(std::integral_constant<int, 3>{}); break;
+        case 4: launch(std::integral_constant<int, 4>{}); break;
+        case 5: launch(std::integral_constant<int, 5>{}); break;
+        case 6: launch(std::integral_constant<int, 6>{}); break;
+        case 7: launch(std::integral_constant<int, 7>{}); break;
+        case 8: launch(std::integral_constant<int, 8>{}); break;
+        default: die("short conv: conv size W = %d is not supported (1..%d)", W, SHORTCONV_MAX_W);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward: out[r, ch] = SiLU(sum_j w[ch, j] * in[t - (W-1) + j, ch])
+
+// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B), block SHORTCONV_BLOCK
+template <int W>
+__global__ void shortconv_silu_forward_kernel(floatX* __restrict__ out, const floatX* __restrict__ proj, int ld_proj,
+                                              const float* __restrict__ conv_w, int T, int D) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= D) { return; }
+    const int b = blockIdx.z;
+    const int t0 = blockIdx.y * SHORTCONV_T_TILE;
+    const int t1 = min(t0 + SHORTCONV_T_TILE, T);
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch;   // input of token s of this sequence: in[s * ld_proj]
+    floatX* dst = out + (size_t)b * T * D + ch;
+
+    float w[W];
+    #pragma unroll
+    for (int j = 0; j < W; j++) { w[j] = conv_w[ch * W + j]; }
+    // win[j] = input at token t - (W-1) + j; the first W-1 entries are the halo before the tile
+    float win[W];
+    #pragma unroll
+    for (int j = 0; j < W - 1; j++) {
+        const int s = t0 - (W - 1) + j;
+        win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
+    }
+    #pragma unroll 4
+    for (int t = t0; t < t1; t++) {
+        win[W - 1] = to_float(in[(size_t)t * ld_proj]);
+        float pre = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
+        dst[(size_t)t * D] = from_float<floatX>(shortconv_silu(pre));
+        #pragma unroll
+        for (int j = 0; j < W - 1; j++) { win[j] = win[j + 1]; }
+    }
+}
+
+static void shortconv_silu_forward(floatX* out, const floatX* proj, int ld_proj, const float* conv_w,
+                                   int B, int T, int D, int W, cudaStream_t stream) {
+    const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
+    shortconv_dispatch_w(W, [&](auto w) {
+        shortconv_silu_forward_kernel<decltype(w)::value><<<grid, SHORTCONV_BLOCK, 0, stream>>>(
+            out, proj, ld_proj, conv_w, T, D);
+    });
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward (spec 1.6). dy [B*T, D] fp32 = dL/d(SiLU output), overwritten in place with
+//   dpre[t, ch]    = dy[t, ch] * SiLU'(pre[t, ch])                  (pre recomputed from proj)
+// then
+//   dproj[s, ch]   = sum_j w[ch, j] * dpre[s + (W-1-j), ch]          (terms past the sequence end dropped)
+//   dconv_w[ch, j] += sum_{b, t} dpre[t, ch] * in[t - (W-1-j), ch]   (terms before the sequence start dropped)
+
+// dconv_w partials: one row of D*W floats (ch*W + j) per (sequence, token tile)
+static size_t shortconv_backward_scratch_bytes(int B, int T, int D, int W) {
+    return (size_t)B * ceil_div(T, SHORTCONV_T_TILE) * D * W * sizeof(float);
+}
+
+// one thread per (row, channel): dy *= SiLU'(pre), pre recomputed
+template <int W>
+__global__ void shortconv_dpre_kernel(float* __restrict__ dy, const floatX* __restrict__ proj, int ld_proj,
+                                      const float* __restrict__ conv_w, int BT, int T, int D) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * D) { return; }
+    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
+    float pre = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < W; j++) {
+        const int back = W - 1 - j;
+        if (back <= t) { pre += conv_w[ch * W + j] * to_float(proj[(size_t)(r - back) * ld_proj + ch]); }
+    }
+    dy[idx] *= shortconv_dsilu(pre);
+}
+
+// one thread per (row, channel): dproj[s, ch] = sum_j w[ch, j] dpre[s + W-1-j, ch] within the sequence
+template <int W>
+__global__ void shortconv_dproj_kernel(floatX* __restrict__ dproj, int ld_proj, const float* __restrict__ dpre,
+                                       const float* __restrict__ conv_w, int BT, int T, int D) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)BT * D) { return; }
+    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
+    float d = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < W; j++) {
+        const int fwd = W - 1 - j;
+        if (t + fwd < T) { d += conv_w[ch * W + j] * dpre[(size_t)(r + fwd) * D + ch]; }
+    }
+    dproj[(size_t)r * ld_proj + ch] = from_float<floatX>(d);
+}
+
+// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch sums, over the
+// tokens of its tile in order, dpre[t, ch] * in[t - (W-1-j), ch] for every tap j into its partial row
+template <int W>
+__global__ void shortconv_dw_partial_kernel(float* __restrict__ dw_partial, const float* __restrict__ dpre,
+                                            const floatX* __restrict__ proj, int ld_proj, int T, int D) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= D) { return; }
+    const int b = blockIdx.z, tile = blockIdx.y;
+    const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch;
+    const float* dp = dpre + (size_t)b * T * D + ch;
+    float acc[W];
+    #pragma unroll
+    for (int j = 0; j < W; j++) { acc[j] = 0.0f; }
+    for (int t = t0; t < t1; t++) {
+        const float d = dp[(size_t)t * D];
+        #pragma unroll
+        for (int j = 0; j < W; j++) {
+            const int s = t - (W - 1 - j);
+            if (s >= 0) { acc[j] += d * to_float(in[(size_t)s * ld_proj]); }
+        }
+    }
+    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
+    #pragma unroll
+    for (int j = 0; j < W; j++) { part[j] = acc[j]; }
+}
+
+// dconv_w[col] += sum over rows of partial[row, col], rows in a fixed order: thread (x, y) sums rows y,
+// y + SHORTCONV_RED_ROWS, ... of column col; the row groups are then added in order y = 0, 1, ...
+// grid ceil(cols / 32), block (32, SHORTCONV_RED_ROWS)
+__global__ void shortconv_dw_reduce_kernel(float* dconv_w, const float* partial, int rows, int cols) {
+    __shared__ float group_sum[SHORTCONV_RED_ROWS][32];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float acc = 0.0f;
+    if (col < cols) {
+        for (int r = threadIdx.y; r < rows; r += SHORTCONV_RED_ROWS) { acc += partial[(size_t)r * cols + col]; }
+    }
+    group_sum[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float sum = 0.0f;
+        for (int y = 0; y < SHORTCONV_RED_ROWS; y++) { sum += group_sum[y][threadIdx.x]; }
+        dconv_w[col] += sum;
+    }
+}
+
+// dproj[:, 0:D] is overwritten (the other columns are left alone); dconv_w is accumulated into; dy is
+// overwritten with dL/d(pre-activation). scratch: shortconv_backward_scratch_bytes(B, T, D, W).
+static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, float* scratch, float* dy,
+                                    const floatX* proj, const float* conv_w, int B, int T, int D, int W,
+                                    cudaStream_t stream) {
+    const unsigned elem_blocks = (unsigned)ceil_div_z((size_t)B * T * D, 256);
+    const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
+    shortconv_dispatch_w(W, [&](auto w) {
+        constexpr int WW = decltype(w)::value;
+        shortconv_dpre_kernel<WW><<<elem_blocks, 256, 0, stream>>>(dy, proj, ld_proj, conv_w, B * T, T, D);
+        shortconv_dproj_kernel<WW><<<elem_blocks, 256, 0, stream>>>(dproj, ld_proj, dy, conv_w, B * T, T, D);
+        shortconv_dw_partial_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(scratch, dy, proj, ld_proj, T, D);
+    });
+    cudaCheckLaunch();
+    const int rows = B * ceil_div(T, SHORTCONV_T_TILE);
+    const int cols = D * W;
+    shortconv_dw_reduce_kernel<<<ceil_div(cols, 32), dim3(32, SHORTCONV_RED_ROWS), 0, stream>>>(
+        dconv_w, scratch, rows, cols);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// decode (spec 4): one new token per sequence, proj [B, ld_proj], out [B, D]
+
+// one thread per (sequence, channel); it alone reads and shifts its column of the cache
+__global__ void shortconv_silu_decode_kernel(floatX* out, float* cache, const floatX* proj, int ld_proj,
+                                             const float* conv_w, int B, int D, int W) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * D) { return; }
+    const int b = idx / D, ch = idx % D;
+    const float x = to_float(proj[(size_t)b * ld_proj + ch]);
+    float* c = cache + (size_t)b * (W - 1) * D + ch;   // c[j * D] = tap j's input
+    const float* w = conv_w + ch * W;
+    float pre = w[W - 1] * x;
+    for (int j = 0; j < W - 1; j++) { pre += w[j] * c[(size_t)j * D]; }
+    out[(size_t)b * D + ch] = from_float<floatX>(shortconv_silu(pre));
+    if (W > 1) {
+        for (int j = 0; j < W - 2; j++) { c[(size_t)j * D] = c[(size_t)(j + 1) * D]; }
+        c[(size_t)(W - 2) * D] = x;
+    }
+}
+
+static void shortconv_silu_decode(floatX* out, float* cache, const floatX* proj, int ld_proj, const float* conv_w,
+                                  int B, int D, int W, cudaStream_t stream) {
+    const int block = 256;
+    shortconv_silu_decode_kernel<<<ceil_div(B * D, block), block, 0, stream>>>(out, cache, proj, ld_proj, conv_w, B, D, W);
+    cudaCheckLaunch();
+}
+
+// After a prefill of T tokens (proj [B*T, ld_proj]), load the decode cache with the last W-1 pre-conv inputs of
+// each sequence (zeros where T < W-1), so that decoding continues the prefill (spec 4).
+__global__ void shortconv_fill_cache_kernel(float* cache, const floatX* proj, int ld_proj, int B, int T, int D, int W) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * (W - 1) * D) { return; }
+    const int ch = idx % D;
+    const int j = (idx / D) % (W - 1);
+    const int b = idx / (D * (W - 1));
+    const int t = T - (W - 1) + j;
+    cache[idx] = t >= 0 ? to_float(proj[((size_t)b * T + t) * ld_proj + ch]) : 0.0f;
+}
+
+static void shortconv_fill_cache(float* cache, const floatX* proj, int ld_proj, int B, int T, int D, int W,
+                                 cudaStream_t stream) {
+    if (W < 2) { return; }
+    const int block = 256;
+    shortconv_fill_cache_kernel<<<ceil_div(B * (W - 1) * D, block), block, 0, stream>>>(cache, proj, ld_proj, B, T, D, W);
+    cudaCheckLaunch();
+}
+
+#endif // TRAIN_KLA_KERNELS_SHORTCONV_CUH

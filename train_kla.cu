@@ -1,0 +1,983 @@
+/*
+train_kla.cu: the CUDA trainer of train_kla. bf16 mixed precision (or fp32 with PRECISION=FP32), cuBLASLt
+matmuls, hand-written kernels for everything else (kernels/).
+
+The model, the flags, the checkpoint files and the logs are those of train_kla.c (model.h holds what the two
+programs share), so a checkpoint written by one program is read by the other. This slice runs the mixers
+`attn`, `gdn` and `kaczmarz` (spec/gdn_kaczmarz.md); a model with any other mixer is refused with a message.
+
+Mixed precision (kernels/common.cuh): the parameters live in fp32 (the master copy, what AdamW updates and
+what checkpoints hold) and in floatX (what the matmuls read); parameter gradients are fp32 and accumulate
+across micro-steps; activations are floatX except the per-token statistics, the losses and the recurrent
+mixers' gate, decay and state arithmetic, which are fp32.
+
+Memory plan, as llm.c: one device allocation for the fp32 parameters, one for the floatX copy, one for the
+gradients, one each for AdamW's m and v, one for the activations the backward needs (all layers), one for the
+backward's scratch (shared by all layers). With -r 1 the norms' outputs and the MLP's activation output are not
+kept per layer but recomputed in the backward into one shared buffer.
+
+When compiled with -DTESTING the file provides everything but main(), for test_kla.cu.
+*/
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "utils.h"
+#include "tokenizer.h"
+#include "dataloader.h"
+#include "model.h"
+#include "kernels/common.cuh"
+#include "kernels/activations.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/encoder.cuh"
+#include "kernels/classifier.cuh"
+#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/shortconv.cuh"
+#include "kernels/gdn.cuh"
+#include "kernels/gdn_chunk.cuh"
+
+// ----------------------------------------------------------------------------------------------------------
+// small kernels of this file
+
+// floatX -> fp32 (logits and activations brought back to the host)
+__global__ void convert_to_float_kernel(float* out, const floatX* in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = to_float(in[i]); }
+}
+
+static void convert_to_float(float* out, const floatX* in, size_t n, cudaStream_t stream) {
+    if (n == 0) { return; }
+    convert_to_float_kernel<<<(unsigned)ceil_div_z(n, 256), 256, 0, stream>>>(out, in, n);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the model's activations and scratch
+
+// one gdn/kaczmarz layer's geometry (spec/gdn_kaczmarz.md section 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
+typedef struct {
+    int H, dk, dv, W, kaczmarz;
+    int D;  // 2*H*dk + H*dv: the conv'ed channels q | k | v
+    int P;  // D + H*dv + 2*H: the in_proj rows
+} GDNShape;
+
+static GDNShape gdn_shape(const Config* c, int layer) {
+    GDNShape s;
+    s.H = c->lin_heads;
+    s.dk = c->lin_dk;
+    s.dv = c->lin_dv;
+    s.W = c->conv_size;
+    s.kaczmarz = c->mixer[layer] == MIXER_KACZMARZ;
+    s.D = 2 * s.H * s.dk + s.H * s.dv;
+    s.P = s.D + s.H * s.dv + 2 * s.H;
+    return s;
+}
+
+typedef struct {
+    floatX* ln1;                        // (B,T,C) LN1 output = the mixer input (shared buffer with -r 1)
+    float *ln1_mean, *ln1_rstd;         // (B,T)
+    floatX *qkv, *atty;                 // attn: (B,T,3C), (B,T,C)
+    float* lse;                         // attn: (B,NH,T) log-sum-exp of each query row
+    floatX *proj, *gqkv, *o, *y;        // gdn: (B,T,P) in_proj out, (B,T,D) core q|k|v, (B,T,H*dv) core out, gated norm out
+    float *qn, *kn, *beta, *g, *rstd;   // gdn: (B,T,H) each (see train_kla.c GDNActs)
+    void* chunk_saved;                  // gdn: what gdn_chunk_forward saves for the backward
+    floatX* residual2;                  // (B,T,C) residual after the mixer
+    floatX* ln2;                        // (B,T,C) LN2 output (shared with -r 1); NULL without an MLP
+    float *ln2_mean, *ln2_rstd;
+    floatX* fch;                        // (B,T,Hm) GELU pre-activation, or (B,T,2Hm) SwiGLU input
+    floatX* fch_act;                    // (B,T,Hm) the MLP's activation output (shared with -r 1)
+    floatX* residual3;                  // (B,T,C) block output (= residual2 without an MLP)
+} LayerActivations;
+
+typedef struct {
+    floatX* encoded;                    // (B,T,C)
+    LayerActivations layer[MAX_LAYERS];
+    floatX* lnf;                        // (B,T,C)
+    float *lnf_mean, *lnf_rstd;
+    floatX* logits;                     // (B,T,Vp); the backward overwrites it with dlogits
+    float* losses;                      // (B,T)
+    floatX* block_out;                  // (B,T,C) a sublayer's output before it joins the residual
+} Activations;
+
+// the backward's working memory, shared by all layers
+typedef struct {
+    floatX *dresidual, *dln, *dbtc;     // (B,T,C)
+    floatX *dfch, *dfch_act;            // like fch and fch_act
+    floatX* dqkv;                       // attn: (B,T,3C)
+    floatX *dproj, *dy, *dout_o;        // gdn: (B,T,P), (B,T,H*dv) x2
+    float *dgqkv, *dbeta, *dg;          // gdn: (B,T,D), (B,T,H) x2, fp32
+    float* reduce;                      // partial sums of the deterministic parameter-gradient reductions
+    void* work;                         // attention backward / gdn chunk workspace / encoder backward scratch
+    float* norm_sq;                     // (1) the squared global gradient norm
+} BackwardScratch;
+
+typedef struct {
+    Config config;
+    TensorTable table;
+    ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (FORMATS.md layout)
+    float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32
+    floatX* params_x;                   // device floatX copy of the parameters (== params_memory in the FP32 build)
+    float* host_params;                 // host staging for checkpoints and initialisation
+    size_t num_parameters;
+    int recompute;                      // -r: 1 = recompute norm and MLP activations in the backward
+    int B, T;                           // the activations are sized for this batch
+    Activations acts;
+    BackwardScratch scratch;
+    void *acts_memory, *scratch_memory;
+    int *inputs, *targets;              // device copies of the last forward's batch
+    int* inputs_host;                   // host copy (the deterministic encoder backward groups by token id)
+    int has_targets;
+    float* losses_host;                 // (B,T)
+    float mean_loss;                    // of the last forward with targets
+    cudaStream_t stream;
+} Model;
+
+// The floatX copy of a parameter tensor given its fp32 master pointer.
+static const floatX* X(const Model* m, const float* p) {
+    return p ? (const floatX*)m->params_x + (p - m->params_memory) : NULL;
+}
+
+static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->mixer[l] != MIXER_ATTN && !is_gdn_family(c->mixer[l])) {
+            snprintf(first_unsupported, size, "%s", MIXER_NAMES[c->mixer[l]]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// bump allocator over one block, 256-byte aligned pieces; with base == NULL it only counts
+static void* carve(char* base, size_t* cursor, size_t bytes) {
+    void* p = base ? base + *cursor : NULL;
+    *cursor += (bytes + 255) / 256 * 256;
+    return p;
+}
+#define CARVE_X(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
+#define CARVE_F(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
+
+static size_t layout_activations(Model* m, char* base, int B, int T) {
+    const Config* c = &m->config;
+    size_t C = c->channels, BT = (size_t)B * T, Vp = c->padded_vocab_size, cur = 0, Hm = c->mlp_hidden;
+    size_t fch_width = Hm * (c->mlp == MLP_SWIGLU ? 2 : 1);
+    Activations* a = &m->acts;
+    a->encoded = CARVE_X(BT * C);
+    // with -r 1 the norm outputs and the MLP activation output share one buffer each over the layers
+    floatX* shared_ln = m->recompute ? CARVE_X(BT * C) : NULL;
+    floatX* shared_act = m->recompute && c->mlp != MLP_NONE ? CARVE_X(BT * Hm) : NULL;
+    for (int l = 0; l < c->num_layers; l++) {
+        LayerActivations* la = &a->layer[l];
+        memset(la, 0, sizeof(*la));
+        la->ln1 = m->recompute ? shared_ln : CARVE_X(BT * C);
+        la->ln1_mean = CARVE_F(BT);
+        la->ln1_rstd = CARVE_F(BT);
+        if (c->mixer[l] == MIXER_ATTN) {
+            la->qkv = CARVE_X(BT * 3 * C);
+            la->atty = CARVE_X(BT * C);
+            la->lse = CARVE_F(BT * c->num_heads);
+        } else {
+            GDNShape s = gdn_shape(c, l);
+            size_t HV = (size_t)s.H * s.dv;
+            la->proj = CARVE_X(BT * s.P);
+            la->gqkv = CARVE_X(BT * s.D);
+            la->o = CARVE_X(BT * HV);
+            la->y = CARVE_X(BT * HV);
+            la->qn = CARVE_F(BT * s.H);
+            la->kn = CARVE_F(BT * s.H);
+            la->beta = CARVE_F(BT * s.H);
+            la->g = CARVE_F(BT * s.H);
+            la->rstd = CARVE_F(BT * s.H);
+            la->chunk_saved = carve(base, &cur, gdn_chunk_saved_bytes(B, T, s.H, s.dk, s.dv));
+        }
+        la->residual2 = CARVE_X(BT * C);
+        if (c->mlp == MLP_NONE) {
+            la->residual3 = la->residual2;
+            continue;
+        }
+        la->ln2 = m->recompute ? shared_ln : CARVE_X(BT * C);
+        la->ln2_mean = CARVE_F(BT);
+        la->ln2_rstd = CARVE_F(BT);
+        la->fch = CARVE_X(BT * fch_width);
+        la->fch_act = m->recompute ? shared_act : CARVE_X(BT * Hm);
+        la->residual3 = CARVE_X(BT * C);
+    }
+    a->lnf = CARVE_X(BT * C);
+    a->lnf_mean = CARVE_F(BT);
+    a->lnf_rstd = CARVE_F(BT);
+    a->logits = CARVE_X(BT * Vp);
+    a->losses = CARVE_F(BT);
+    a->block_out = CARVE_X(BT * C);
+    return cur;
+}
+
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+static size_t layout_scratch(Model* m, char* base, int B, int T) {
+    const Config* c = &m->config;
+    size_t C = c->channels, BT = (size_t)B * T, cur = 0, Hm = c->mlp_hidden;
+    BackwardScratch* s = &m->scratch;
+    int has_attn = config_has_mixer(c, MIXER_ATTN), has_gdn = !config_has_wpe(c) && c->lin_heads > 0;
+    s->dresidual = CARVE_X(BT * C);
+    s->dln = CARVE_X(BT * C);
+    s->dbtc = CARVE_X(BT * C);
+    s->dfch = CARVE_X(BT * Hm * (c->mlp == MLP_SWIGLU ? 2 : 1));
+    s->dfch_act = CARVE_X(BT * Hm);
+    s->dqkv = has_attn ? CARVE_X(BT * 3 * C) : NULL;
+    // reductions: the largest over every use (bias gradients up to Vp wide are not used: the LM head has no bias)
+    size_t reduce = max_z(matmul_backward_scratch_bytes((int)BT, (int)(Hm > 3 * C ? 2 * Hm : 3 * C)),
+                          norm_backward_scratch_bytes((int)BT, (int)C));
+    size_t work = max_z(encoder_backward_scratch_bytes(B, T, (int)C), global_norm_scratch_bytes());
+    if (has_attn) { work = max_z(work, attention_backward_scratch_bytes(B, T, (int)C, c->num_heads)); }
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->mixer[l] == MIXER_ATTN) { continue; }
+        GDNShape g = gdn_shape(c, l);
+        reduce = max_z(reduce, matmul_backward_scratch_bytes((int)BT, g.P));
+        reduce = max_z(reduce, shortconv_backward_scratch_bytes(B, T, g.D, g.W));
+        reduce = max_z(reduce, gdn_features_backward_scratch_bytes((int)BT, g.H));
+        reduce = max_z(reduce, gated_rmsnorm_backward_scratch_bytes((int)BT, g.H, g.dv));
+        work = max_z(work, gdn_chunk_workspace_bytes(B, T, g.H, g.dk, g.dv));
+    }
+    if (has_gdn) {
+        GDNShape g = gdn_shape(c, 0);
+        size_t HV = (size_t)g.H * g.dv;
+        s->dproj = CARVE_X(BT * g.P);
+        s->dy = CARVE_X(BT * HV);
+        s->dout_o = CARVE_X(BT * HV);
+        s->dgqkv = CARVE_F(BT * g.D);
+        s->dbeta = CARVE_F(BT * g.H);
+        s->dg = CARVE_F(BT * g.H);
+    }
+    s->reduce = (float*)carve(base, &cur, reduce);
+    s->work = carve(base, &cur, work);
+    s->norm_sq = CARVE_F(1);
+    return cur;
+}
+#undef CARVE_X
+#undef CARVE_F
+
+// Allocate the parameters (left for the caller to fill through host_params + model_upload_parameters).
+static void model_build(Model* m, const Config* c, int recompute) {
+    char name[32];
+    if (!config_is_supported(c, name, sizeof(name))) {
+        die("train_kla.cu runs the mixers attn, gdn and kaczmarz; this model has '%s' layers (use the CPU trainer "
+            "train_kla for them)", name);
+    }
+    memset(m, 0, sizeof(*m));
+    m->config = *c;
+    m->recompute = recompute;
+    build_parameter_layout(c, &m->table, NULL, NULL);
+    m->num_parameters = m->table.num_parameters;
+    size_t n = m->num_parameters;
+    m->params_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the parameters");
+    m->grads_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the gradients");
+#ifdef ENABLE_FP32
+    m->params_x = m->params_memory;
+#else
+    m->params_x = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "the bf16 copy of the parameters");
+#endif
+    cudaCheck(cudaMemset(m->grads_memory, 0, n * sizeof(float)));
+    m->host_params = (float*)malloc_or_die(n * sizeof(float));
+    build_parameter_layout(c, &m->table, &m->params, m->params_memory);
+    build_parameter_layout(c, &m->table, &m->grads, m->grads_memory);
+    cudaCheck(cudaStreamCreate(&m->stream));
+}
+
+// host_params -> the device's fp32 master copy and its floatX copy
+static void model_upload_parameters(Model* m) {
+    cudaCheck(cudaMemcpy(m->params_memory, m->host_params, m->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+#ifndef ENABLE_FP32
+    copy_to_floatX(m->params_x, m->params_memory, m->num_parameters, m->stream);
+#endif
+    cudaCheck(cudaStreamSynchronize(m->stream));
+}
+
+// the device's fp32 parameters -> host_params (for checkpoints)
+static void model_download_parameters(Model* m) {
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaCheck(cudaMemcpy(m->host_params, m->params_memory, m->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+static void model_load(Model* m, const char* path, int recompute) {
+    Config c;
+    TensorTable tt;
+    FILE* f = open_model_file(path, &c, &tt);
+    model_build(m, &c, recompute);
+    read_model_payload(f, path, m->host_params, m->num_parameters);
+    model_upload_parameters(m);
+}
+
+static void model_free(Model* m) {
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaFree(m->params_memory);
+    cudaFree(m->grads_memory);
+#ifndef ENABLE_FP32
+    cudaFree(m->params_x);
+#endif
+    cudaFree(m->m_memory);
+    cudaFree(m->v_memory);
+    cudaFree(m->acts_memory);
+    cudaFree(m->scratch_memory);
+    cudaFree(m->inputs);
+    cudaFree(m->targets);
+    free(m->inputs_host);
+    free(m->losses_host);
+    free(m->host_params);
+    cudaStreamDestroy(m->stream);
+}
+
+// (Re)size the activations and the backward scratch for a batch of B sequences of T tokens.
+static void model_size_activations(Model* m, int B, int T) {
+    if (m->acts_memory && m->B == B && m->T == T) { return; }
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaFree(m->acts_memory);
+    cudaFree(m->scratch_memory);
+    cudaFree(m->inputs);
+    cudaFree(m->targets);
+    free(m->inputs_host);
+    free(m->losses_host);
+    m->B = B;
+    m->T = T;
+    size_t na = layout_activations(m, NULL, B, T), ns = layout_scratch(m, NULL, B, T);
+    m->acts_memory = cuda_malloc_or_die(na, "the activations");
+    m->scratch_memory = cuda_malloc_or_die(ns, "the backward's scratch");
+    layout_activations(m, (char*)m->acts_memory, B, T);
+    layout_scratch(m, (char*)m->scratch_memory, B, T);
+    size_t BT = (size_t)B * T;
+    m->inputs = (int*)cuda_malloc_or_die(BT * sizeof(int), "the input tokens");
+    m->targets = (int*)cuda_malloc_or_die(BT * sizeof(int), "the target tokens");
+    m->inputs_host = (int*)malloc_or_die(BT * sizeof(int));
+    m->losses_host = (float*)malloc_or_die(BT * sizeof(float));
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward
+
+// spec/gdn_kaczmarz.md 1.2: out = W_o gated_rmsnorm(core(features(SiLU(conv(W_in x)))))
+static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int B, int T) {
+    const Config* c = &m->config;
+    const GDNParams* p = &m->params.layer[l].gdn;
+    LayerActivations* la = &m->acts.layer[l];
+    GDNShape s = gdn_shape(c, l);
+    int BT = B * T, HV = s.H * s.dv;
+    cudaStream_t st = m->stream;
+    // step 1: the fused projection, blocks q | k | v | z | a | b
+    matmul_forward(la->proj, x, X(m, p->in_proj_w), NULL, BT, c->channels, s.P, NULL, st);
+    // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
+    shortconv_silu_forward(la->gqkv, la->proj, s.P, p->conv_w, B, T, s.D, s.W, st);
+    gdn_features_forward(la->gqkv, la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, s.H,
+                         s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
+    // step 7: the chunkwise recurrence (spec 3), S_0 = 0, scale dk^-1/2
+    const floatX* q = la->gqkv;
+    gdn_chunk_forward<floatX>(la->o, HV, la->chunk_saved, m->scratch.work, q, q + s.H * s.dk, q + 2 * s.H * s.dk, s.D,
+                              la->beta, la->g, B, T, s.H, s.dk, s.dv, 1.0f / sqrtf((float)s.dk), st);
+    // step 8: gated RMSNorm with the z block, then the output projection
+    gated_rmsnorm_forward(la->y, la->rstd, la->o, la->proj + s.D, s.P, p->onorm_w, BT, s.H, s.dv, c->onorm_eps, st);
+    matmul_forward(out, la->y, X(m, p->out_proj_w), NULL, BT, HV, c->channels, NULL, st);
+}
+
+static void mlp_forward(Model* m, int l, floatX* out, int BT) {
+    const Config* c = &m->config;
+    const LayerParams* lp = &m->params.layer[l];
+    LayerActivations* la = &m->acts.layer[l];
+    int C = c->channels, Hm = c->mlp_hidden;
+    if (c->mlp == MLP_GELU) {
+        matmul_forward(la->fch_act, la->ln2, X(m, lp->fcw), X(m, lp->fcb), BT, C, Hm, la->fch, m->stream);
+    } else {
+        matmul_forward(la->fch, la->ln2, X(m, lp->fcw), NULL, BT, C, 2 * Hm, NULL, m->stream);
+        swiglu_forward(la->fch_act, la->fch, BT, Hm, m->stream);
+    }
+    matmul_forward(out, la->fch_act, X(m, lp->fcprojw), X(m, lp->fcprojb), BT, Hm, C, NULL, m->stream);
+}
+
+// The norm that follows layer l's mixer (after_mixer) or its MLP: LN2 of the layer, LN1 of the next, or LNf.
+typedef struct {
+    floatX* out;
+    float *mean, *rstd;
+    const float *w, *b;
+} NormTarget;
+
+static NormTarget next_norm(Model* m, int l, int after_mixer) {
+    const Config* c = &m->config;
+    NormTarget t;
+    if (after_mixer && c->mlp != MLP_NONE) {
+        LayerActivations* la = &m->acts.layer[l];
+        t.out = la->ln2; t.mean = la->ln2_mean; t.rstd = la->ln2_rstd;
+        t.w = m->params.layer[l].ln2w; t.b = m->params.layer[l].ln2b;
+    } else if (l + 1 < c->num_layers) {
+        LayerActivations* la = &m->acts.layer[l + 1];
+        t.out = la->ln1; t.mean = la->ln1_mean; t.rstd = la->ln1_rstd;
+        t.w = m->params.layer[l + 1].ln1w; t.b = m->params.layer[l + 1].ln1b;
+    } else {
+        Activations* a = &m->acts;
+        t.out = a->lnf; t.mean = a->lnf_mean; t.rstd = a->lnf_rstd;
+        t.w = m->params.lnfw; t.b = m->params.lnfb;
+    }
+    return t;
+}
+
+static void check_tokens(const Config* c, const int* inputs, const int* targets, int B, int T) {
+    int V = c->vocab_size;
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V) { die("input token %d at position %d is outside [0, %d)", inputs[i], i, V); }
+        if (targets && (targets[i] < 0 || targets[i] >= V)) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
+    }
+    if (config_has_wpe(c) && T > c->max_seq_len) { die("sequence length %d exceeds the model's max_seq_len %d", T, c->max_seq_len); }
+}
+
+// Forward pass of a batch (host token arrays). With targets, m->mean_loss is the mean cross-entropy over the
+// B*T positions; the logits stay on the device in m->acts.logits.
+static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
+    const Config* c = &m->config;
+    check_tokens(c, inputs, targets, B, T);
+    model_size_activations(m, B, T);
+    int C = c->channels, BT = B * T, L = c->num_layers;
+    cudaStream_t st = m->stream;
+    ParameterTensors* p = &m->params;
+    Activations* a = &m->acts;
+    memcpy(m->inputs_host, inputs, (size_t)BT * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(m->inputs, inputs, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, st));
+    m->has_targets = targets != NULL;
+    if (targets) { cudaCheck(cudaMemcpyAsync(m->targets, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, st)); }
+
+    encoder_forward(a->encoded, m->inputs, p->wte, p->wpe, B, T, C, st);
+    norm_forward(c->norm, a->layer[0].ln1, a->layer[0].ln1_mean, a->layer[0].ln1_rstd, a->encoded, p->layer[0].ln1w,
+                 p->layer[0].ln1b, BT, C, c->norm_eps, st);
+    for (int l = 0; l < L; l++) {
+        LayerParams* lp = &p->layer[l];
+        LayerActivations* la = &a->layer[l];
+        const floatX* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
+        if (c->mixer[l] == MIXER_ATTN) {
+            matmul_forward(la->qkv, la->ln1, X(m, lp->qkvw), X(m, lp->qkvb), BT, C, 3 * C, NULL, st);
+            attention_forward(la->atty, la->lse, la->qkv, B, T, C, c->num_heads, st);
+            matmul_forward(a->block_out, la->atty, X(m, lp->attprojw), X(m, lp->attprojb), BT, C, C, NULL, st);
+        } else {
+            gdn_layer_forward(m, l, a->block_out, la->ln1, B, T);
+        }
+        // residual2 = residual + mixer output, and the norm after it (LN2, or the next LN1 / LNf without an MLP)
+        NormTarget n = next_norm(m, l, 1);
+        fused_residual_norm_forward(c->norm, la->residual2, n.out, n.mean, n.rstd, residual, a->block_out, n.w, n.b,
+                                    BT, C, c->norm_eps, st);
+        if (c->mlp != MLP_NONE) {
+            mlp_forward(m, l, a->block_out, BT);
+            n = next_norm(m, l, 0);
+            fused_residual_norm_forward(c->norm, la->residual3, n.out, n.mean, n.rstd, la->residual2, a->block_out,
+                                        n.w, n.b, BT, C, c->norm_eps, st);
+        }
+    }
+    matmul_forward(a->logits, a->lnf, X(m, p->wte), NULL, BT, C, c->padded_vocab_size, NULL, st);
+    if (targets) {
+        fused_classifier(a->logits, a->losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0, st);
+        cudaCheck(cudaMemcpyAsync(m->losses_host, a->losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, st));
+        cudaCheck(cudaStreamSynchronize(st));
+        double sum = 0.0;
+        for (int i = 0; i < BT; i++) { sum += m->losses_host[i]; }
+        m->mean_loss = (float)(sum / BT);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward
+
+// spec/gdn_kaczmarz.md 1.6. dout (B,T,C) -> dx (B,T,C) overwritten; parameter gradients accumulate.
+static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, const floatX* x, int B, int T) {
+    const Config* c = &m->config;
+    const GDNParams* p = &m->params.layer[l].gdn;
+    GDNParams* gr = &m->grads.layer[l].gdn;
+    LayerActivations* la = &m->acts.layer[l];
+    BackwardScratch* s = &m->scratch;
+    GDNShape sh = gdn_shape(c, l);
+    int BT = B * T, HV = sh.H * sh.dv, Hdk = sh.H * sh.dk;
+    cudaStream_t st = m->stream;
+    // out = y W_o^T
+    matmul_backward(s->dy, gr->out_proj_w, NULL, s->reduce, dout, la->y, X(m, p->out_proj_w), BT, HV, c->channels, 0, st);
+    // gated RMSNorm: dL/do, and dL/dz into the z block of dproj
+    gated_rmsnorm_backward(s->dout_o, s->dproj + sh.D, sh.P, gr->onorm_w, s->reduce, s->dy, la->o, la->proj + sh.D,
+                           la->rstd, p->onorm_w, BT, sh.H, sh.dv, st);
+    // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
+    const floatX* q = la->gqkv;
+    gdn_chunk_backward<floatX>(s->dgqkv, s->dgqkv + Hdk, s->dgqkv + 2 * Hdk, sh.D, s->dbeta, s->dg, s->dout_o, HV,
+                               la->chunk_saved, s->work, q, q + Hdk, q + 2 * Hdk, sh.D, la->beta, la->g, B, T, sh.H,
+                               sh.dk, sh.dv, 1.0f / sqrtf((float)sh.dk), st);
+    // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
+    gdn_features_backward(s->dgqkv, s->dproj, gr->A_log, gr->b_bias, gr->dt_bias, s->reduce, s->dbeta, s->dg, la->gqkv,
+                          la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, sh.H, sh.dk,
+                          sh.dv, sh.kaczmarz, st);
+    // SiLU and the causal conv: dL/d(q|k|v block of proj)
+    shortconv_silu_backward(s->dproj, sh.P, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
+    // proj = x W_in^T
+    matmul_backward(dx, gr->in_proj_w, NULL, s->reduce, s->dproj, x, X(m, p->in_proj_w), BT, c->channels, sh.P, 0, st);
+}
+
+// Backward of the last forward (which must have had targets). Gradients accumulate into m->grads, scaled so
+// that `loss_scale` = 1/(number of micro-batches) gives the gradient of the mean loss over all of them.
+static void model_backward(Model* m, float loss_scale) {
+    const Config* c = &m->config;
+    if (!m->has_targets) { die("internal: model_backward needs a forward pass with targets"); }
+    int B = m->B, T = m->T, C = c->channels, BT = B * T, L = c->num_layers, Hm = c->mlp_hidden;
+    ParameterTensors *p = &m->params, *g = &m->grads;
+    Activations* a = &m->acts;
+    BackwardScratch* s = &m->scratch;
+    cudaStream_t st = m->stream;
+    // classifier: dlogits overwrite the logits; dlnf -> dresidual
+    fused_classifier(a->logits, a->losses, m->targets, loss_scale / BT, BT, c->vocab_size, c->padded_vocab_size, 1, st);
+    matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(m, p->wte), BT, C, c->padded_vocab_size, 0, st);
+    cudaCheck(cudaMemsetAsync(s->dresidual, 0, (size_t)BT * C * sizeof(floatX), st));
+    const floatX* last = a->layer[L - 1].residual3;
+    norm_backward(c->norm, s->dresidual, g->lnfw, g->lnfb, s->reduce, s->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd,
+                  BT, C, st);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerParams *lp = &p->layer[l], *lg = &g->layer[l];
+        LayerActivations* la = &a->layer[l];
+        const floatX* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
+        if (c->mlp != MLP_NONE) {
+            if (m->recompute) {  // LN2 output and the MLP activation, into the shared buffers
+                norm_forward(c->norm, la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, lp->ln2w, lp->ln2b, BT, C,
+                             c->norm_eps, st);
+                if (c->mlp == MLP_GELU) { gelu_forward(la->fch_act, la->fch, (size_t)BT * Hm, st); }
+                else { swiglu_forward(la->fch_act, la->fch, BT, Hm, st); }
+            }
+            matmul_backward(s->dfch_act, lg->fcprojw, lg->fcprojb, s->reduce, s->dresidual, la->fch_act,
+                            X(m, lp->fcprojw), BT, Hm, C, 0, st);
+            if (c->mlp == MLP_GELU) {
+                gelu_backward_inplace(s->dfch_act, la->fch, (size_t)BT * Hm, st);
+                matmul_backward(s->dln, lg->fcw, lg->fcb, s->reduce, s->dfch_act, la->ln2, X(m, lp->fcw), BT, C, Hm, 0, st);
+            } else {
+                swiglu_backward(s->dfch, la->fch, s->dfch_act, BT, Hm, st);
+                matmul_backward(s->dln, lg->fcw, NULL, s->reduce, s->dfch, la->ln2, X(m, lp->fcw), BT, C, 2 * Hm, 0, st);
+            }
+            norm_backward(c->norm, s->dresidual, lg->ln2w, lg->ln2b, s->reduce, s->dln, la->residual2, lp->ln2w,
+                          la->ln2_mean, la->ln2_rstd, BT, C, st);
+        }
+        if (m->recompute) {
+            norm_forward(c->norm, la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT, C, c->norm_eps, st);
+        }
+        if (c->mixer[l] == MIXER_ATTN) {
+            matmul_backward(s->dbtc, lg->attprojw, lg->attprojb, s->reduce, s->dresidual, la->atty, X(m, lp->attprojw),
+                            BT, C, C, 0, st);
+            attention_backward(s->dqkv, s->work, s->dbtc, la->qkv, la->atty, la->lse, B, T, C, c->num_heads, st);
+            matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->reduce, s->dqkv, la->ln1, X(m, lp->qkvw), BT, C, 3 * C, 0, st);
+        } else {
+            gdn_layer_backward(m, l, s->dln, s->dresidual, la->ln1, B, T);
+        }
+        norm_backward(c->norm, s->dresidual, lg->ln1w, lg->ln1b, s->reduce, s->dln, residual, lp->ln1w, la->ln1_mean,
+                      la->ln1_rstd, BT, C, st);
+    }
+    encoder_backward(g->wte, g->wpe, s->work, s->dresidual, m->inputs_host, B, T, C, st);
+}
+
+static void model_zero_grad(Model* m) {
+    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
+}
+
+// Global L2 norm of all gradients (deterministic: fixed-order partial sums).
+static float model_grad_norm(Model* m) {
+    float norm_sq;
+    global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory, m->num_parameters, m->stream);
+    cudaCheck(cudaMemcpyAsync(&norm_sq, m->scratch.norm_sq, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    return sqrtf(norm_sq);
+}
+
+// AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
+static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
+    size_t n = m->num_parameters;
+    if (m->m_memory == NULL) {
+        m->m_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's m");
+        m->v_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's v");
+        cudaCheck(cudaMemsetAsync(m->m_memory, 0, n * sizeof(float), m->stream));
+        cudaCheck(cudaMemsetAsync(m->v_memory, 0, n * sizeof(float), m->stream));
+    }
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        const TensorInfo* ti = &m->table.t[k];
+        size_t o = ti->offset;
+#ifdef ENABLE_FP32
+        floatX* px = NULL;  // the master is the copy
+#else
+        floatX* px = m->params_x + o;
+#endif
+        adamw_update(m->params_memory + o, px, m->grads_memory + o, m->m_memory + o, m->v_memory + o, ti->numel,
+                     lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// checkpoints: the files of model.h, through host copies
+
+// AdamW state to the host (NULL pointers before the first update); caller frees
+static void model_download_adam(Model* m, float** mh, float** vh) {
+    *mh = *vh = NULL;
+    if (m->m_memory == NULL) { return; }
+    size_t bytes = m->num_parameters * sizeof(float);
+    *mh = (float*)malloc_or_die(bytes);
+    *vh = (float*)malloc_or_die(bytes);
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaCheck(cudaMemcpy(*mh, m->m_memory, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(*vh, m->v_memory, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void model_write_checkpoint(Model* m, const TrainState* s, const char* dir) {
+    float *mh, *vh;
+    model_download_parameters(m);
+    model_download_adam(m, &mh, &vh);
+    write_checkpoint(&m->config, &m->table, m->host_params, mh, vh, s, dir);
+    free(mh);
+    free(vh);
+}
+
+static void model_read_state(Model* m, TrainState* s, const char* path) {
+    size_t n = m->num_parameters, bytes = n * sizeof(float);
+    float* mh = (float*)malloc_or_die(bytes);
+    float* vh = (float*)malloc_or_die(bytes);
+    if (read_state_file(s, n, mh, vh, path)) {
+        if (m->m_memory == NULL) {
+            m->m_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's m");
+            m->v_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's v");
+        }
+        cudaCheck(cudaMemcpy(m->m_memory, mh, bytes, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m->v_memory, vh, bytes, cudaMemcpyHostToDevice));
+    }
+    free(mh);
+    free(vh);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// decoding one token at a time (one sequence): a KV cache for attn, the recurrent state for gdn/kaczmarz
+
+typedef struct {
+    int max_len, pos;
+    floatX *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];   // attn: (max_len, C)
+    float *conv[MAX_LAYERS], *S[MAX_LAYERS];           // gdn: (W-1, D) pre-conv inputs, (H, dk, dv) state
+    floatX *x, *ln, *y, *qkv, *att, *pre, *hidden, *proj, *gqkv, *o, *logits;
+    float *stats, *qn, *kn, *beta, *g, *rstd;
+    float* logits_f;                                   // (Vp) device fp32
+    float* logits_host;                                // (Vp) host
+    int* token;                                        // (1) device
+    void* memory;
+} DecodeState;
+
+static void decode_init(DecodeState* d, const Model* m, int max_len) {
+    const Config* c = &m->config;
+    size_t C = c->channels, Vp = c->padded_vocab_size, Hm = c->mlp_hidden, cur = 0;
+    size_t P = 1, D = 1, H = 1, HV = 1;
+    if (c->lin_heads > 0 && !config_has_wpe(c)) {
+        GDNShape s = gdn_shape(c, 0);
+        P = s.P; D = s.D; H = s.H; HV = (size_t)s.H * s.dv;
+    }
+    memset(d, 0, sizeof(*d));
+    d->max_len = max_len;
+    for (int pass = 0; pass < 2; pass++) {
+        char* base = (char*)d->memory;
+        cur = 0;
+#define DX(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
+#define DF(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
+        for (int l = 0; l < c->num_layers; l++) {
+            if (c->mixer[l] == MIXER_ATTN) {
+                d->kcache[l] = DX((size_t)max_len * C);
+                d->vcache[l] = DX((size_t)max_len * C);
+            } else {
+                GDNShape s = gdn_shape(c, l);
+                d->conv[l] = DF((size_t)(s.W - 1) * s.D);
+                d->S[l] = DF((size_t)s.H * s.dk * s.dv);
+            }
+        }
+        size_t states = cur;
+        d->x = DX(C); d->ln = DX(C); d->y = DX(C); d->qkv = DX(3 * C); d->att = DX(C);
+        d->pre = DX(2 * Hm + 1); d->hidden = DX(Hm + 1); d->proj = DX(P); d->gqkv = DX(D); d->o = DX(HV);
+        d->logits = DX(Vp);
+        d->stats = DF(2); d->qn = DF(H); d->kn = DF(H); d->beta = DF(H); d->g = DF(H); d->rstd = DF(H);
+        d->logits_f = DF(Vp);
+        d->token = (int*)carve(base, &cur, sizeof(int));
+#undef DX
+#undef DF
+        if (pass == 0) {
+            d->memory = cuda_malloc_or_die(cur, "the decode state");
+            cudaCheck(cudaMemset(d->memory, 0, states));  // conv caches and states start at zero
+        }
+    }
+    d->logits_host = (float*)malloc_or_die(Vp * sizeof(float));
+}
+
+static void decode_free(DecodeState* d) {
+    cudaFree(d->memory);
+    free(d->logits_host);
+}
+
+// Consume one token; d->logits_host then holds the next-token logits (Vp floats).
+static void model_decode_step(Model* m, DecodeState* d, int token) {
+    const Config* c = &m->config;
+    const ParameterTensors* p = &m->params;
+    int C = c->channels, t = d->pos, Hm = c->mlp_hidden;
+    cudaStream_t st = m->stream;
+    if (t >= d->max_len) { die("internal: decode past its %d-token capacity", d->max_len); }
+    cudaCheck(cudaMemcpyAsync(d->token, &token, sizeof(int), cudaMemcpyHostToDevice, st));
+    // the embedding of one token at position t: wpe's row t is row 0 of wpe + t*C
+    encoder_forward(d->x, d->token, p->wte, p->wpe ? p->wpe + (size_t)t * C : NULL, 1, 1, C, st);
+    for (int l = 0; l < c->num_layers; l++) {
+        const LayerParams* lp = &p->layer[l];
+        norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1, C, c->norm_eps, st);
+        if (c->mixer[l] == MIXER_ATTN) {
+            matmul_forward(d->qkv, d->ln, X(m, lp->qkvw), X(m, lp->qkvb), 1, C, 3 * C, NULL, st);
+            cudaCheck(cudaMemcpyAsync(d->kcache[l] + (size_t)t * C, d->qkv + C, C * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+            cudaCheck(cudaMemcpyAsync(d->vcache[l] + (size_t)t * C, d->qkv + 2 * C, C * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
+            attention_decode(d->att, d->qkv, d->kcache[l], d->vcache[l], 1, t, d->max_len, C, c->num_heads, st);
+            matmul_forward(d->y, d->att, X(m, lp->attprojw), X(m, lp->attprojb), 1, C, C, NULL, st);
+        } else {  // spec 4
+            const GDNParams* gp = &lp->gdn;
+            GDNShape s = gdn_shape(c, l);
+            matmul_forward(d->proj, d->ln, X(m, gp->in_proj_w), NULL, 1, C, s.P, NULL, st);
+            shortconv_silu_decode(d->gqkv, d->conv[l], d->proj, s.P, gp->conv_w, 1, s.D, s.W, st);
+            gdn_features_forward(d->gqkv, d->qn, d->kn, d->beta, d->g, d->proj, gp->b_bias, gp->A_log, gp->dt_bias, 1,
+                                 s.H, s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
+            gdn_recurrent_step(d->o, d->S[l], d->gqkv, d->beta, d->g, 1, s.H, s.dk, s.dv, st);
+            gated_rmsnorm_forward(d->hidden, d->rstd, d->o, d->proj + s.D, s.P, gp->onorm_w, 1, s.H, s.dv, c->onorm_eps, st);
+            matmul_forward(d->y, d->hidden, X(m, gp->out_proj_w), NULL, 1, s.H * s.dv, C, NULL, st);
+        }
+        residual_forward(d->x, d->x, d->y, C, st);
+        if (c->mlp != MLP_NONE) {
+            norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1, C, c->norm_eps, st);
+            if (c->mlp == MLP_GELU) {
+                matmul_forward(d->hidden, d->ln, X(m, lp->fcw), X(m, lp->fcb), 1, C, Hm, d->pre, st);
+            } else {
+                matmul_forward(d->pre, d->ln, X(m, lp->fcw), NULL, 1, C, 2 * Hm, NULL, st);
+                swiglu_forward(d->hidden, d->pre, 1, Hm, st);
+            }
+            matmul_forward(d->y, d->hidden, X(m, lp->fcprojw), X(m, lp->fcprojb), 1, Hm, C, NULL, st);
+            residual_forward(d->x, d->x, d->y, C, st);
+        }
+    }
+    norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1, C, c->norm_eps, st);
+    matmul_forward(d->logits, d->ln, X(m, p->wte), NULL, 1, C, c->padded_vocab_size, NULL, st);
+    convert_to_float(d->logits_f, d->logits, c->padded_vocab_size, st);
+    cudaCheck(cudaMemcpyAsync(d->logits_host, d->logits_f, c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
+    cudaCheck(cudaStreamSynchronize(st));
+    d->pos++;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// FLOPs per token of a training step (forward + backward), for MFU: 6 per matmul parameter (2 forward, 4
+// backward), attention's 12 L C T (PaLM's count, as llm.c), and the gdn/kaczmarz chunkwise core of
+// spec/gdn_kaczmarz.md 3.7 (F_fwd + F_bwd per token per head, T padded to whole chunks).
+
+static double model_flops_per_token(const Model* m, int T) {
+    const Config* c = &m->config;
+    double flops = 0.0, C = c->channels;
+    for (int i = 0; i < m->table.num_tensors; i++) {
+        const TensorInfo* t = &m->table.t[i];
+        // matmul weights: 2-D tensors except the position embedding and the conv taps; wte counts as the LM head
+        if (t->ndim == 2 && strcmp(t->name, "wpe") != 0 && strstr(t->name, "conv.w") == NULL) { flops += 6.0 * t->numel; }
+    }
+    double BTc = GDN_CHUNK, Tp = ceil_div(T, GDN_CHUNK) * (double)GDN_CHUNK;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->mixer[l] == MIXER_ATTN) {
+            flops += 12.0 * C * T;
+        } else {
+            double dk = c->lin_dk, dv = c->lin_dv;
+            double fwd = 6 * dk * dv + 6 * BTc * dk + 4 * BTc * dv + BTc * BTc / 3;
+            double bwd = 16 * dk * dv + 18 * BTc * dk + 10 * BTc * dv + 4 * BTc * BTc;
+            flops += c->lin_heads * (fwd + bwd) * Tp / T;
+        }
+    }
+    return flops;
+}
+
+// dense peak of the arithmetic the matmuls use, H100/H200 SXM datasheet: bf16 989 TFLOP/s, fp32 67 TFLOP/s
+#ifdef ENABLE_FP32
+#define PEAK_FLOPS 67e12
+#else
+#define PEAK_FLOPS 989e12
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
+// main: flags, the training loop, evaluation, sampling, checkpoints (as train_kla.c)
+#ifndef TESTING
+
+static float validation_loss(Model* m, DataLoader* val, int max_batches) {
+    dataloader_reset(val);
+    int n = max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next_batch(val);
+        model_forward(m, val->inputs, val->targets, (int)val->B, (int)val->T);
+        sum += m->mean_loss;
+    }
+    return (float)(sum / n);
+}
+
+static void generate(Model* m, const Tokenizer* tok, const uint32_t* prompt, size_t prompt_len, int num_tokens, float temperature) {
+    DecodeState d;
+    decode_init(&d, m, (int)prompt_len + num_tokens);
+    uint64_t rng = 1337;  // fixed, so samples at different steps are comparable
+    printf("generating:\n---\n");
+    for (size_t i = 0; i < prompt_len; i++) {
+        tokenizer_print(tok, prompt[i]);
+        model_decode_step(m, &d, (int)prompt[i]);
+    }
+    for (int i = 0; i < num_tokens; i++) {
+        int next = sample_token(d.logits_host, m->config.vocab_size, temperature, rng_uniform(&rng));
+        tokenizer_print(tok, (uint32_t)next);
+        fflush(stdout);
+        if (i + 1 < num_tokens) { model_decode_step(m, &d, next); }
+    }
+    printf("\n---\n");
+    decode_free(&d);
+}
+
+int main(int argc, char** argv) {
+    Options opt;
+    parse_options(&opt, argc, argv);
+    require(opt.chunk == GDN_CHUNK, "--chunk", "train_kla.cu's gdn/kaczmarz kernels use chunks of 64 tokens");
+    int num_devices = 0;
+    if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) {
+        die("no CUDA device found (train_kla.cu needs an NVIDIA GPU; the CPU trainer is train_kla)");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaSetDevice(0));
+    matmul_setup();
+    if (opt.out_dir) { prepare_output_dir(opt.out_dir); }
+
+    // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
+    Model model;
+    TrainState state;
+    memset(&state, 0, sizeof(state));
+    int64_t resume_step = opt.resume ? find_latest_checkpoint(opt.out_dir) : -1;
+    char path[4096];
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
+        model_load(&model, path, opt.recompute);
+        check_model_flags(&model.config, opt.flags, opt.num_flags, path);
+        printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
+    } else if (opt.init_file) {
+        model_load(&model, opt.init_file, opt.recompute);
+        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
+    } else {
+        model_build(&model, &opt.config, opt.recompute);
+        init_parameters(model.host_params, &model.config, &model.table, (uint64_t)opt.seed);
+        model_upload_parameters(&model);
+    }
+    if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
+    const Config* cfg = &model.config;
+    if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt.T, cfg->max_seq_len); }
+
+    // ---- data and tokenizer
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
+    dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
+    int grad_accum = opt.total_batch / (opt.B * opt.T);
+    int max_steps = opt.max_steps;
+    if (max_steps == -1) {
+        max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
+        if (max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
+    }
+    Tokenizer tokenizer;
+    uint32_t* prompt_ids = NULL;
+    size_t prompt_len = 0;
+    if (opt.gen_tokens > 0) {
+        tokenizer_init(&tokenizer, opt.tokenizer_path);
+        if (opt.prompt) {
+            prompt_ids = tokenizer_encode(&tokenizer, opt.prompt, strlen(opt.prompt), &prompt_len);
+        } else {
+            prompt_ids = (uint32_t*)malloc_or_die(sizeof(uint32_t));
+            prompt_ids[0] = (uint32_t)tokenizer.eot_token;
+            prompt_len = 1;
+        }
+        if (prompt_len == 0) { die("--prompt: encodes to zero tokens"); }
+        if (config_has_wpe(cfg) && (int)prompt_len + opt.gen_tokens > cfg->max_seq_len) {
+            die("-g: %zu prompt tokens + %d generated exceed the model's max_seq_len %d", prompt_len, opt.gen_tokens, cfg->max_seq_len);
+        }
+    }
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), opt.out_dir, "state", resume_step);
+        model_read_state(&model, &state, path);
+        if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
+        dataloader_set_state(&train_loader, &state.loader);
+    }
+
+    // ---- the parameter table
+    char pattern[512], device[300];
+    format_mixer_pattern(cfg, pattern, sizeof(pattern));
+    snprintf(device, sizeof(device), "%s, %s", prop.name, PRECISION_NAME);
+    print_run_table(cfg, model.num_parameters, &opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
+                    grad_accum, max_steps, device);
+
+    FILE* log = NULL;
+    if (opt.out_dir) {
+        snprintf(path, sizeof(path), "%s/main.log", opt.out_dir);
+        log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
+    }
+
+    // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
+    int start = (int)state.step;
+    double ema_ms = 0.0, timed_ms = 0.0, flops_per_token = model_flops_per_token(&model, opt.T);
+    int timed_steps = 0;
+    for (int step = start; step <= max_steps; step++) {
+        int last = step == max_steps;
+        if ((opt.val_every > 0 && step % opt.val_every == 0) || last) {
+            float vl = validation_loss(&model, &val_loader, opt.val_batches);
+            printf("step %4d/%d | val loss %.6f\n", step, max_steps, vl);
+            if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
+        }
+        if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
+            generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, opt.temperature);
+        }
+        if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
+            state.step = step;
+            dataloader_get_state(&train_loader, &state.loader);
+            model_write_checkpoint(&model, &state, opt.out_dir);
+            delete_old_checkpoints(opt.out_dir, opt.ckpt_keep);
+            printf("wrote checkpoint %s/model_%08d.bin\n", opt.out_dir, step);
+        }
+        if (last) { break; }
+
+        double t0 = now_seconds();
+        model_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            dataloader_next_batch(&train_loader);
+            model_forward(&model, train_loader.inputs, train_loader.targets, opt.B, opt.T);
+            model_backward(&model, 1.0f / grad_accum);
+            loss += model.mean_loss / grad_accum;
+        }
+        float norm = model_grad_norm(&model);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            int64_t good = opt.out_dir ? find_latest_checkpoint(opt.out_dir) : -1;
+            char where[4200] = "no checkpoint was written";
+            if (good >= 0) { checkpoint_path(where, sizeof(where), opt.out_dir, "model", good); }
+            die("step %d: loss %f, grad norm %f: training diverged; stopping (last good checkpoint: %s)", step + 1, loss, norm, where);
+        }
+        float grad_scale = opt.grad_clip > 0.0f && norm > opt.grad_clip ? opt.grad_clip / norm : 1.0f;
+        float step_lr = learning_rate(opt.sched, step, max_steps, opt.warmup, opt.lr, opt.final_frac);
+        model_update(&model, step_lr, opt.beta1, opt.beta2, opt.adam_eps, opt.weight_decay, grad_scale, step + 1);
+        cudaCheck(cudaStreamSynchronize(model.stream));
+        double ms = (now_seconds() - t0) * 1000.0;
+        ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
+        if (step - start >= 10) { timed_ms += ms; timed_steps++; }  // the summary skips 10 warm-up steps
+        double eta = ema_ms * (max_steps - step - 1) / 1000.0, tok_s = opt.total_batch / (ms / 1000.0);
+        printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | mfu %.1f%% | eta %dm%02ds\n",
+               step + 1, max_steps, loss, step_lr, norm, ms, tok_s, 100.0 * tok_s * flops_per_token / PEAK_FLOPS,
+               (int)(eta / 60), (int)eta % 60);
+        fflush(stdout);
+        if (log) { fprintf(log, "s:%d trl:%.4f lr:%.6f norm:%.2f\n", step, loss, step_lr, norm); fflush(log); }
+    }
+    if (timed_steps > 0) {
+        double ms = timed_ms / timed_steps, tok_s = opt.total_batch / (ms / 1000.0);
+        printf("summary | ms/step %.2f | tok/s %.0f | mfu %.1f%% | peak mem %.0f MiB\n", ms, tok_s,
+               100.0 * tok_s * flops_per_token / PEAK_FLOPS, cuda_bytes_allocated / 1048576.0);
+    }
+
+    if (log) { fclose(log); }
+    if (opt.gen_tokens > 0) { tokenizer_free(&tokenizer); }
+    free(prompt_ids);
+    dataloader_free(&train_loader);
+    dataloader_free(&val_loader);
+    model_free(&model);
+    encoder_teardown();
+    matmul_teardown();
+    return 0;
+}
+#endif // TESTING
