@@ -37,6 +37,23 @@ else
   $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
 CUDA_HEADERS = $(wildcard kernels/*.cuh) dev/test/parity.h $(COMMON)
+# USE_CUDNN=1: attention through cuDNN's flash attention (bf16 only). cudnn-frontend's headers are an external
+# dependency (https://github.com/NVIDIA/cudnn-frontend, never committed): CUDNN_FRONTEND_PATH names their include
+# directory, by default the first of ./cudnn-frontend/include, ../cudnn-frontend/include, ~/cudnn-frontend/include.
+USE_CUDNN ?= 0
+CUDA_OBJECTS =
+ifeq ($(USE_CUDNN),1)
+  ifeq ($(PRECISION),FP32)
+    $(error USE_CUDNN=1: cuDNN attention is bf16 only; build with PRECISION=BF16)
+  endif
+  CUDNN_FRONTEND_PATH ?= $(firstword $(wildcard cudnn-frontend/include ../cudnn-frontend/include $(HOME)/cudnn-frontend/include))
+  ifeq ($(wildcard $(CUDNN_FRONTEND_PATH)/cudnn_frontend.h),)
+    $(error USE_CUDNN=1: cudnn-frontend headers not found (looked for cudnn_frontend.h in '$(CUDNN_FRONTEND_PATH)'); get them with git clone https://github.com/NVIDIA/cudnn-frontend and set CUDNN_FRONTEND_PATH=<clone>/include)
+  endif
+  PRECISION_FLAG += -DUSE_CUDNN
+  NVCC_LDLIBS += -lcudnn -lnvrtc
+  CUDA_OBJECTS = build/attention_cudnn.o
+endif
 ifneq ($(NVCC),)
   CUDA_PROGRAMS = train_klacu test_klacu
   CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), sm_$(GPU_COMPUTE_CAPABILITY))
@@ -49,11 +66,15 @@ all: $(PROGRAMS) $(CUDA_PROGRAMS)
 	@echo "$(OMP_STATUS)"
 	@echo "$(CUDA_STATUS)"
 
-train_klacu: train_kla.cu $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(NVCC_LDLIBS)
+train_klacu: train_kla.cu $(CUDA_HEADERS) $(CUDA_OBJECTS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(CUDA_OBJECTS) $(NVCC_LDLIBS)
 
-test_klacu: test_kla.cu train_kla.cu $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(NVCC_LDLIBS)
+test_klacu: test_kla.cu train_kla.cu $(CUDA_HEADERS) $(CUDA_OBJECTS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -o $@ $< $(CUDA_OBJECTS) $(NVCC_LDLIBS)
+
+build/attention_cudnn.o: kernels/attention_cudnn.cpp kernels/attention.cuh
+	@mkdir -p build
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -DUSE_CUDNN -I$(CUDNN_FRONTEND_PATH) -x cu -c -o $@ $<
 
 # both precisions of both CUDA programs side by side under build/ (CI compiles these; the GPU tests run them)
 CUDA_BOTH = build/train_klacu_bf16 build/train_klacu_fp32 build/test_klacu_bf16 build/test_klacu_fp32

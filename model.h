@@ -30,8 +30,8 @@ static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", 
 enum { KALMAN_PLAIN = 0, KALMAN_MAMBA = 1, NUM_KALMAN_PRESETS = 2 };
 static const char* KALMAN_PRESET_NAMES[NUM_KALMAN_PRESETS] = {"plain", "mamba"};
 // gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
-static int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
-static int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
+static inline int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
+static inline int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
 // trunk options (FORMATS.md header slots 20-22)
 enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
 static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};
@@ -377,7 +377,7 @@ static float rng_normal(uint64_t* state) {
 }
 
 // Initialise every tensor as FORMATS.md "Initialisation" says.
-static void init_parameters(float* params, const Config* c, const TensorTable* tt, uint64_t seed) {
+static inline void init_parameters(float* params, const Config* c, const TensorTable* tt, uint64_t seed) {
     uint64_t rng = seed;
     for (int i = 0; i < tt->num_tensors; i++) {
         const TensorInfo* t = &tt->t[i];
@@ -660,7 +660,7 @@ static int read_state_file(TrainState* s, size_t num_parameters, float* m, float
 }
 
 // The highest step with a DONE_<step> marker in dir, or -1.
-static int64_t find_latest_checkpoint(const char* dir) {
+static inline int64_t find_latest_checkpoint(const char* dir) {
     DIR* d = opendir(dir);
     if (d == NULL) { return -1; }
     int64_t best = -1;
@@ -693,7 +693,7 @@ static void write_checkpoint(const Config* c, const TensorTable* tt, const float
 }
 
 // Keep the newest `keep` complete checkpoints; the DONE marker goes first so a half-deleted one is never used.
-static void delete_old_checkpoints(const char* dir, int keep) {
+static inline void delete_old_checkpoints(const char* dir, int keep) {
     if (keep <= 0) { return; }
     for (;;) {
         DIR* d = opendir(dir);
@@ -722,7 +722,7 @@ static void delete_old_checkpoints(const char* dir, int keep) {
 
 
 // Sample from softmax(logits[0..V)) / temperature by inverse CDF with a uniform coin in [0, 1).
-static int sample_token(const float* logits, int V, float temperature, float coin) {
+static inline int sample_token(const float* logits, int V, float temperature, float coin) {
     float maxv = -INFINITY;
     for (int i = 0; i < V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
     double sum = 0.0;
@@ -741,7 +741,7 @@ static int sample_token(const float* logits, int V, float temperature, float coi
 enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD };
 static const char* SCHED_NAMES[] = {"cosine", "linear", "constant", "wsd"};
 
-static float learning_rate(int sched, int step, int total, int warmup, float lr, float final_frac) {
+static inline float learning_rate(int sched, int step, int total, int warmup, float lr, float final_frac) {
     float min_lr = lr * final_frac;
     if (sched != SCHED_CONSTANT && step < warmup) { return lr * (step + 1) / warmup; }
     if (sched == SCHED_CONSTANT) { return lr; }

@@ -56,6 +56,48 @@ static void convert_to_float(float* out, const floatX* in, size_t n, cudaStream_
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the step's time by phase (TRAIN_KLA_PROFILE=1 in the environment): profile_mark(name) closes the phase that
+// began at the previous mark and names it; the GPU time of each name is summed over the steps and printed at the
+// end of the run. Off, a mark costs one branch.
+
+#define PROFILE_MAX_MARKS 1024
+#define PROFILE_MAX_PHASES 64
+typedef struct {
+    int enabled, num_marks, num_phases;
+    cudaEvent_t events[PROFILE_MAX_MARKS];
+    const char* mark_names[PROFILE_MAX_MARKS];
+    const char* phase_names[PROFILE_MAX_PHASES];
+    double phase_ms[PROFILE_MAX_PHASES];
+    cudaStream_t stream;
+} Profile;
+static Profile profile;
+
+static void profile_mark(const char* name) {
+    if (!profile.enabled || profile.num_marks == PROFILE_MAX_MARKS) { return; }
+    profile.mark_names[profile.num_marks] = name;
+    cudaCheck(cudaEventRecord(profile.events[profile.num_marks++], profile.stream));
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// attention: cuDNN's fused flash attention when built with USE_CUDNN=1 (kernels/attention_cudnn.cpp), else our
+// own kernels (kernels/attention.cuh). Same layouts and the same saved lse either way.
+#ifdef USE_CUDNN
+#define ATTENTION_NAME "cuDNN"
+static void attention_forward_step(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t st) {
+    attention_forward_cudnn(out, lse, qkv, B, T, C, NH, st);
+}
+static void attention_backward_step(floatX* dqkv, void* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
+                                    const float* lse, int B, int T, int C, int NH, cudaStream_t st) {
+    (void)scratch;
+    attention_backward_cudnn(dqkv, dout, qkv, out, lse, B, T, C, NH, st);
+}
+#else
+#define ATTENTION_NAME "train_kla kernels"
+#define attention_forward_step attention_forward
+#define attention_backward_step attention_backward
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
 // the model's activations and scratch
 
 // one gdn/kaczmarz layer's geometry (spec/gdn_kaczmarz.md section 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
@@ -121,6 +163,7 @@ typedef struct {
     ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (FORMATS.md layout)
     float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32
     floatX* params_x;                   // device floatX copy of the parameters (== params_memory in the FP32 build)
+    size_t x_offset[MAX_TENSORS];       // where each tensor starts in params_x (BF16: 128-byte aligned, see model_build)
     float* host_params;                 // host staging for checkpoints and initialisation
     size_t num_parameters;
     int recompute;                      // -r: 1 = recompute norm and MLP activations in the backward
@@ -136,9 +179,17 @@ typedef struct {
     cudaStream_t stream;
 } Model;
 
-// The floatX copy of a parameter tensor given its fp32 master pointer.
+// The floatX copy of a parameter tensor given the fp32 master pointer of its first element.
 static const floatX* X(const Model* m, const float* p) {
-    return p ? (const floatX*)m->params_x + (p - m->params_memory) : NULL;
+    if (p == NULL) { return NULL; }
+    size_t offset = (size_t)(p - m->params_memory);
+    int lo = 0, hi = m->table.num_tensors - 1;
+    while (lo < hi) {  // the tensor starting at offset (offsets increase with the index)
+        int mid = (lo + hi + 1) / 2;
+        if (m->table.t[mid].offset <= offset) { lo = mid; } else { hi = mid - 1; }
+    }
+    if (m->table.t[lo].offset != offset) { die("internal: X() of a pointer that is not a tensor's start"); }
+    return m->params_x + m->x_offset[lo];
 }
 
 static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
@@ -276,8 +327,17 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->grads_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the gradients");
 #ifdef ENABLE_FP32
     m->params_x = m->params_memory;
+    for (int k = 0; k < m->table.num_tensors; k++) { m->x_offset[k] = m->table.t[k].offset; }
 #else
-    m->params_x = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "the bf16 copy of the parameters");
+    // every tensor of the bf16 copy starts on a 128-byte boundary: in the checkpoint layout small tensors (gate
+    // biases of H floats) leave the following matrices 4-byte aligned, and cuBLASLt then runs slow kernels
+    size_t nx = 0;
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        m->x_offset[k] = nx;
+        nx += (m->table.t[k].numel + 63) / 64 * 64;
+    }
+    m->params_x = (floatX*)cuda_malloc_or_die(nx * sizeof(floatX), "the bf16 copy of the parameters");
+    cudaCheck(cudaMemset(m->params_x, 0, nx * sizeof(floatX)));
 #endif
     cudaCheck(cudaMemset(m->grads_memory, 0, n * sizeof(float)));
     m->host_params = (float*)malloc_or_die(n * sizeof(float));
@@ -290,7 +350,10 @@ static void model_build(Model* m, const Config* c, int recompute) {
 static void model_upload_parameters(Model* m) {
     cudaCheck(cudaMemcpy(m->params_memory, m->host_params, m->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
 #ifndef ENABLE_FP32
-    copy_to_floatX(m->params_x, m->params_memory, m->num_parameters, m->stream);
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        const TensorInfo* t = &m->table.t[k];
+        copy_to_floatX(m->params_x + m->x_offset[k], m->params_memory + t->offset, t->numel, m->stream);
+    }
 #endif
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
@@ -366,17 +429,21 @@ static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int
     cudaStream_t st = m->stream;
     // step 1: the fused projection, blocks q | k | v | z | a | b
     matmul_forward(la->proj, x, X(m, p->in_proj_w), NULL, BT, c->channels, s.P, NULL, st);
+    profile_mark("fwd gdn in_proj matmul");
     // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
     shortconv_silu_forward(la->gqkv, la->proj, s.P, p->conv_w, B, T, s.D, s.W, st);
     gdn_features_forward(la->gqkv, la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, s.H,
                          s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
+    profile_mark("fwd gdn conv + features");
     // step 7: the chunkwise recurrence (spec 3), S_0 = 0, scale dk^-1/2
     const floatX* q = la->gqkv;
     gdn_chunk_forward<floatX>(la->o, HV, la->chunk_saved, m->scratch.work, q, q + s.H * s.dk, q + 2 * s.H * s.dk, s.D,
                               la->beta, la->g, B, T, s.H, s.dk, s.dv, 1.0f / sqrtf((float)s.dk), st);
+    profile_mark("fwd gdn chunk core");
     // step 8: gated RMSNorm with the z block, then the output projection
     gated_rmsnorm_forward(la->y, la->rstd, la->o, la->proj + s.D, s.P, p->onorm_w, BT, s.H, s.dv, c->onorm_eps, st);
     matmul_forward(out, la->y, X(m, p->out_proj_w), NULL, BT, HV, c->channels, NULL, st);
+    profile_mark("fwd gdn out norm + out_proj");
 }
 
 static void mlp_forward(Model* m, int l, floatX* out, int BT) {
@@ -443,17 +510,22 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     m->has_targets = targets != NULL;
     if (targets) { cudaCheck(cudaMemcpyAsync(m->targets, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, st)); }
 
+    profile_mark("host");
     encoder_forward(a->encoded, m->inputs, p->wte, p->wpe, B, T, C, st);
     norm_forward(c->norm, a->layer[0].ln1, a->layer[0].ln1_mean, a->layer[0].ln1_rstd, a->encoded, p->layer[0].ln1w,
                  p->layer[0].ln1b, BT, C, c->norm_eps, st);
+    profile_mark("fwd encoder + norms");
     for (int l = 0; l < L; l++) {
         LayerParams* lp = &p->layer[l];
         LayerActivations* la = &a->layer[l];
         const floatX* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
         if (c->mixer[l] == MIXER_ATTN) {
             matmul_forward(la->qkv, la->ln1, X(m, lp->qkvw), X(m, lp->qkvb), BT, C, 3 * C, NULL, st);
-            attention_forward(la->atty, la->lse, la->qkv, B, T, C, c->num_heads, st);
+            profile_mark("fwd attn qkv matmul");
+            attention_forward_step(la->atty, la->lse, la->qkv, B, T, C, c->num_heads, st);
+            profile_mark("fwd attention");
             matmul_forward(a->block_out, la->atty, X(m, lp->attprojw), X(m, lp->attprojb), BT, C, C, NULL, st);
+            profile_mark("fwd attn proj matmul");
         } else {
             gdn_layer_forward(m, l, a->block_out, la->ln1, B, T);
         }
@@ -461,16 +533,21 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         NormTarget n = next_norm(m, l, 1);
         fused_residual_norm_forward(c->norm, la->residual2, n.out, n.mean, n.rstd, residual, a->block_out, n.w, n.b,
                                     BT, C, c->norm_eps, st);
+        profile_mark("fwd encoder + norms");
         if (c->mlp != MLP_NONE) {
             mlp_forward(m, l, a->block_out, BT);
+            profile_mark("fwd mlp");
             n = next_norm(m, l, 0);
             fused_residual_norm_forward(c->norm, la->residual3, n.out, n.mean, n.rstd, la->residual2, a->block_out,
                                         n.w, n.b, BT, C, c->norm_eps, st);
+            profile_mark("fwd encoder + norms");
         }
     }
     matmul_forward(a->logits, a->lnf, X(m, p->wte), NULL, BT, C, c->padded_vocab_size, NULL, st);
+    profile_mark("fwd lm head matmul");
     if (targets) {
         fused_classifier(a->logits, a->losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0, st);
+        profile_mark("fwd classifier");
         cudaCheck(cudaMemcpyAsync(m->losses_host, a->losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, st));
         cudaCheck(cudaStreamSynchronize(st));
         double sum = 0.0;
@@ -494,22 +571,27 @@ static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, 
     cudaStream_t st = m->stream;
     // out = y W_o^T
     matmul_backward(s->dy, gr->out_proj_w, NULL, s->reduce, dout, la->y, X(m, p->out_proj_w), BT, HV, c->channels, 0, st);
+    profile_mark("bwd gdn out_proj matmul");
     // gated RMSNorm: dL/do, and dL/dz into the z block of dproj
     gated_rmsnorm_backward(s->dout_o, s->dproj + sh.D, sh.P, gr->onorm_w, s->reduce, s->dy, la->o, la->proj + sh.D,
                            la->rstd, p->onorm_w, BT, sh.H, sh.dv, st);
+    profile_mark("bwd gdn out norm");
     // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
     const floatX* q = la->gqkv;
     gdn_chunk_backward<floatX>(s->dgqkv, s->dgqkv + Hdk, s->dgqkv + 2 * Hdk, sh.D, s->dbeta, s->dg, s->dout_o, HV,
                                la->chunk_saved, s->work, q, q + Hdk, q + 2 * Hdk, sh.D, la->beta, la->g, B, T, sh.H,
                                sh.dk, sh.dv, 1.0f / sqrtf((float)sh.dk), st);
+    profile_mark("bwd gdn chunk core");
     // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
     gdn_features_backward(s->dgqkv, s->dproj, gr->A_log, gr->b_bias, gr->dt_bias, s->reduce, s->dbeta, s->dg, la->gqkv,
                           la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, sh.H, sh.dk,
                           sh.dv, sh.kaczmarz, st);
     // SiLU and the causal conv: dL/d(q|k|v block of proj)
     shortconv_silu_backward(s->dproj, sh.P, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
+    profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
     matmul_backward(dx, gr->in_proj_w, NULL, s->reduce, s->dproj, x, X(m, p->in_proj_w), BT, c->channels, sh.P, 0, st);
+    profile_mark("bwd gdn in_proj matmul");
 }
 
 // Backward of the last forward (which must have had targets). Gradients accumulate into m->grads, scaled so
@@ -523,12 +605,16 @@ static void model_backward(Model* m, float loss_scale) {
     BackwardScratch* s = &m->scratch;
     cudaStream_t st = m->stream;
     // classifier: dlogits overwrite the logits; dlnf -> dresidual
+    profile_mark("host");
     fused_classifier(a->logits, a->losses, m->targets, loss_scale / BT, BT, c->vocab_size, c->padded_vocab_size, 1, st);
+    profile_mark("bwd classifier");
     matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(m, p->wte), BT, C, c->padded_vocab_size, 0, st);
+    profile_mark("bwd lm head matmul");
     cudaCheck(cudaMemsetAsync(s->dresidual, 0, (size_t)BT * C * sizeof(floatX), st));
     const floatX* last = a->layer[L - 1].residual3;
     norm_backward(c->norm, s->dresidual, g->lnfw, g->lnfb, s->reduce, s->dln, last, p->lnfw, a->lnf_mean, a->lnf_rstd,
                   BT, C, st);
+    profile_mark("bwd norms + encoder");
     for (int l = L - 1; l >= 0; l--) {
         LayerParams *lp = &p->layer[l], *lg = &g->layer[l];
         LayerActivations* la = &a->layer[l];
@@ -549,24 +635,31 @@ static void model_backward(Model* m, float loss_scale) {
                 swiglu_backward(s->dfch, la->fch, s->dfch_act, BT, Hm, st);
                 matmul_backward(s->dln, lg->fcw, NULL, s->reduce, s->dfch, la->ln2, X(m, lp->fcw), BT, C, 2 * Hm, 0, st);
             }
+            profile_mark("bwd mlp");
             norm_backward(c->norm, s->dresidual, lg->ln2w, lg->ln2b, s->reduce, s->dln, la->residual2, lp->ln2w,
                           la->ln2_mean, la->ln2_rstd, BT, C, st);
         }
+        profile_mark("bwd norms + encoder");
         if (m->recompute) {
             norm_forward(c->norm, la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT, C, c->norm_eps, st);
         }
         if (c->mixer[l] == MIXER_ATTN) {
             matmul_backward(s->dbtc, lg->attprojw, lg->attprojb, s->reduce, s->dresidual, la->atty, X(m, lp->attprojw),
                             BT, C, C, 0, st);
-            attention_backward(s->dqkv, s->work, s->dbtc, la->qkv, la->atty, la->lse, B, T, C, c->num_heads, st);
+            profile_mark("bwd attn proj matmul");
+            attention_backward_step(s->dqkv, s->work, s->dbtc, la->qkv, la->atty, la->lse, B, T, C, c->num_heads, st);
+            profile_mark("bwd attention");
             matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->reduce, s->dqkv, la->ln1, X(m, lp->qkvw), BT, C, 3 * C, 0, st);
+            profile_mark("bwd attn qkv matmul");
         } else {
             gdn_layer_backward(m, l, s->dln, s->dresidual, la->ln1, B, T);
         }
         norm_backward(c->norm, s->dresidual, lg->ln1w, lg->ln1b, s->reduce, s->dln, residual, lp->ln1w, la->ln1_mean,
                       la->ln1_rstd, BT, C, st);
+        profile_mark("bwd norms + encoder");
     }
     encoder_backward(g->wte, g->wpe, s->work, s->dresidual, m->inputs_host, B, T, C, st);
+    profile_mark("bwd norms + encoder");
 }
 
 static void model_zero_grad(Model* m) {
@@ -576,7 +669,9 @@ static void model_zero_grad(Model* m) {
 // Global L2 norm of all gradients (deterministic: fixed-order partial sums).
 static float model_grad_norm(Model* m) {
     float norm_sq;
+    profile_mark("host");
     global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory, m->num_parameters, m->stream);
+    profile_mark("grad norm");
     cudaCheck(cudaMemcpyAsync(&norm_sq, m->scratch.norm_sq, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
     return sqrtf(norm_sq);
@@ -598,11 +693,12 @@ static void model_update(Model* m, float lr, float beta1, float beta2, float eps
 #ifdef ENABLE_FP32
         floatX* px = NULL;  // the master is the copy
 #else
-        floatX* px = m->params_x + o;
+        floatX* px = m->params_x + m->x_offset[k];
 #endif
         adamw_update(m->params_memory + o, px, m->grads_memory + o, m->m_memory + o, m->v_memory + o, ti->numel,
                      lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
     }
+    profile_mark("adamw");
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -796,6 +892,40 @@ static double model_flops_per_token(const Model* m, int T) {
 // main: flags, the training loop, evaluation, sampling, checkpoints (as train_kla.c)
 #ifndef TESTING
 
+static void profile_init(cudaStream_t stream) {
+    const char* env = getenv("TRAIN_KLA_PROFILE");
+    profile.enabled = env != NULL && strcmp(env, "0") != 0;
+    profile.stream = stream;
+    if (!profile.enabled) { return; }
+    for (int i = 0; i < PROFILE_MAX_MARKS; i++) { cudaCheck(cudaEventCreate(&profile.events[i])); }
+}
+
+// the end of a step: add the phases' times up by name
+static void profile_collect(void) {
+    if (!profile.enabled) { return; }
+    cudaCheck(cudaEventSynchronize(profile.events[profile.num_marks - 1]));
+    for (int i = 1; i < profile.num_marks; i++) {
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, profile.events[i - 1], profile.events[i]));
+        int k = 0;
+        while (k < profile.num_phases && strcmp(profile.phase_names[k], profile.mark_names[i]) != 0) { k++; }
+        if (k == profile.num_phases && k < PROFILE_MAX_PHASES) { profile.phase_names[profile.num_phases++] = profile.mark_names[i]; }
+        if (k < PROFILE_MAX_PHASES) { profile.phase_ms[k] += ms; }
+    }
+    profile.num_marks = 0;
+}
+
+static void profile_print(int steps) {
+    if (!profile.enabled || steps == 0) { return; }
+    double total = 0.0;
+    for (int k = 0; k < profile.num_phases; k++) { total += profile.phase_ms[k]; }
+    printf("profile: GPU time per step by phase (%d steps)\n", steps);
+    for (int k = 0; k < profile.num_phases; k++) {
+        printf("  %-28s %8.3f ms  %5.1f%%\n", profile.phase_names[k], profile.phase_ms[k] / steps, 100.0 * profile.phase_ms[k] / total);
+    }
+    printf("  %-28s %8.3f ms\n", "total", total / steps);
+}
+
 static float validation_loss(Model* m, DataLoader* val, int max_batches) {
     dataloader_reset(val);
     int n = max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
@@ -863,6 +993,7 @@ int main(int argc, char** argv) {
     if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
     const Config* cfg = &model.config;
     if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt.T, cfg->max_seq_len); }
+    profile_init(model.stream);
 
     // ---- data and tokenizer
     DataLoader train_loader, val_loader;
@@ -901,7 +1032,8 @@ int main(int argc, char** argv) {
     // ---- the parameter table
     char pattern[512], device[300];
     format_mixer_pattern(cfg, pattern, sizeof(pattern));
-    snprintf(device, sizeof(device), "%s, %s", prop.name, PRECISION_NAME);
+    snprintf(device, sizeof(device), "%s, %s, attention: %s", prop.name, PRECISION_NAME,
+             config_has_mixer(cfg, MIXER_ATTN) ? ATTENTION_NAME : "none");
     print_run_table(cfg, model.num_parameters, &opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
                     grad_accum, max_steps, device);
 
@@ -935,6 +1067,7 @@ int main(int argc, char** argv) {
         if (last) { break; }
 
         double t0 = now_seconds();
+        profile.num_marks = 0;
         model_zero_grad(&model);
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
@@ -957,6 +1090,7 @@ int main(int argc, char** argv) {
         double ms = (now_seconds() - t0) * 1000.0;
         ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
         if (step - start >= 10) { timed_ms += ms; timed_steps++; }  // the summary skips 10 warm-up steps
+        if (step - start >= 10) { profile_collect(); } else { profile.num_marks = 0; }
         double eta = ema_ms * (max_steps - step - 1) / 1000.0, tok_s = opt.total_batch / (ms / 1000.0);
         printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | mfu %.1f%% | eta %dm%02ds\n",
                step + 1, max_steps, loss, step_lr, norm, ms, tok_s, 100.0 * tok_s * flops_per_token / PEAK_FLOPS,
@@ -969,6 +1103,7 @@ int main(int argc, char** argv) {
         printf("summary | ms/step %.2f | tok/s %.0f | mfu %.1f%% | peak mem %.0f MiB\n", ms, tok_s,
                100.0 * tok_s * flops_per_token / PEAK_FLOPS, cuda_bytes_allocated / 1048576.0);
     }
+    profile_print(timed_steps);
 
     if (log) { fclose(log); }
     if (opt.gen_tokens > 0) { tokenizer_free(&tokenizer); }
@@ -978,6 +1113,9 @@ int main(int argc, char** argv) {
     model_free(&model);
     encoder_teardown();
     matmul_teardown();
+#ifdef USE_CUDNN
+    attention_cudnn_destroy();
+#endif
     return 0;
 }
 #endif // TESTING

@@ -6,25 +6,34 @@ in train_kla.c.
   backward  dwte[v, :] += sum of dout[b, t, :] over the positions (b, t) holding token v
             dwpe[t, :] += sum over b of dout[b, t, :]          (fp32)
 
-The backward is deterministic without atomics. The host groups the B*T positions by token id (a counting
-sort of inp_host, positions in increasing order within a token) and cuts every group into work items of at
-most ENCODER_CHUNK positions. The item list goes to the device scratch with one copy. Then:
-  1. one block per (item, channel slice): each thread sums its channel over the item's positions in order.
-     A token with a single item adds the sum straight into its dwte row; the items of a larger token write
-     partial sums into the scratch instead.
-  2. one block per (split token, channel slice): adds that token's partial sums, first item first, into dwte.
-Every dwte row has exactly one writer, and every sum has a fixed order. Capping items at ENCODER_CHUNK
-positions bounds the longest block (frequent tokens like "," or EOT hold thousands of positions in a batch).
+The backward is deterministic without atomics, and all on the device (the host only stages the ids: no
+sorting there, and no wait on the GPU in the steady state):
+  0. the ids go to the device through a pinned buffer (two used in turn, each guarded by an event), and a
+     stable radix sort (cub::DeviceRadixSort::SortPairs, a fixed algorithm) orders the pairs (token, position)
+     by token, positions increasing within a token.
+  1. the sorted pairs are cut into blocks of ENCODER_CHUNK; one CUDA block per (block, channel slice) sums each
+     maximal run of one token inside it, in order. A run wholly inside the block is added into its dwte row
+     (the row's only writer); the piece that starts a run continuing past the block goes to partial_own[k],
+     the piece that continues a run from an earlier block goes to partial_cont[k].
+  2. the block where a spanning run starts adds partial_own[k] + partial_cont[k + 1] + ... in order into dwte.
+Every dwte row has exactly one writer, and every sum has a fixed order. Frequent tokens (",", EOT: thousands of
+positions) are spread over many blocks, so no block's serial chain exceeds ENCODER_CHUNK rows (plus the short
+chain of partials in step 2). 16-byte loads (8 bf16 / 4 fp32 channels per thread) whenever C allows.
 dwpe: one thread per (t, channel), summing over b in order.
 */
 #ifndef TRAIN_KLA_KERNELS_ENCODER_CUH
 #define TRAIN_KLA_KERNELS_ENCODER_CUH
 
+#include <limits.h>
+#include <stdint.h>
+#include <cub/cub.cuh>
+
 #include "common.cuh"
 
 #define ENCODER_BLOCK 256
-#define ENCODER_CHUNK 64            // positions of one work item of the backward
-#define ENCODER_BWD_BLOCK 128       // channels per block of the backward kernels
+#define ENCODER_CHUNK 32            // sorted positions per block of the backward
+#define ENCODER_PREFETCH 4          // dout rows loaded ahead by a thread of the backward
+#define ENCODER_BWD_BLOCK 128       // threads per block of the backward kernels (VEC channels each)
 
 // ----------------------------------------------------------------------------------------------------------
 // forward
@@ -51,78 +60,206 @@ static void encoder_forward(floatX* out, const int* inp, const float* wte, const
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// backward: the work list (host) and its layout in the scratch
+// backward
 
-// Bounds for B*T = BT positions. Items: each holds at least one position, so at most BT. Split tokens (more
-// than ENCODER_CHUNK positions): at most BT / (ENCODER_CHUNK + 1). Partial sums: a split token with c positions
-// has ceil(c / ENCODER_CHUNK) <= 2c / ENCODER_CHUNK items, so at most 2 BT / ENCODER_CHUNK in all.
-static size_t encoder_max_items(size_t BT) { return BT; }
-static size_t encoder_max_splits(size_t BT) { return BT / (ENCODER_CHUNK + 1); }
-static size_t encoder_max_partials(size_t BT) { return 2 * BT / ENCODER_CHUNK; }
+// Bounds for B*T = BT positions: the sorted positions are cut into ceil(BT / ENCODER_CHUNK) blocks.
+static size_t encoder_num_blocks(size_t BT) { return ceil_div_z(BT, ENCODER_CHUNK); }
+static size_t encoder_align(size_t bytes) { return ceil_div_z(bytes, 256) * 256; }
 
-// The scratch: [items int4 | splits int4 | sorted positions int] (copied from the host, packed by the actual
-// counts), then, at a fixed offset, the partial sums fp32 [max_partials, C].
-static size_t encoder_partials_offset(size_t BT) {
-    const size_t int_bytes = (encoder_max_items(BT) + encoder_max_splits(BT)) * sizeof(int4) + BT * sizeof(int);
-    return ceil_div_z(int_bytes, 256) * 256;
+// temporary storage of the radix sort (the largest, for all 32 key bits)
+static size_t encoder_sort_temp_bytes(size_t BT) {
+    size_t bytes = 0;
+    cudaCheck(cub::DeviceRadixSort::SortPairs(NULL, bytes, (const int*)NULL, (int*)NULL, (const int*)NULL, (int*)NULL,
+                                              (int)BT, 0, 32));
+    return bytes;
+}
+
+// The scratch: ids [BT] | positions [BT] | sorted ids [BT] | sorted positions [BT] (int, each 256-aligned), the
+// sort's temporary storage, then the partial sums fp32 [num_blocks, C] twice (owner pieces, continuation pieces).
+struct EncoderScratch {
+    int* ids;
+    int* pos;
+    int* sorted_ids;
+    int* sorted_pos;
+    void* sort_temp;
+    size_t sort_temp_bytes;
+    float* partial_own;
+    float* partial_cont;
+};
+static EncoderScratch encoder_scratch_layout(void* scratch, size_t BT, int C) {
+    EncoderScratch l;
+    char* p = (char*)scratch;
+    const size_t ints = encoder_align(BT * sizeof(int));
+    l.ids = (int*)p;
+    l.pos = (int*)(p + ints);
+    l.sorted_ids = (int*)(p + 2 * ints);
+    l.sorted_pos = (int*)(p + 3 * ints);
+    l.sort_temp = p + 4 * ints;
+    l.sort_temp_bytes = encoder_align(encoder_sort_temp_bytes(BT));
+    l.partial_own = (float*)(p + 4 * ints + l.sort_temp_bytes);
+    l.partial_cont = l.partial_own + encoder_num_blocks(BT) * C;
+    return l;
 }
 
 // scratch needed by encoder_backward
 static size_t encoder_backward_scratch_bytes(int B, int T, int C) {
     const size_t BT = (size_t)B * T;
-    return encoder_partials_offset(BT) + encoder_max_partials(BT) * C * sizeof(float);
+    const size_t partial_bytes = encoder_align(encoder_num_blocks(BT) * C * sizeof(float));
+    return 4 * encoder_align(BT * sizeof(int)) + encoder_align(encoder_sort_temp_bytes(BT)) + 2 * partial_bytes;
 }
 
-// host state of the backward: the pinned staging buffer of the work list (reused once its last copy is done)
-// and the counting-sort arrays
-static int* encoder_pinned = NULL;
-static size_t encoder_pinned_bytes = 0;
-static cudaEvent_t encoder_copy_done = NULL;
-static int* encoder_token_start = NULL;   // [max token + 1] first index of each token in the sorted positions
-static int* encoder_token_next = NULL;    // [max token + 1] fill cursor of the counting sort
-static int encoder_token_capacity = 0;
+// host state of the backward: two pinned staging buffers of the token ids, used in turn, each reused once its
+// previous copy to the device is done (an event per buffer; by then that copy finished long ago)
+static int* encoder_pinned[2] = {NULL, NULL};
+static size_t encoder_pinned_count[2] = {0, 0};
+static cudaEvent_t encoder_copy_done[2] = {NULL, NULL};
+static int encoder_pinned_turn = 0;
 
 static void encoder_teardown(void) {
-    if (encoder_copy_done != NULL) {
-        cudaCheck(cudaEventSynchronize(encoder_copy_done));
-        cudaCheck(cudaEventDestroy(encoder_copy_done));
+    for (int i = 0; i < 2; i++) {
+        if (encoder_copy_done[i] != NULL) {
+            cudaCheck(cudaEventSynchronize(encoder_copy_done[i]));
+            cudaCheck(cudaEventDestroy(encoder_copy_done[i]));
+        }
+        if (encoder_pinned[i] != NULL) { cudaCheck(cudaFreeHost(encoder_pinned[i])); }
+        encoder_copy_done[i] = NULL;
+        encoder_pinned[i] = NULL;
+        encoder_pinned_count[i] = 0;
     }
-    if (encoder_pinned != NULL) { cudaCheck(cudaFreeHost(encoder_pinned)); }
-    free(encoder_token_start);
-    free(encoder_token_next);
-    encoder_copy_done = NULL;
-    encoder_pinned = NULL;
-    encoder_pinned_bytes = 0;
-    encoder_token_start = encoder_token_next = NULL;
-    encoder_token_capacity = 0;
+    encoder_pinned_turn = 0;
 }
 
-// item (x = token, y = first index into the sorted positions, z = number of positions, w = partial slot or -1)
-// split token (x = token, y = first partial slot, z = number of partial slots)
+// positions 0 .. n - 1 (the values of the sort)
+__global__ void encoder_iota_kernel(int* pos, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { pos[i] = i; }
+}
 
-// grid (num_items, ceil(C / ENCODER_BWD_BLOCK)), block ENCODER_BWD_BLOCK
-__global__ void encoder_backward_items_kernel(float* dwte, float* partials, const int4* items, const int* sorted_pos,
-                                              const floatX* dout, int C) {
-    const int4 item = items[blockIdx.x];
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) { return; }
-    float sum = 0.0f;
-    for (int j = 0; j < item.z; j++) { sum += to_float(dout[(size_t)sorted_pos[item.y + j] * C + c]); }
-    if (item.w < 0) {
-        dwte[(size_t)item.x * C + c] += sum;
+// VEC channels: 16-byte loads of dout when possible (template VEC = 16 / sizeof(floatX)), else 1
+template <int VEC> __device__ __forceinline__ void encoder_load_x(float* dst, const floatX* src) {
+    if constexpr (VEC * sizeof(floatX) == 16) {
+        const int4 t = *reinterpret_cast<const int4*>(src);
+        const floatX* e = reinterpret_cast<const floatX*>(&t);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dst[k] = to_float(e[k]); }
     } else {
-        partials[(size_t)item.w * C + c] = sum;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dst[k] = to_float(src[k]); }
+    }
+}
+// dst[k] += src[k] (fp32 row of dwte; float4 when VEC is a multiple of 4)
+template <int VEC> __device__ __forceinline__ void encoder_add_f(float* dst, const float* src) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < VEC / 4; k++) {
+            float4 t = reinterpret_cast<float4*>(dst)[k];
+            t.x += src[4 * k];
+            t.y += src[4 * k + 1];
+            t.z += src[4 * k + 2];
+            t.w += src[4 * k + 3];
+            reinterpret_cast<float4*>(dst)[k] = t;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dst[k] += src[k]; }
+    }
+}
+template <int VEC> __device__ __forceinline__ void encoder_store_f(float* dst, const float* src) {
+    if constexpr (VEC % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < VEC / 4; k++) {
+            reinterpret_cast<float4*>(dst)[k] = make_float4(src[4 * k], src[4 * k + 1], src[4 * k + 2], src[4 * k + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dst[k] = src[k]; }
     }
 }
 
-// grid (num_splits, ceil(C / ENCODER_BWD_BLOCK)), block ENCODER_BWD_BLOCK
-__global__ void encoder_backward_splits_kernel(float* dwte, const float* partials, const int4* splits, int C) {
-    const int4 split = splits[blockIdx.x];
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) { return; }
-    float sum = 0.0f;
-    for (int j = 0; j < split.z; j++) { sum += partials[(size_t)(split.y + j) * C + c]; }
-    dwte[(size_t)split.x * C + c] += sum;
+// grid (num_blocks, ceil(C / (ENCODER_BWD_BLOCK VEC))), block ENCODER_BWD_BLOCK. Block k takes the sorted entries
+// [k ENCODER_CHUNK, min(BT, (k + 1) ENCODER_CHUNK)); each thread sums its VEC channels over them in order, one
+// piece (a maximal run of one token inside the block) at a time. A piece whose token run lies wholly in the
+// block is added into dwte (the run's only writer); the piece that starts a run continuing past the block goes
+// to partial_own[k]; the piece that continues a run begun in an earlier block goes to partial_cont[k].
+template <int VEC>
+__global__ void __launch_bounds__(ENCODER_BWD_BLOCK)
+encoder_backward_blocks_kernel(float* dwte, float* partial_own, float* partial_cont, const int* sorted_ids,
+                               const int* sorted_pos, const floatX* dout, int BT, int C) {
+    __shared__ int s_id[ENCODER_CHUNK];
+    __shared__ int s_pos[ENCODER_CHUNK];
+    const int k = blockIdx.x;
+    const int beg = k * ENCODER_CHUNK;
+    const int n = min(BT - beg, ENCODER_CHUNK);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        s_id[j] = sorted_ids[beg + j];
+        s_pos[j] = sorted_pos[beg + j];
+    }
+    __syncthreads();
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    if (c0 >= C) { return; }
+    const bool first_is_cont = beg > 0 && sorted_ids[beg - 1] == s_id[0];
+    const bool last_continues = beg + n < BT && sorted_ids[beg + n] == s_id[n - 1];
+
+    float acc[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC; q++) { acc[q] = 0.0f; }
+    int piece_start = 0;
+    for (int j0 = 0; j0 < n; j0 += ENCODER_PREFETCH) {
+        // issue up to ENCODER_PREFETCH independent row loads, then add them in order
+        float v[ENCODER_PREFETCH][VEC];
+#pragma unroll
+        for (int u = 0; u < ENCODER_PREFETCH; u++) {
+            if (j0 + u < n) { encoder_load_x<VEC>(v[u], dout + (size_t)s_pos[j0 + u] * C + c0); }
+        }
+#pragma unroll
+        for (int u = 0; u < ENCODER_PREFETCH; u++) {
+            const int j = j0 + u;
+            if (j >= n) { break; }
+#pragma unroll
+            for (int q = 0; q < VEC; q++) { acc[q] += v[u][q]; }
+            if (j == n - 1 || s_id[j + 1] != s_id[j]) {   // the piece ends at j
+                const int token = s_id[j];
+                if (piece_start == 0 && first_is_cont) {
+                    encoder_store_f<VEC>(partial_cont + (size_t)k * C + c0, acc);
+                } else if (j == n - 1 && last_continues) {
+                    encoder_store_f<VEC>(partial_own + (size_t)k * C + c0, acc);
+                } else {
+                    encoder_add_f<VEC>(dwte + (size_t)token * C + c0, acc);
+                }
+#pragma unroll
+                for (int q = 0; q < VEC; q++) { acc[q] = 0.0f; }
+                piece_start = j + 1;
+            }
+        }
+    }
+}
+
+// grid (num_blocks, ceil(C / (ENCODER_BWD_BLOCK VEC))), block ENCODER_BWD_BLOCK. Block k owns the run that starts
+// in it and continues past it (if any): dwte[token] += partial_own[k] + partial_cont[k + 1] + ..., in that order,
+// over the following blocks the run covers.
+template <int VEC>
+__global__ void __launch_bounds__(ENCODER_BWD_BLOCK)
+encoder_backward_runs_kernel(float* dwte, const float* partial_own, const float* partial_cont, const int* sorted_ids,
+                             int BT, int C) {
+    const int k = blockIdx.x;
+    const int beg = k * ENCODER_CHUNK;
+    const int end = beg + ENCODER_CHUNK;   // the run continues past the block only if the block is full
+    if (end >= BT) { return; }
+    const int token = sorted_ids[end - 1];
+    if (sorted_ids[end] != token) { return; }                    // no run continues past the block
+    if (beg > 0 && sorted_ids[beg - 1] == token) { return; }     // the run began in an earlier block
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    if (c0 >= C) { return; }
+    float acc[VEC], v[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC; q++) { acc[q] = partial_own[(size_t)k * C + c0 + q]; }
+    for (int b = k + 1; b * ENCODER_CHUNK < BT && sorted_ids[b * ENCODER_CHUNK] == token; b++) {
+#pragma unroll
+        for (int q = 0; q < VEC; q++) { v[q] = partial_cont[(size_t)b * C + c0 + q]; }
+#pragma unroll
+        for (int q = 0; q < VEC; q++) { acc[q] += v[q]; }
+    }
+    encoder_add_f<VEC>(dwte + (size_t)token * C + c0, acc);
 }
 
 // one thread per (t, c): dwpe[t, c] += sum over b of dout[b, t, c], b = 0 first
@@ -134,94 +271,71 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const floatX* dout, int
     dwpe[i] += sum;
 }
 
+template <int VEC>
+static void encoder_backward_launch(float* dwte, const EncoderScratch& l, const floatX* dout, int BT, int C,
+                                    cudaStream_t stream) {
+    const dim3 grid((unsigned int)encoder_num_blocks(BT), ceil_div(C, ENCODER_BWD_BLOCK * VEC));
+    encoder_backward_blocks_kernel<VEC><<<grid, ENCODER_BWD_BLOCK, 0, stream>>>(
+        dwte, l.partial_own, l.partial_cont, l.sorted_ids, l.sorted_pos, dout, BT, C);
+    cudaCheckLaunch();
+    encoder_backward_runs_kernel<VEC><<<grid, ENCODER_BWD_BLOCK, 0, stream>>>(dwte, l.partial_own, l.partial_cont,
+                                                                              l.sorted_ids, BT, C);
+    cudaCheckLaunch();
+}
+
 // dwte [V(p), C], dwpe [maxT, C] fp32 += (dwpe may be NULL); dout [B, T, C] floatX; inp_host [B, T]: the same
 // token ids as the forward's, on the host; scratch: encoder_backward_scratch_bytes(B, T, C) on the device.
-// The host part (sorting B*T ids) runs while the GPU works on earlier kernels of the stream.
+// The host only checks and stages the ids (no sorting, no wait on the GPU in the steady state); the grouping by
+// token is a stable radix sort on the device (cub, deterministic), so positions stay in increasing order within
+// a token and every sum has a fixed order.
 static void encoder_backward(float* dwte, float* dwpe, void* scratch, const floatX* dout, const int* inp_host,
                              int B, int T, int C, cudaStream_t stream) {
     const size_t BT = (size_t)B * T;
     if (BT == 0) { return; }
+    if (BT > (size_t)INT_MAX / 2) { die("encoder_backward: B*T = %zu too large", BT); }
     if (dwpe != NULL) {
         const unsigned int blocks = (unsigned int)ceil_div_z((size_t)T * C, ENCODER_BLOCK);
         encoder_backward_wpe_kernel<<<blocks, ENCODER_BLOCK, 0, stream>>>(dwpe, dout, B, T, C);
         cudaCheckLaunch();
     }
 
-    // counting sort of the positions by token id (stable: positions stay in increasing order)
+    // stage the ids in a pinned buffer (the one not used by the previous call), checking them on the way
+    const int turn = encoder_pinned_turn;
+    encoder_pinned_turn ^= 1;
+    if (encoder_copy_done[turn] == NULL) {
+        cudaCheck(cudaEventCreateWithFlags(&encoder_copy_done[turn], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventSynchronize(encoder_copy_done[turn]));
+    if (BT > encoder_pinned_count[turn]) {
+        if (encoder_pinned[turn] != NULL) { cudaCheck(cudaFreeHost(encoder_pinned[turn])); }
+        cudaCheck(cudaMallocHost((void**)&encoder_pinned[turn], BT * sizeof(int)));
+        encoder_pinned_count[turn] = BT;
+    }
+    int* staged = encoder_pinned[turn];
     int max_token = 0;
     for (size_t i = 0; i < BT; i++) {
-        if (inp_host[i] < 0) { die("encoder_backward: negative token id %d at position %zu", inp_host[i], i); }
-        if (inp_host[i] > max_token) { max_token = inp_host[i]; }
+        const int v = inp_host[i];
+        if (v < 0) { die("encoder_backward: negative token id %d at position %zu", v, i); }
+        if (v > max_token) { max_token = v; }
+        staged[i] = v;
     }
-    if (max_token + 1 > encoder_token_capacity) {
-        free(encoder_token_start);
-        free(encoder_token_next);
-        encoder_token_capacity = max_token + 1;
-        encoder_token_start = (int*)malloc_or_die((size_t)encoder_token_capacity * sizeof(int));
-        encoder_token_next = (int*)malloc_or_die((size_t)encoder_token_capacity * sizeof(int));
-    }
-    int* count = encoder_token_next;   // counts first, then turned into fill cursors
-    memset(count, 0, (size_t)(max_token + 1) * sizeof(int));
-    for (size_t i = 0; i < BT; i++) { count[inp_host[i]]++; }
-    int start = 0;
-    for (int v = 0; v <= max_token; v++) {
-        encoder_token_start[v] = start;
-        start += count[v];
-        count[v] = encoder_token_start[v];
-    }
+    int end_bit = 1;
+    while (end_bit < 31 && (max_token >> end_bit) != 0) { end_bit++; }
 
-    // the pinned staging buffer: wait for its previous copy to the device, then reuse it
-    const size_t max_host_bytes = (encoder_max_items(BT) + encoder_max_splits(BT)) * sizeof(int4) + BT * sizeof(int);
-    if (encoder_copy_done == NULL) { cudaCheck(cudaEventCreateWithFlags(&encoder_copy_done, cudaEventDisableTiming)); }
-    cudaCheck(cudaEventSynchronize(encoder_copy_done));
-    if (max_host_bytes > encoder_pinned_bytes) {
-        if (encoder_pinned != NULL) { cudaCheck(cudaFreeHost(encoder_pinned)); }
-        cudaCheck(cudaMallocHost((void**)&encoder_pinned, max_host_bytes));
-        encoder_pinned_bytes = max_host_bytes;
-    }
-    // sorted positions go after the items and splits, whose counts are known only at the end: sort into the
-    // tail of the buffer first, then build items and splits in separate regions, and pack once they are known
-    int4* items = (int4*)encoder_pinned;
-    int4* splits = items + encoder_max_items(BT);
-    int* sorted_pos = (int*)(splits + encoder_max_splits(BT));
-    for (size_t i = 0; i < BT; i++) { sorted_pos[count[inp_host[i]]++] = (int)i; }
-
-    int num_items = 0, num_splits = 0, num_partials = 0;
-    for (int v = 0; v <= max_token; v++) {
-        const int first = encoder_token_start[v], n = (v < max_token ? encoder_token_start[v + 1] : (int)BT) - first;
-        if (n == 0) { continue; }
-        if (n <= ENCODER_CHUNK) {
-            items[num_items++] = make_int4(v, first, n, -1);
-            continue;
-        }
-        const int pieces = ceil_div(n, ENCODER_CHUNK);
-        splits[num_splits++] = make_int4(v, num_partials, pieces, 0);
-        for (int p = 0; p < pieces; p++) {
-            const int len = p < pieces - 1 ? ENCODER_CHUNK : n - p * ENCODER_CHUNK;
-            items[num_items++] = make_int4(v, first + p * ENCODER_CHUNK, len, num_partials++);
-        }
-    }
-    // pack: items | splits | sorted positions, one copy
-    int4* packed_splits = items + num_items;
-    memmove(packed_splits, splits, (size_t)num_splits * sizeof(int4));
-    int* packed_pos = (int*)(packed_splits + num_splits);
-    memmove(packed_pos, sorted_pos, BT * sizeof(int));
-    const size_t copy_bytes = (size_t)(num_items + num_splits) * sizeof(int4) + BT * sizeof(int);
-    cudaCheck(cudaMemcpyAsync(scratch, encoder_pinned, copy_bytes, cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaEventRecord(encoder_copy_done, stream));
-
-    const int4* d_items = (const int4*)scratch;
-    const int4* d_splits = d_items + num_items;
-    const int* d_sorted_pos = (const int*)(d_splits + num_splits);
-    float* d_partials = (float*)((char*)scratch + encoder_partials_offset(BT));
-    const int channel_blocks = ceil_div(C, ENCODER_BWD_BLOCK);
-    encoder_backward_items_kernel<<<dim3(num_items, channel_blocks), ENCODER_BWD_BLOCK, 0, stream>>>(
-        dwte, d_partials, d_items, d_sorted_pos, dout, C);
+    const EncoderScratch l = encoder_scratch_layout(scratch, BT, C);
+    cudaCheck(cudaMemcpyAsync(l.ids, staged, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(encoder_copy_done[turn], stream));
+    encoder_iota_kernel<<<(unsigned int)ceil_div_z(BT, 256), 256, 0, stream>>>(l.pos, (int)BT);
     cudaCheckLaunch();
-    if (num_splits > 0) {
-        encoder_backward_splits_kernel<<<dim3(num_splits, channel_blocks), ENCODER_BWD_BLOCK, 0, stream>>>(
-            dwte, d_partials, d_splits, C);
-        cudaCheckLaunch();
+    size_t temp_bytes = l.sort_temp_bytes;
+    cudaCheck(cub::DeviceRadixSort::SortPairs(l.sort_temp, temp_bytes, (const int*)l.ids, l.sorted_ids,
+                                              (const int*)l.pos, l.sorted_pos, (int)BT, 0, end_bit, stream));
+
+    constexpr int VEC = 16 / (int)sizeof(floatX);
+    if (C % VEC == 0 && ((uintptr_t)dout % 16) == 0 && ((uintptr_t)dwte % 16) == 0) {
+        encoder_backward_launch<VEC>(dwte, l, dout, (int)BT, C, stream);
+    } else {
+        encoder_backward_launch<1>(dwte, l, dout, (int)BT, C, stream);
     }
 }
 

@@ -721,6 +721,57 @@ static void time_matmuls(void) {
     for (void* p : buffers) { cudaCheck(cudaFree(p)); }
 }
 
+static void time_norm_encoder(void) {
+    // norm_backward at the GPT-2 124M shape; traffic counted: read dout and inp, read and write dinp
+    const int N = 16384, C = 768;
+    floatX* dout = random_device_x((size_t)N * C, 1.0f, 6);
+    floatX* inp = random_device_x((size_t)N * C, 1.0f, 7);
+    floatX* dinp = random_device_x((size_t)N * C, 1.0f, 8);
+    float* w = (float*)cuda_malloc_or_die(C * sizeof(float), "w");
+    float* dw = (float*)cuda_malloc_or_die(C * sizeof(float), "dw");
+    float* db = (float*)cuda_malloc_or_die(C * sizeof(float), "db");
+    float* mean = (float*)cuda_malloc_or_die(N * sizeof(float), "mean");
+    float* rstd = (float*)cuda_malloc_or_die(N * sizeof(float), "rstd");
+    float* scratch = (float*)cuda_malloc_or_die(norm_backward_scratch_bytes(N, C), "scratch");
+    cudaCheck(cudaMemset(w, 0, C * sizeof(float)));
+    cudaCheck(cudaMemset(dw, 0, C * sizeof(float)));
+    cudaCheck(cudaMemset(db, 0, C * sizeof(float)));
+    cudaCheck(cudaMemset(mean, 0, N * sizeof(float)));
+    cudaCheck(cudaMemset(rstd, 0, N * sizeof(float)));
+    const double norm_bytes = 4.0 * N * C * sizeof(floatX);
+    for (int kind = NORM_LAYERNORM; kind <= NORM_RMSNORM; kind++) {
+        const float ms = time_ms([&] { norm_backward(kind, dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C,
+                                                     stream); }, 20);
+        printf("timing norm_backward %s N=%d C=%d: %.3f ms, %.0f GB/s (read dout, inp; read + write dinp)\n",
+               kind == NORM_LAYERNORM ? "layernorm" : "rmsnorm", N, C, ms, norm_bytes / (ms * 1e-3) / 1e9);
+    }
+
+    // encoder_backward at B=16, T=1024, C=768, V=50304, uniformly random tokens, with dwpe; traffic counted: read
+    // dout, read + write the touched dwte rows and dwpe. The time includes the host's staging of the ids.
+    const int B = 16, T = 1024, V = 50304, BT = B * T;
+    std::vector<int> tokens(BT);
+    std::vector<char> seen(V, 0);
+    int distinct = 0;
+    for (int i = 0; i < BT; i++) {
+        tokens[i] = (int)(0.5 * (rand_uniform() + 1.0) * V) % V;
+        if (!seen[tokens[i]]) { seen[tokens[i]] = 1; distinct++; }
+    }
+    floatX* edout = random_device_x((size_t)BT * C, 1.0f, 9);
+    float* dwte = (float*)cuda_malloc_or_die((size_t)V * C * sizeof(float), "dwte");
+    float* dwpe = (float*)cuda_malloc_or_die((size_t)T * C * sizeof(float), "dwpe");
+    void* escratch = cuda_malloc_or_die(encoder_backward_scratch_bytes(B, T, C), "scratch");
+    cudaCheck(cudaMemset(dwte, 0, (size_t)V * C * sizeof(float)));
+    cudaCheck(cudaMemset(dwpe, 0, (size_t)T * C * sizeof(float)));
+    const float ms = time_ms([&] { encoder_backward(dwte, dwpe, escratch, edout, tokens.data(), B, T, C, stream); },
+                             20);
+    const double enc_bytes = (double)BT * C * sizeof(floatX) + 2.0 * ((double)distinct + T) * C * sizeof(float);
+    printf("timing encoder_backward B=%d T=%d C=%d V=%d (random tokens, %d distinct): %.3f ms, %.0f GB/s (read dout, "
+           "read + write touched dwte rows and dwpe)\n", B, T, C, V, distinct, ms, enc_bytes / (ms * 1e-3) / 1e9);
+
+    void* buffers[] = {dout, inp, dinp, w, dw, db, mean, rstd, scratch, edout, dwte, dwpe, escratch};
+    for (void* p : buffers) { cudaCheck(cudaFree(p)); }
+}
+
 static void time_classifier(void) {
     const int BT = 16384, V = 50257, Vp = 50304;
     floatX* logits = random_device_x((size_t)BT * Vp, 4.0f, 5);
@@ -777,6 +828,7 @@ int main(void) {
     printf("%s: %d check(s) failed\n", num_failed ? "FAIL" : "PASS", num_failed);
     time_matmuls();
     time_classifier();
+    time_norm_encoder();
 
     encoder_teardown();
     matmul_teardown();
