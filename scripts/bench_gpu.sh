@@ -107,6 +107,8 @@ report() {
     echo "# train_kla GPU benchmark"
     echo
     echo "GPU: $gpu. Date: $started. Commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)."
+    # which attention train_klacu was built with (its run table says: cuDNN with USE_CUDNN=1, else its own kernels)
+    echo "train_klacu: $(grep -ohE 'attention: [^|]*[^ |]' "$logs"/train_klacu_attn_T*.log 2> /dev/null | head -n 1 || true)."
     echo "B=$B, $STEPS steps per run, timed over the last $((STEPS - WARMUP)) (the first $WARMUP are warm-up). 12 layers,"
     echo "width 768, 12 attention heads, position embedding of $MAX_SEQ_LEN rows (attn); gdn/kaczmarz: 6 heads, dk = dv = 128."
     echo

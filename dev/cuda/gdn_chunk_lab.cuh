@@ -1,0 +1,1102 @@
+/*
+dev/cuda/gdn_chunk_lab.cuh: what the two gdn chunk labs (gdn_chunk_fwd.cu, gdn_chunk_bwd.cu) share: the previous
+version of kernels/gdn_chunk.cuh, kept to time against the current one, the random inputs resembling the
+trainer's, and the float64 CPU reference of the forward recurrence (spec 2.1).
+*/
+#ifndef TRAIN_KLA_GDN_CHUNK_LAB_CUH
+#define TRAIN_KLA_GDN_CHUNK_LAB_CUH
+
+#include <math.h>
+#include <string.h>
+#include "../../kernels/gdn_chunk.cuh"
+
+// ----------------------------------------------------------------------------------------------------------
+// the previous kernels/gdn_chunk.cuh (gdn_chunk_fwd version 3, gdn_chunk_bwd version 2), verbatim (one tile load and one memory latency per operand
+// tile, per-row loops with one thread per row, bf16 products in phase 3 of the fused backward), with its
+// names prefixed gdn_prev_ / GdnPrev
+
+// slab width (columns of dk or dv processed at once) and padded tile strides, per operand type
+template <typename Tc> struct GdnPrevTile {
+    static constexpr int SL = sizeof(Tc) == 4 ? 32 : 64;   // fp32 tiles are twice as large: narrower slabs
+    static constexpr int LDT = SL + 8;                     // stride of a BT x SL operand tile (Tc)
+    static constexpr int LDF = SL + 4;                     // stride of a BT x SL fp32 tile
+    static constexpr int LDT_BT = GDN_CHUNK + 8;           // stride of a BT x BT operand tile
+    static constexpr int LDF_BT = GDN_CHUNK + 4;           // stride of a BT x BT fp32 tile
+    static constexpr int SLS = sizeof(Tc) == 4 ? 32 : 128; // state kernels: slab width over dk
+    static constexpr int LDTS = SLS + 8;                   // state kernels: stride of a BT x SLS operand tile
+    static constexpr int LDT_BV = GDN_STATE_BV + 8;        // state kernels: stride of a ... x BV operand tile
+    static constexpr int LDF_BV = GDN_STATE_BV + 4;        // state kernels: stride of a ... x BV fp32 tile
+};
+
+static inline int gdn_prev_round16(int x) { return (x + 15) / 16 * 16; }
+__device__ __forceinline__ int gdn_prev_round16_dev(int x) { return (x + 15) / 16 * 16; }
+
+// ----------------------------------------------------------------------------------------------------------
+// saved tensors (per layer) and workspace. c = (b*H + h)*NT + n indexes a chunk.
+//   saved:     Tm fp32 [c][BT][BT], G fp32 [c][BT], h Tc [c][dk][dv] (chunk-start states), Vn Tc [c][BT][dv],
+//              W Tc [c][BT][dk]
+//   workspace: forward U Tc [c][BT][dv]; backward dVl/dVn fp32 [c][BT][dv] (dVn overwrites dVl in place),
+//              dE Tc [c][dk][dv]
+// The byte counts are for Tc = float (an upper bound; bf16 uses less of the same buffers).
+
+typedef struct { size_t Tm, G, h, Vn, W, total; } GdnPrevSavedLayout;
+
+static size_t gdn_prev_align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static GdnPrevSavedLayout gdn_prev_saved_layout(int B, int T, int H, int dk, int dv, size_t tc_bytes) {
+    const size_t BT = GDN_CHUNK, nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
+    GdnPrevSavedLayout l;
+    l.Tm = 0;
+    l.G = l.Tm + gdn_prev_align256(nchunks * BT * BT * sizeof(float));
+    l.h = l.G + gdn_prev_align256(nchunks * BT * sizeof(float));
+    l.Vn = l.h + gdn_prev_align256(nchunks * dk * dv * tc_bytes);
+    l.W = l.Vn + gdn_prev_align256(nchunks * BT * dv * tc_bytes);
+    l.total = l.W + gdn_prev_align256(nchunks * BT * dk * tc_bytes);
+    return l;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
+// and by the host (base = 0) to size the launch
+
+struct GdnPrevCarver {
+    size_t base, off;
+    __host__ __device__ explicit GdnPrevCarver(size_t b) : base(b), off(0) {}
+    template <typename T> __host__ __device__ T* take(size_t count) {
+        T* p = (T*)(base + off);
+        off += (count * sizeof(T) + 127) & ~(size_t)127;
+        return p;
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------
+// CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
+
+// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
+// GDN_FILL_BATCH elements before storing any, so that their global loads are in flight together.
+template <typename Ts, typename F>
+__device__ __forceinline__ void gdn_prev_fill(Ts* s, int lds, int rows, int cols, F f) {
+    const int n = rows * cols, stride = blockDim.x;
+    for (int base = threadIdx.x; base < n; base += GDN_FILL_BATCH * stride) {
+        float x[GDN_FILL_BATCH];
+        #pragma unroll
+        for (int u = 0; u < GDN_FILL_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / cols;
+            x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < GDN_FILL_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / cols;
+            if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
+        }
+    }
+    __syncthreads();
+}
+
+// 8 contiguous elements from global memory as fp32 (g 16-byte aligned; nullptr: zeros)
+__device__ __forceinline__ void gdn_prev_load8(float* x, const __nv_bfloat16* g) {
+    if (g == nullptr) {
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { x[e] = 0.0f; }
+        return;
+    }
+    const uint4 raw = *reinterpret_cast<const uint4*>(g);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    #pragma unroll
+    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
+}
+__device__ __forceinline__ void gdn_prev_load8(float* x, const float* g) {
+    if (g == nullptr) {
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { x[e] = 0.0f; }
+        return;
+    }
+    const float4 a = reinterpret_cast<const float4*>(g)[0], b = reinterpret_cast<const float4*>(g)[1];
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+// s[0..7] = scale * x[0..7] in shared memory (16-byte aligned)
+__device__ __forceinline__ void gdn_prev_store8(__nv_bfloat16* s, const float* x, float scale) {
+    uint4 raw;
+    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&raw);
+    #pragma unroll
+    for (int e = 0; e < 4; e++) { h2[e] = __floats2bfloat162_rn(scale * x[2 * e], scale * x[2 * e + 1]); }
+    *reinterpret_cast<uint4*>(s) = raw;
+}
+__device__ __forceinline__ void gdn_prev_store8(float* s, const float* x, float scale) {
+    reinterpret_cast<float4*>(s)[0] = make_float4(scale * x[0], scale * x[1], scale * x[2], scale * x[3]);
+    reinterpret_cast<float4*>(s)[1] = make_float4(scale * x[4], scale * x[5], scale * x[6], scale * x[7]);
+}
+
+// vectorised tile load from global memory: s[r][c + e] = rowscale(r) * src(r, c)[e] for c = 0, 8, 16, ... < cols,
+// e < 8; src returns the address of 8 contiguous elements (16-byte aligned) or nullptr for zeros. Each thread
+// issues the loads of GDN_FILL8_BATCH groups before storing any.
+#define GDN_FILL8_BATCH 4
+template <typename Ts, typename Src, typename Scale>
+__device__ __forceinline__ void gdn_prev_fill8(Ts* s, int lds, int rows, int cols, Src src, Scale rowscale) {
+    const int gpr = cols / 8, n = rows * gpr, stride = blockDim.x;
+    for (int base = threadIdx.x; base < n; base += GDN_FILL8_BATCH * stride) {
+        float x[GDN_FILL8_BATCH][8];
+        #pragma unroll
+        for (int u = 0; u < GDN_FILL8_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / gpr;
+            gdn_prev_load8(x[u], idx < n ? src(r, (idx - r * gpr) * 8) : nullptr);
+        }
+        #pragma unroll
+        for (int u = 0; u < GDN_FILL8_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / gpr;
+            if (idx < n) { gdn_prev_store8(s + r * lds + (idx - r * gpr) * 8, x[u], rowscale(r)); }
+        }
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ float gdn_prev_one(int) { return 1.0f; }
+
+// f(r, c) for every element of a rows x cols index range
+template <typename F>
+__device__ __forceinline__ void gdn_prev_for_each(int rows, int cols, F f) {
+    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+        const int r = idx / cols, c = idx - r * cols;
+        f(r, c);
+    }
+    __syncthreads();
+}
+
+// C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
+// A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
+// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16.
+// fp32 operands: CUDA-core FMAs, each thread owns 4 x 4 blocks of C (fixed summation order over k).
+template <bool A_T, bool B_T>
+__device__ void gdn_prev_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
+                       int M, int N, int K, bool acc) {
+    const int nb = N / 4;
+    for (int t = threadIdx.x; t < (M / 4) * nb; t += blockDim.x) {
+        const int m0 = (t / nb) * 4, n0 = (t % nb) * 4;
+        float c[4][4];
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { c[i][j] = acc ? C[(m0 + i) * ldc + n0 + j] : 0.0f; }
+        }
+        for (int k = 0; k < K; k++) {
+            float a[4], b[4];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { a[i] = A_T ? A[k * lda + m0 + i] : A[(m0 + i) * lda + k]; }
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { b[j] = B_T ? Bm[(n0 + j) * ldb + k] : Bm[k * ldb + n0 + j]; }
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                #pragma unroll
+                for (int j = 0; j < 4; j++) { c[i][j] = fmaf(a[i], b[j], c[i][j]); }
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { C[(m0 + i) * ldc + n0 + j] = c[i][j]; }
+        }
+    }
+    __syncthreads();
+}
+
+// bf16 operands: tensor cores, one warp per 16 x 16 tile of C, fp32 accumulation.
+// Tile pointers are multiples of 16 elements from 128-byte aligned bases (wmma wants 32-byte alignment).
+template <bool A_T, bool B_T>
+__device__ void gdn_prev_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
+                       int M, int N, int K, bool acc) {
+    using namespace nvcuda;
+    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
+    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
+    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, nt = N / 16;
+    for (int t = warp; t < (M / 16) * nt; t += nwarps) {
+        const int m0 = (t / nt) * 16, n0 = (t % nt) * 16;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        if (acc) { wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major); }
+        else { wmma::fill_fragment(c, 0.0f); }
+        for (int k = 0; k < K; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> b;
+            wmma::load_matrix_sync(a, A_T ? A + k * lda + m0 : A + m0 * lda + k, lda);
+            wmma::load_matrix_sync(b, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
+            wmma::mma_sync(c, a, b, c);
+        }
+        wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+    }
+    __syncthreads();
+}
+
+// where a per-chunk CTA works: chunk c = (b*H + h)*NT + n covers tokens t0 .. t0+L-1 (rows row0.. of the inputs)
+struct GdnPrevChunkPos {
+    size_t c, row0;
+    int b, h, n, t0, L;
+};
+
+__device__ __forceinline__ GdnPrevChunkPos gdn_prev_chunk_pos(size_t c, int T, int H, int NT) {
+    GdnPrevChunkPos p;
+    p.c = c;
+    const int bh = (int)(c / NT);
+    p.n = (int)(c % NT);
+    p.b = bh / H;
+    p.h = bh % H;
+    p.t0 = p.n * GDN_CHUNK;
+    p.L = min(GDN_CHUNK, T - p.t0);
+    p.row0 = (size_t)p.b * T + p.t0;
+    return p;
+}
+
+// G of chunk c from the saved buffer
+__device__ __forceinline__ void gdn_prev_load_G(float* Gs, const float* G_saved, size_t c) {
+    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) { Gs[r] = G_saved[c * GDN_CHUNK + r]; }
+    __syncthreads();
+}
+
+// beta of a chunk (0 on padded rows)
+__device__ __forceinline__ void gdn_prev_load_beta(float* bs, const float* beta, const GdnPrevChunkPos& p, int H) {
+    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
+        bs[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
+    }
+    __syncthreads();
+}
+
+// address of element (r, col) of a chunk's rows of q, k (width dk), v or dO (width dv); nullptr outside the
+// sequence or the head's columns (col is a multiple of 8, and so is width: a group of 8 is all in or all out)
+template <typename Tin>
+__device__ __forceinline__ const Tin* gdn_prev_in(const Tin* x, int ld, const GdnPrevChunkPos& p, int width, int r, int col) {
+    return (r < p.L && col < width) ? x + (p.row0 + r) * ld + (size_t)p.h * width + col : nullptr;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// spec 3.2: Tm = (I + A)^-1 for a strictly lower triangular BT x BT matrix A (fp32, stride LDF_BT), by 16 x 16
+// blocks: the 4 diagonal blocks by forward substitution (one thread per column), then the off-diagonal blocks
+// by distance d = I - J: Tm_IJ = -Tm_II sum_{M=J}^{I-1} A_IM Tm_MJ. X: 3*256 floats of scratch.
+
+__device__ void gdn_prev_solve_unit_lower(float* Tm, const float* A, float* X) {
+    constexpr int BT = GDN_CHUNK, LD = GDN_CHUNK + 4, NB = GDN_CHUNK / 16;
+    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) { Tm[(idx / BT) * LD + idx % BT] = 0.0f; }
+    __syncthreads();
+    if (threadIdx.x < BT) {
+        const int j = threadIdx.x, end = (j / 16) * 16 + 16;
+        Tm[j * LD + j] = 1.0f;
+        for (int i = j + 1; i < end; i++) {
+            float s = 0.0f;
+            for (int m = j; m < i; m++) { s = fmaf(A[i * LD + m], Tm[m * LD + j], s); }
+            Tm[i * LD + j] = -s;
+        }
+    }
+    __syncthreads();
+    for (int d = 1; d < NB; d++) {
+        const int n = (NB - d) * 256;
+        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
+            float s = 0.0f;
+            for (int m = 16 * J; m < 16 * I; m++) { s = fmaf(A[(16 * I + r) * LD + m], Tm[m * LD + 16 * J + cc], s); }
+            X[idx] = s;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
+            float s = 0.0f;
+            for (int m = 0; m <= r; m++) { s = fmaf(Tm[(16 * I + r) * LD + 16 * I + m], X[J * 256 + m * 16 + cc], s); }
+            Tm[(16 * I + r) * LD + 16 * J + cc] = -s;
+        }
+        __syncthreads();
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
+
+template <typename Tc> struct GdnPrevIntraSmem {
+    float *A, *Tm, *X, *C, *G, *beta;
+    Tc *Tm_op, *slab;
+    size_t bytes;
+    __host__ __device__ explicit GdnPrevIntraSmem(size_t base) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        X = cv.take<float>(3 * 256);
+        C = cv.take<float>(GDN_CHUNK * TL::LDF);
+        G = cv.take<float>(GDN_CHUNK);
+        beta = cv.take<float>(GDN_CHUNK);
+        Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        slab = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_THREADS)
+gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, const Tin* k, const Tin* v,
+                     int ld_qkv, const float* beta, const float* g, int T, int H, int NT, int dk, int dv) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    GdnPrevIntraSmem<Tc> sm((size_t)gdn_prev_smem);
+    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+
+    // beta, and G_i = sum_{m<=i} g_m reset at the chunk start (spec 3.1); one thread, fixed order
+    gdn_prev_load_beta(sm.beta, beta, p, H);
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int r = 0; r < BT; r++) {
+            acc += r < p.L ? g[(p.row0 + r) * H + p.h] : 0.0f;
+            sm.G[r] = acc;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < BT; r += blockDim.x) { G_saved[p.c * BT + r] = sm.G[r]; }
+
+    // K K^T over dk slabs
+    for (int s0 = 0; s0 < dkp; s0 += SL) {
+        const int ws = min(SL, dkp - s0);
+        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
+    }
+    // A_ij = beta_i (k_i.k_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        float* a = sm.A + i * TL::LDF_BT + j;
+        *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
+    });
+    gdn_prev_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        const float t = sm.Tm[i * TL::LDF_BT + j];
+        Tm_saved[(p.c * BT + i) * BT + j] = t;
+        sm.Tm_op[i * TL::LDT_BT + j] = from_float<Tc>(t);
+    });
+    // W = Tm diag(beta gam) K, slab by slab of dk
+    for (int s0 = 0; s0 < dkp; s0 += SL) {
+        const int ws = min(SL, dkp - s0);
+        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); },
+                  [&](int r) { return sm.beta[r] * expf(sm.G[r]); });
+        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+            if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
+        });
+    }
+    // U = Tm diag(beta) V, slab by slab of dv
+    for (int s0 = 0; s0 < dvp; s0 += SL) {
+        const int ws = min(SL, dvp - s0);
+        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(v, ld_qkv, p, dv, r, s0 + c); },
+                  [&](int r) { return sm.beta[r]; });
+        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+            if (s0 + c < dv) { U_work[(p.c * BT + r) * dv + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
+        });
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward kernel 2 (spec 3.3 step 3): the state pass, sequential over the chunks of one (b, h), one CTA per
+// GDN_STATE_BV columns of dv. The state S (dk x BV) stays in shared memory in fp32.
+
+template <typename Tc> struct GdnPrevStateSmem {
+    float *S, *C, *G;
+    Tc *S_op, *slab, *V_op, *U;
+    size_t bytes;
+    __host__ __device__ GdnPrevStateSmem(size_t base, int dkp) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        S = cv.take<float>((size_t)dkp * TL::LDF_BV);
+        C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
+        G = cv.take<float>(GDN_CHUNK);
+        S_op = cv.take<Tc>((size_t)dkp * TL::LDT_BV);
+        slab = cv.take<Tc>(GDN_CHUNK * TL::LDTS);
+        V_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BV);
+        U = cv.take<Tc>(GDN_CHUNK * TL::LDT_BV);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_STATE_THREADS)
+gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* W_saved, const Tc* U_work,
+                     const Tin* k, int ld_qkv, int T, int H, int NT, int dk, int dv) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    const int dkp = gdn_prev_round16_dev(dk);
+    GdnPrevStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
+    const int bh = blockIdx.y, v0 = blockIdx.x * BV;
+
+    gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
+    for (int n = 0; n < NT; n++) {
+        const size_t c = (size_t)bh * NT + n;
+        const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
+        // h_n = S (saved for the output kernel and the backward), and S as a matrix operand
+        for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.G[r] = G_saved[c * BT + r]; }
+        gdn_prev_fill8(sm.U, TL::LDT_BV, BT, BV, [&](int r, int j) {
+            return v0 + j < dv ? U_work + (c * BT + r) * dv + v0 + j : nullptr;
+        }, gdn_prev_one);
+        gdn_prev_for_each(dkp, BV, [&](int d, int j) {
+            const Tc x = from_float<Tc>(sm.S[d * TL::LDF_BV + j]);
+            sm.S_op[d * TL::LDT_BV + j] = x;
+            if (d < dk && v0 + j < dv) { h_saved[(c * dk + d) * dv + v0 + j] = x; }
+        });
+        // W S, contracting over dk slab by slab
+        for (int s0 = 0; s0 < dkp; s0 += SL) {
+            const int ws = min(SL, dkp - s0);
+            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) {
+                return s0 + cc < dk ? W_saved + (c * BT + r) * dk + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
+                                 BT, BV, ws, s0 > 0);
+        }
+        // Vn = U - W S (the true write vectors u_i, spec 3.1); V_op = diag(exp(G_BT - G)) Vn; S <- gam_BT S
+        const float G_last = sm.G[BT - 1];
+        gdn_prev_for_each(BT, BV, [&](int r, int j) {
+            float vn = 0.0f;
+            if (v0 + j < dv) {
+                vn = to_float(sm.U[r * TL::LDT_BV + j]) - sm.C[r * TL::LDF_BV + j];
+                Vn_saved[(c * BT + r) * dv + v0 + j] = from_float<Tc>(vn);
+            }
+            sm.V_op[r * TL::LDT_BV + j] = from_float<Tc>(vn * expf(G_last - sm.G[r]));
+        });
+        const float gam_last = expf(G_last);
+        gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
+        // S += K^T V_op, slab of dk rows by slab
+        for (int s0 = 0; s0 < dkp; s0 += SL) {
+            const int ws = min(SL, dkp - s0);
+            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + cc); },
+                      gdn_prev_one);
+            gdn_prev_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
+                                ws, BV, BT, true);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per
+// (chunk, SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0
+
+template <typename Tc> struct GdnPrevOutputSmem {
+    float *P, *O, *G;
+    Tc *Q, *K, *Hs, *P_op, *Vn;
+    size_t bytes;
+    __host__ __device__ explicit GdnPrevOutputSmem(size_t base) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        O = cv.take<float>(GDN_CHUNK * TL::LDF);
+        G = cv.take<float>(GDN_CHUNK);
+        Q = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        K = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Hs = cv.take<Tc>(TL::SL * TL::LDT);
+        P_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Vn = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_THREADS)
+gdn_prev_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, const float* G_saved,
+                      const Tc* h_saved, const Tc* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    GdnPrevOutputSmem<Tc> sm((size_t)gdn_prev_smem);
+    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    const int v0 = blockIdx.y * SL, wv = min(SL, dvp - v0);
+    gdn_prev_load_G(sm.G, G_saved, p.c);
+
+    // Q K^T and Q h_n, contracting over dk slab by slab
+    for (int s0 = 0; s0 < dkp; s0 += SL) {
+        const int ws = min(SL, dkp - s0);
+        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_fill8(sm.K, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_fill8(sm.Hs, TL::LDT, ws, wv, [&](int d, int j) {
+            return (s0 + d < dk && v0 + j < dv) ? h_saved + (p.c * dk + s0 + d) * dv + v0 + j : nullptr;
+        }, gdn_prev_one);
+        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0);
+        gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.Q, TL::LDT, sm.Hs, TL::LDT, BT, wv, ws, s0 > 0);
+    }
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
+    });
+    gdn_prev_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF + j] *= expf(sm.G[i]); });
+    gdn_prev_fill8(sm.Vn, TL::LDT, BT, wv, [&](int r, int j) {
+        return v0 + j < dv ? Vn_saved + (p.c * BT + r) * dv + v0 + j : nullptr;
+    }, gdn_prev_one);
+    gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT, BT, wv, BT, true);
+    gdn_prev_for_each(p.L, wv, [&](int r, int j) {
+        if (v0 + j < dv) { o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF + j]); }
+    });
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward kernel 2 (spec 3.4 Kernel 2): dVl = scale (K Q^T (.) M^T) dO, i.e.
+// dVl_i = scale sum_{j>=i} exp(G_j - G_i) (k_i.q_j) dO_j, written fp32 to the dVn workspace
+
+template <typename Tc> struct GdnPrevDvlocalSmem {
+    float *P, *C, *G;
+    Tc *Q, *K, *P_op;
+    size_t bytes;
+    __host__ __device__ explicit GdnPrevDvlocalSmem(size_t base) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        C = cv.take<float>(GDN_CHUNK * TL::LDF);
+        G = cv.take<float>(GDN_CHUNK);
+        Q = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        K = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        P_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_THREADS)
+gdn_prev_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
+                       const float* G_saved, int T, int H, int NT, int dk, int dv, float scale) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    GdnPrevDvlocalSmem<Tc> sm((size_t)gdn_prev_smem);
+    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    gdn_prev_load_G(sm.G, G_saved, p.c);
+    for (int s0 = 0; s0 < dkp; s0 += SL) {
+        const int ws = min(SL, dkp - s0);
+        gdn_prev_fill8(sm.K, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
+    }
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(j >= i ? scale * sm.P[i * TL::LDF_BT + j] * expf(sm.G[j] - sm.G[i]) : 0.0f);
+    });
+    for (int s0 = 0; s0 < dvp; s0 += SL) {
+        const int ws = min(SL, dvp - s0);
+        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
+        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+            if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
+        });
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward kernel 3 (spec 3.4 Kernel 3): reverse pass over the chunks of one (b, h), one CTA per GDN_STATE_BV
+// columns of dv. dE (dk x BV, fp32 in shared memory) is dL/dS_end of the chunk through later chunks:
+//     store dE_n = dE
+//     dVn_n = dVl_n + diag(exp(G_BT - G)) K dE
+//     dE    = gam_BT dE + scale (diag(gam) Q)^T dO - W^T dVn_n
+
+template <typename Tc> struct GdnPrevBwdStateSmem {
+    float *E, *C, *G, *dVl;
+    Tc *E_op, *slab, *dO_op, *dVn_op;
+    size_t bytes;
+    __host__ __device__ GdnPrevBwdStateSmem(size_t base, int dkp) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        E = cv.take<float>((size_t)dkp * TL::LDF_BV);
+        C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
+        G = cv.take<float>(GDN_CHUNK);
+        dVl = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
+        E_op = cv.take<Tc>((size_t)dkp * TL::LDT_BV);
+        slab = cv.take<Tc>(GDN_CHUNK * TL::LDTS);
+        dO_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BV);
+        dVn_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BV);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_STATE_THREADS)
+gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
+                     const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv, float scale) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    const int dkp = gdn_prev_round16_dev(dk);
+    GdnPrevBwdStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
+    const int bh = blockIdx.y, v0 = blockIdx.x * BV;
+
+    gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
+    for (int n = NT - 1; n >= 0; n--) {
+        const size_t c = (size_t)bh * NT + n;
+        const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
+        for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.G[r] = G_saved[c * BT + r]; }
+        gdn_prev_for_each(dkp, BV, [&](int d, int j) {
+            const Tc x = from_float<Tc>(sm.E[d * TL::LDF_BV + j]);
+            sm.E_op[d * TL::LDT_BV + j] = x;
+            if (d < dk && v0 + j < dv) { dE_work[(c * dk + d) * dv + v0 + j] = x; }
+        });
+        gdn_prev_fill8(sm.dO_op, TL::LDT_BV, BT, BV, [&](int r, int j) { return gdn_prev_in(dO, ld_o, p, dv, r, v0 + j); }, gdn_prev_one);
+        gdn_prev_fill8(sm.dVl, TL::LDF_BV, BT, BV, [&](int r, int j) {
+            return v0 + j < dv ? dVn_work + (c * BT + r) * dv + v0 + j : nullptr;
+        }, gdn_prev_one);
+        // K dE, contracting over dk slab by slab
+        for (int s0 = 0; s0 < dkp; s0 += SL) {
+            const int ws = min(SL, dkp - s0);
+            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + cc); },
+                      gdn_prev_one);
+            gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
+                                 BT, BV, ws, s0 > 0);
+        }
+        const float G_last = sm.G[BT - 1];
+        gdn_prev_for_each(BT, BV, [&](int r, int j) {
+            float dvn = 0.0f;
+            if (v0 + j < dv) {
+                dvn = sm.dVl[r * TL::LDF_BV + j] + expf(G_last - sm.G[r]) * sm.C[r * TL::LDF_BV + j];
+                dVn_work[(c * BT + r) * dv + v0 + j] = dvn;
+            }
+            sm.dVn_op[r * TL::LDT_BV + j] = from_float<Tc>(-dvn);
+        });
+        const float gam_last = expf(G_last);
+        gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
+        // dE += (scale diag(gam) Q)^T dO - W^T dVn, slab of dk rows by slab
+        for (int s0 = 0; s0 < dkp; s0 += SL) {
+            const int ws = min(SL, dkp - s0);
+            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + cc); },
+                      [&](int r) { return scale * expf(sm.G[r]); });
+            gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
+                                ws, BV, BT, true);
+            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) {
+                return s0 + cc < dk ? W_saved + (c * BT + r) * dk + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
+                                ws, BV, BT, true);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
+// dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
+//   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
+//   phase 2 (dk slabs)  dQ = scale diag(gam) dO h^T + P K                     -> dq
+//                       dK_int = diag(e) Vn dE^T;  dK_a = dK_int + P^T Q
+//                       dW = -dVn h^T;  dT += dW kbg^T;  dkbg = Tm^T dW;  dK_b = diag(beta gam) dkbg
+//                       dG_a += q.dQ - k.dK_a;  dG_b += kbg.dkbg;  dbeta_b += gam k.dkbg;  K K^T
+//                       dk = dK_a + dK_b (written, completed in phase 4)
+//                       dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i
+//   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dAG = dA (.) Gam
+//                       dbeta_c_i = sum_j dAG_ij (k_i.k_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji
+//   phase 4 (dk slabs)  dk += Z K with Z = diag(beta) dAG + (diag(beta) dAG)^T     (= dK_c)
+//   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
+
+template <typename Tc> struct GdnPrevBwdChunkSmem {
+    float *P, *dT, *KK;                 // BT x BT fp32
+    float *F0, *F1, *F2, *F3;           // BT x SL fp32
+    float *G, *beta, *dGa, *dGb, *dbeta, *kdKint, *hdE;
+    Tc *P_op, *Tm_op, *Z_op;            // BT x BT operands
+    Tc *S0, *S1, *S2, *S3, *S4;         // BT x SL operands
+    size_t bytes;
+    __host__ __device__ explicit GdnPrevBwdChunkSmem(size_t base) {
+        typedef GdnPrevTile<Tc> TL;
+        GdnPrevCarver cv(base);
+        P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        dT = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        KK = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        F0 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F1 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F2 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F3 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        G = cv.take<float>(GDN_CHUNK);
+        beta = cv.take<float>(GDN_CHUNK);
+        dGa = cv.take<float>(GDN_CHUNK);
+        dGb = cv.take<float>(GDN_CHUNK);
+        dbeta = cv.take<float>(GDN_CHUNK);
+        kdKint = cv.take<float>(GDN_CHUNK);
+        hdE = cv.take<float>(GDN_CHUNK);
+        P_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Z_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        S0 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        S1 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        S2 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        S3 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        S4 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_BWD_THREADS)
+gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_beta, float* grad_g,
+                     const Tin* dO, int ld_o, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                     const float* beta, const float* Tm_saved, const float* G_saved, const Tc* h_saved,
+                     const Tc* Vn_saved, const float* dVn_work, const Tc* dE_work,
+                     int T, int H, int NT, int dk, int dv, float scale) {
+    typedef GdnPrevTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
+    extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
+    GdnPrevBwdChunkSmem<Tc> sm((size_t)gdn_prev_smem);
+    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    const size_t c = p.c;
+    const int tid = threadIdx.x;
+
+    gdn_prev_load_beta(sm.beta, beta, p, H);
+    for (int r = tid; r < BT; r += blockDim.x) {
+        sm.G[r] = G_saved[c * BT + r];
+        sm.dGa[r] = 0.0f; sm.dGb[r] = 0.0f; sm.dbeta[r] = 0.0f; sm.kdKint[r] = 0.0f; sm.hdE[r] = 0.0f;
+    }
+    gdn_prev_fill8(sm.Tm_op, LDTB, BT, BT, [&](int i, int j) { return Tm_saved + (c * BT + i) * BT + j; }, gdn_prev_one);
+    const float G_last = sm.G[BT - 1];
+
+    // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b
+    for (int s0 = 0; s0 < dvp; s0 += SL) {
+        const int ws = min(SL, dvp - s0);
+        gdn_prev_fill8(sm.S0, LDT, BT, ws, [&](int r, int cc) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + cc); }, gdn_prev_one);
+        gdn_prev_fill8(sm.S1, LDT, BT, ws, [&](int r, int cc) {
+            return s0 + cc < dv ? Vn_saved + (c * BT + r) * dv + s0 + cc : nullptr;
+        }, gdn_prev_one);
+        gdn_prev_fill8(sm.S2, LDT, BT, ws, [&](int r, int cc) {
+            return s0 + cc < dv ? dVn_work + (c * BT + r) * dv + s0 + cc : nullptr;
+        }, gdn_prev_one);
+        gdn_prev_fill8(sm.F1, LDF, BT, ws, [&](int r, int cc) { return gdn_prev_in(v, ld_qkv, p, dv, r, s0 + cc); }, gdn_prev_one);
+        gdn_prev_fill(sm.S3, LDT, BT, ws, [&](int r, int cc) { return sm.beta[r] * sm.F1[r * LDF + cc]; });
+        gdn_prev_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0);
+        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0);
+        gdn_prev_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
+        for (int r = tid; r < p.L; r += blockDim.x) {
+            float s = 0.0f;
+            for (int cc = 0; cc < ws && s0 + cc < dv; cc++) {
+                const float dvb = sm.F0[r * LDF + cc];
+                s = fmaf(sm.F1[r * LDF + cc], dvb, s);
+                grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
+            }
+            sm.dbeta[r] += s;
+        }
+        __syncthreads();
+    }
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
+    });
+
+    // phase 2, over dk slabs
+    for (int k0 = 0; k0 < dkp; k0 += SL) {
+        const int wk = min(SL, dkp - k0);
+        // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab
+        for (int s0 = 0; s0 < dvp; s0 += SL) {
+            const int ws = min(SL, dvp - s0);
+            gdn_prev_fill8(sm.S0, LDT, BT, ws, [&](int r, int cc) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + cc); }, gdn_prev_one);
+            gdn_prev_fill8(sm.S1, LDT, BT, ws, [&](int r, int cc) {
+                return s0 + cc < dv ? Vn_saved + (c * BT + r) * dv + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            gdn_prev_fill8(sm.S2, LDT, BT, ws, [&](int r, int cc) {
+                return s0 + cc < dv ? dVn_work + (c * BT + r) * dv + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            gdn_prev_fill8(sm.S3, LDT, wk, ws, [&](int d, int cc) {   // h rows k0.., columns s0..
+                return (k0 + d < dk && s0 + cc < dv) ? h_saved + (c * dk + k0 + d) * dv + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            gdn_prev_fill8(sm.S4, LDT, wk, ws, [&](int d, int cc) {   // dE rows k0.., columns s0..
+                return (k0 + d < dk && s0 + cc < dv) ? dE_work + (c * dk + k0 + d) * dv + s0 + cc : nullptr;
+            }, gdn_prev_one);
+            for (int d = tid; d < wk; d += blockDim.x) {   // <h, dE>_F, accumulated per slab row
+                float s = 0.0f;
+                for (int cc = 0; cc < ws; cc++) { s = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), s); }
+                sm.hdE[d] += s;
+            }
+            gdn_prev_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0);
+            gdn_prev_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0);
+            gdn_prev_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0);
+        }
+        // this dk slab of q, k and kbg = diag(beta gam) K
+        gdn_prev_fill8(sm.S0, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(q, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
+        gdn_prev_fill8(sm.S1, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
+        gdn_prev_fill8(sm.S2, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); },
+                  [&](int r) { return sm.beta[r] * expf(sm.G[r]); });
+        // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand
+        gdn_prev_for_each(BT, wk, [&](int r, int cc) {
+            sm.F0[r * LDF + cc] *= scale * expf(sm.G[r]);
+            sm.F1[r * LDF + cc] *= expf(G_last - sm.G[r]);
+            sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
+        });
+        for (int r = tid; r < BT; r += blockDim.x) {   // sum_i k_i.dK_int_i
+            float s = 0.0f;
+            for (int cc = 0; cc < wk; cc++) { s = fmaf(to_float(sm.S1[r * LDT + cc]), sm.F1[r * LDF + cc], s); }
+            sm.kdKint[r] += s;
+        }
+        gdn_prev_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true);       // dQ
+        gdn_prev_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true);        // dK_a
+        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true);          // dT += dW kbg^T
+        gdn_prev_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false);      // dkbg = Tm^T dW
+        gdn_prev_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);        // K K^T
+        for (int r = tid; r < p.L; r += blockDim.x) {
+            const float bg = sm.beta[r] * expf(sm.G[r]);
+            float qdq = 0.0f, kdka = 0.0f, kdkbg = 0.0f;
+            for (int cc = 0; cc < wk && k0 + cc < dk; cc++) {
+                const float qv = to_float(sm.S0[r * LDT + cc]), kv = to_float(sm.S1[r * LDT + cc]);
+                const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F3[r * LDF + cc];
+                qdq = fmaf(qv, dq, qdq);
+                kdka = fmaf(kv, dka, kdka);
+                kdkbg = fmaf(kv, dkbg, kdkbg);
+                const size_t off = (p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc;
+                grad_q[off] = dq;
+                grad_k[off] = dka + bg * dkbg;   // dK_a + dK_b; dK_c is added in phase 4
+            }
+            sm.dGa[r] += qdq - kdka;
+            sm.dGb[r] += bg * kdkbg;              // kbg_i . dkbg_i
+            sm.dbeta[r] += expf(sm.G[r]) * kdkbg;  // gam_i (k_i . dkbg_i)
+        }
+        __syncthreads();
+    }
+
+    // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT)
+    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
+    gdn_prev_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
+    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
+    gdn_prev_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    // dAG = dA (.) Gam, kept in P (strictly lower)
+    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+        sm.P[i * LDFB + j] = i > j ? -sm.dT[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+    });
+    // dbeta_c_i = sum_j dAG_ij (k_i.k_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
+    // dA_ij A_ij = dAG_ij beta_i (k_i.k_j): only the products with the decay already applied are formed
+    for (int i = tid; i < BT; i += blockDim.x) {
+        float dbc = 0.0f, dgc = 0.0f;
+        for (int j = 0; j < i; j++) { dbc = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], dbc); }
+        dgc = sm.beta[i] * dbc;
+        for (int j = i + 1; j < BT; j++) { dgc -= sm.P[j * LDFB + i] * sm.beta[j] * sm.KK[j * LDFB + i]; }
+        sm.dbeta[i] += dbc;
+        sm.dGb[i] += dgc;
+    }
+    // Z = diag(beta) dAG + (diag(beta) dAG)^T
+    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
+        return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
+    });
+
+    // phase 4: dk += Z K (dK_c)
+    for (int k0 = 0; k0 < dkp; k0 += SL) {
+        const int wk = min(SL, dkp - k0);
+        gdn_prev_fill8(sm.S1, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
+        gdn_prev_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        gdn_prev_for_each(p.L, wk, [&](int r, int cc) {
+            if (k0 + cc < dk) { grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] += sm.F0[r * LDF + cc]; }
+        });
+    }
+
+    // phase 5: dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i; then dbeta and the reverse cumsum dg
+    if (tid == 0) {
+        float s = 0.0f, kd = 0.0f;
+        for (int d = 0; d < SL; d++) { s += sm.hdE[d]; }
+        for (int r = 0; r < BT; r++) { kd += sm.kdKint[r]; }
+        sm.dGa[BT - 1] += expf(G_last) * s + kd;
+    }
+    __syncthreads();
+    for (int r = tid; r < p.L; r += blockDim.x) {
+        float s = 0.0f;
+        for (int j = BT - 1; j >= r; j--) { s += sm.dGa[j] + sm.dGb[j]; }
+        const size_t off = (p.row0 + r) * H + p.h;
+        grad_g[off] = s;
+        grad_beta[off] = sm.dbeta[r];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// host launchers. gdn_prev_chunk_forward_impl / gdn_prev_chunk_backward_impl take the operand type Tc explicitly
+// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version); the public functions use Tc = Tin.
+
+static void gdn_prev_check_shape(int B, int T, int H, int dk, int dv) {
+    if (B < 1 || T < 1 || H < 1 || dk < 8 || dv < 8 || dk % 8 != 0 || dv % 8 != 0 || dk > 256 || dv > 256) {
+        die("gdn_prev_chunk: unsupported shape B=%d T=%d H=%d dk=%d dv=%d (need dk, dv multiples of 8, <= 256)", B, T, H, dk, dv);
+    }
+}
+
+// the tile loads read 8 contiguous elements at once: row strides multiples of 8, pointers 16-byte aligned
+static void gdn_prev_check_vec8(const void* ptr, int ld, const char* what) {
+    if (ld % 8 != 0 || ((uintptr_t)ptr & 15) != 0) {
+        die("gdn_prev_chunk: %s must be 16-byte aligned with a row stride that is a multiple of 8 (got ld %d)", what, ld);
+    }
+}
+
+template <typename K>
+static void gdn_prev_set_smem(K kernel, size_t bytes) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <typename Tin, typename Tc>
+static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
+                                   const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                                   const float* beta, const float* g,
+                                   int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+    gdn_prev_check_shape(B, T, H, dk, dv);
+    gdn_prev_check_vec8(q, ld_qkv, "q");
+    gdn_prev_check_vec8(k, ld_qkv, "k");
+    gdn_prev_check_vec8(v, ld_qkv, "v");
+    gdn_prev_check_vec8(saved, 8, "saved");
+    gdn_prev_check_vec8(workspace, 8, "workspace");
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_prev_round16(dk), dvp = gdn_prev_round16(dv);
+    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
+    const GdnPrevSavedLayout L = gdn_prev_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    char* sv = (char*)saved;
+    float* Tm = (float*)(sv + L.Tm);
+    float* G = (float*)(sv + L.G);
+    Tc* h = (Tc*)(sv + L.h);
+    Tc* Vn = (Tc*)(sv + L.Vn);
+    Tc* W = (Tc*)(sv + L.W);
+    Tc* U = (Tc*)workspace;
+
+    const size_t s1 = GdnPrevIntraSmem<Tc>(0).bytes;
+    gdn_prev_set_smem(gdn_prev_fwd_intra_kernel<Tin, Tc>, s1);
+    gdn_prev_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, beta, g,
+                                                                       T, H, NT, dk, dv);
+    cudaCheckLaunch();
+    const size_t s2 = GdnPrevStateSmem<Tc>(0, dkp).bytes;
+    gdn_prev_set_smem(gdn_prev_fwd_state_kernel<Tin, Tc>, s2);
+    gdn_prev_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
+        h, Vn, G, W, U, k, ld_qkv, T, H, NT, dk, dv);
+    cudaCheckLaunch();
+    const size_t s3 = GdnPrevOutputSmem<Tc>(0).bytes;
+    gdn_prev_set_smem(gdn_prev_fwd_output_kernel<Tin, Tc>, s3);
+    gdn_prev_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnPrevTile<Tc>::SL)), GDN_THREADS, s3, stream>>>(
+        o, ld_o, q, k, ld_qkv, G, h, Vn, T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+}
+
+template <typename Tin, typename Tc>
+static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_beta, float* grad_g,
+                                    const Tin* dO, int ld_o, const void* saved, void* workspace,
+                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                                    const float* beta, const float* g,
+                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+    (void)g;   // the forward saved G, the chunk cumsum of g
+    gdn_prev_check_shape(B, T, H, dk, dv);
+    gdn_prev_check_vec8(q, ld_qkv, "q");
+    gdn_prev_check_vec8(k, ld_qkv, "k");
+    gdn_prev_check_vec8(v, ld_qkv, "v");
+    gdn_prev_check_vec8(dO, ld_o, "dO");
+    gdn_prev_check_vec8(saved, 8, "saved");
+    gdn_prev_check_vec8(workspace, 8, "workspace");
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_prev_round16(dk);
+    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
+    const GdnPrevSavedLayout L = gdn_prev_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    const char* sv = (const char*)saved;
+    const float* Tm = (const float*)(sv + L.Tm);
+    const float* G = (const float*)(sv + L.G);
+    const Tc* h = (const Tc*)(sv + L.h);
+    const Tc* Vn = (const Tc*)(sv + L.Vn);
+    const Tc* W = (const Tc*)(sv + L.W);
+    float* dVn = (float*)workspace;
+    Tc* dE = (Tc*)((char*)workspace + gdn_prev_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
+
+    const size_t s2 = GdnPrevDvlocalSmem<Tc>(0).bytes;
+    gdn_prev_set_smem(gdn_prev_bwd_dvlocal_kernel<Tin, Tc>, s2);
+    gdn_prev_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, k, ld_qkv, G,
+                                                                         T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+    const size_t s3 = GdnPrevBwdStateSmem<Tc>(0, dkp).bytes;
+    gdn_prev_set_smem(gdn_prev_bwd_state_kernel<Tin, Tc>, s3);
+    gdn_prev_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
+        dVn, dE, dO, ld_o, q, k, ld_qkv, G, W, T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+    const size_t s4 = GdnPrevBwdChunkSmem<Tc>(0).bytes;
+    gdn_prev_set_smem(gdn_prev_bwd_chunk_kernel<Tin, Tc>, s4);
+    gdn_prev_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+        grad_q, grad_k, grad_v, ld_d, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, beta, Tm, G, h, Vn, dVn, dE,
+        T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+}
+
+
+// ----------------------------------------------------------------------------------------------------------
+// random inputs resembling the trainer's
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static double rand_uniform(void) {   // splitmix64 -> [0, 1)
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 11) * (1.0 / 9007199254740992.0);
+}
+static double rand_normal(void) {
+    double u1 = rand_uniform(), u2 = rand_uniform();
+    if (u1 < 1e-300) { u1 = 1e-300; }
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+static float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+typedef struct { int B, T, H, dk, dv; } Shape;
+
+// qkv [B*T, 2*H*dk + H*dv] (q, k, v column blocks), beta and g [B*T*H]; values already rounded to bf16 where the
+// kernel reads bf16 (q, k, v), so the reference and the kernel see the same numbers
+typedef struct { float *qkv, *beta, *g; int ld; } Inputs;
+
+static Inputs make_inputs(Shape s, int kla, int bf16) {
+    Inputs in;
+    in.ld = 2 * s.H * s.dk + s.H * s.dv;
+    const size_t rows = (size_t)s.B * s.T;
+    in.qkv = (float*)malloc_or_die(rows * in.ld * sizeof(float));
+    in.beta = (float*)malloc_or_die(rows * s.H * sizeof(float));
+    in.g = (float*)malloc_or_die(rows * s.H * sizeof(float));
+    // per head decay parameters: A ~ U(0, 16) (the last head strongly decaying, A = 16), dt_bias = softplus^-1(dt)
+    double A[64], dt_bias[64];
+    for (int h = 0; h < s.H; h++) {
+        A[h] = h == s.H - 1 ? 16.0 : 16.0 * rand_uniform();
+        const double dt = exp(log(1e-3) + rand_uniform() * (log(1e-1) - log(1e-3)));
+        dt_bias[h] = dt + log(-expm1(-dt));
+    }
+    for (size_t r = 0; r < rows; r++) {
+        float* row = in.qkv + r * in.ld;
+        for (int h = 0; h < s.H; h++) {
+            float* q = row + h * s.dk;
+            float* k = row + s.H * s.dk + h * s.dk;
+            float* v = row + 2 * s.H * s.dk + h * s.dv;
+            double nq = 0.0, nk = 0.0;
+            for (int i = 0; i < s.dk; i++) { q[i] = (float)silu(rand_normal()); nq += (double)q[i] * q[i]; }
+            for (int i = 0; i < s.dk; i++) { k[i] = (float)silu(rand_normal()); nk += (double)k[i] * k[i]; }
+            // GDN: l2-normalised q and k. KLA: q normalised, raw keys with norms spread over 10^[-2, 0.5]
+            const double kmul = kla ? pow(10.0, -2.0 + 2.5 * rand_uniform()) : 1.0 / sqrt(nk + 1e-6);
+            for (int i = 0; i < s.dk; i++) { q[i] = (float)(q[i] / sqrt(nq + 1e-6)); k[i] = (float)(k[i] * kmul); }
+            for (int i = 0; i < s.dv; i++) { v[i] = (float)silu(rand_normal()); }
+            if (bf16) {
+                for (int i = 0; i < s.dk; i++) { q[i] = round_bf16(q[i]); k[i] = round_bf16(k[i]); }
+                for (int i = 0; i < s.dv; i++) { v[i] = round_bf16(v[i]); }
+            }
+            double kk = 0.0;
+            for (int i = 0; i < s.dk; i++) { kk += (double)k[i] * k[i]; }
+            const double eta = sigmoid(rand_normal());
+            in.beta[r * s.H + h] = (float)(kla ? eta / (kk + 1e-6) : eta);
+            in.g[r * s.H + h] = (float)(-A[h] * softplus(rand_normal() + dt_bias[h]));
+        }
+    }
+    return in;
+}
+
+static void free_inputs(Inputs in) { free(in.qkv); free(in.beta); free(in.g); }
+
+// ----------------------------------------------------------------------------------------------------------
+// CPU reference in double: the recurrence of spec 2.1, o [B*T, H*dv]
+
+static void gdn_forward_reference(double* o, const Inputs& in, Shape s) {
+    const double scale = 1.0 / sqrt((double)s.dk);
+    double* S = (double*)malloc_or_die((size_t)s.dk * s.dv * sizeof(double));
+    double* r = (double*)malloc_or_die((size_t)s.dv * sizeof(double));
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.H; h++) {
+            memset(S, 0, (size_t)s.dk * s.dv * sizeof(double));
+            for (int t = 0; t < s.T; t++) {
+                const size_t row = (size_t)b * s.T + t;
+                const float* q = in.qkv + row * in.ld + h * s.dk;
+                const float* k = q + s.H * s.dk;
+                const float* v = in.qkv + row * in.ld + 2 * s.H * s.dk + h * s.dv;
+                const double alpha = exp((double)in.g[row * s.H + h]), bt = in.beta[row * s.H + h];
+                // Sbar = alpha S; r = v - Sbar^T k; S = Sbar + k (beta r)^T; o = S^T (scale q)
+                for (int j = 0; j < s.dv; j++) { r[j] = v[j]; }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { S[i * s.dv + j] *= alpha; r[j] -= S[i * s.dv + j] * k[i]; }
+                }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { S[i * s.dv + j] += k[i] * bt * r[j]; }
+                }
+                double* ot = o + row * s.H * s.dv + h * s.dv;
+                for (int j = 0; j < s.dv; j++) { ot[j] = 0.0; }
+                for (int i = 0; i < s.dk; i++) {
+                    for (int j = 0; j < s.dv; j++) { ot[j] += S[i * s.dv + j] * scale * q[i]; }
+                }
+            }
+        }
+    }
+    free(S);
+    free(r);
+}
+
+#endif // TRAIN_KLA_GDN_CHUNK_LAB_CUH
