@@ -29,3 +29,22 @@ for lab in dev/cuda/*.cu; do
     done
 done
 rm -rf "$tmp"
+
+# errors that need no GPU: cuDNN asked for without its headers, and (on a machine without a GPU) no CUDA device
+out=$(make -s USE_CUDNN=1 CUDNN_FRONTEND_PATH=/nonexistent train_klacu 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "USE_CUDNN=1: cudnn-frontend headers not found"; then
+    echo "PASS CUDA build: USE_CUDNN=1 without the cudnn-frontend headers stops with a one-line error"
+else
+    echo "FAIL CUDA build: USE_CUDNN=1 without headers: $out"
+fi
+if nvidia-smi -L > /dev/null 2>&1; then
+    echo "PASS train_klacu without a GPU: skipped, this machine has one"
+else
+    out=$(./build/train_klacu_bf16 -x 1 -g 0 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "^error: no CUDA device found"; then
+        echo "PASS train_klacu without a GPU: one line, exit 1 ($out)"
+    else
+        echo "FAIL train_klacu without a GPU: exit $rc, output: $out"
+    fi
+fi
