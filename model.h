@@ -230,7 +230,8 @@ enum { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_A_LOG, INIT_A_LOG_1_16, INIT_DT_BI
 typedef struct {
     TensorInfo t[MAX_TENSORS];
     int num_tensors;
-    size_t num_parameters;
+    size_t num_parameters;  // floats the layout spans (the parameters, plus the padding of an aligned layout)
+    size_t align;           // every tensor starts at a multiple of this many floats (1: contiguous, as in files)
 } TensorTable;
 
 static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const char* name, int decay, int init,
@@ -242,24 +243,27 @@ static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const 
     t->shape[0] = d0;
     t->shape[1] = ndim > 1 ? d1 : 0;
     t->numel = (size_t)d0 * (ndim > 1 ? (size_t)d1 : 1);
-    t->offset = tt->num_parameters;
+    t->offset = tt->align > 1 ? (tt->num_parameters + tt->align - 1) / tt->align * tt->align : tt->num_parameters;
     t->decay = decay;
     t->lr_scale = 1.0f;
     t->init = init;
     t->std = std;
-    tt->num_parameters += t->numel;
+    tt->num_parameters = t->offset + t->numel;
     if (base != NULL) { *ptr_slot = base + t->offset; }
     return ptr_slot;
 }
 
-// Lay out every tensor of the model in FORMATS.md order. Fills the table and, when base is not NULL, points
-// the ParameterTensors at base (used for the parameters and, with the same layout, for their gradients).
-static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTensors* p, float* base) {
+// Lay out every tensor of the model in FORMATS.md order, each starting at a multiple of `align` floats (1: the
+// contiguous layout of the files; train_kla.cu aligns its device copy). Fills the table and, when base is not
+// NULL, points the ParameterTensors at base (used for the parameters and, with the same layout, their gradients).
+static void build_parameter_layout_aligned(const Config* c, TensorTable* tt, ParameterTensors* p, float* base,
+                                           size_t align) {
     int C = c->channels, L = c->num_layers;
     float std = 0.02f, std_resid = 0.02f / sqrtf(2.0f * L);  // GPT-2: residual projections scaled by 1/sqrt(2L)
     char name[96];
     float* unused;
     memset(tt, 0, sizeof(*tt));
+    tt->align = align;
     if (p != NULL) { memset(p, 0, sizeof(*p)); }
 #define T2(slot, nm, decay, init, sd, d0, d1) add_tensor(tt, p ? &(slot) : &unused, base, nm, decay, init, sd, 2, d0, d1)
 #define T1(slot, nm, init, d0) add_tensor(tt, p ? &(slot) : &unused, base, nm, 0, init, 0.0f, 1, d0, 0)
@@ -355,6 +359,11 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
 #undef T1
 #undef LNAME
 #undef MNAME
+}
+
+// the contiguous layout of the checkpoint files and of train_kla.c
+static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTensors* p, float* base) {
+    build_parameter_layout_aligned(c, tt, p, base, 1);
 }
 
 

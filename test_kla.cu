@@ -37,10 +37,7 @@ static void test_logits(Model* m, float* out) {
     cudaFree(tmp);
 }
 
-static void test_grads(Model* m, float* out) {
-    cudaCheck(cudaStreamSynchronize(m->stream));
-    cudaCheck(cudaMemcpy(out, m->grads_memory, m->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-}
+static void test_grads(Model* m, float* out) { model_to_host(m, out, m->grads_memory); }
 
 static void test_scale_tensor(Model* m, const TensorInfo* t, float factor) {
     model_download_parameters(m);

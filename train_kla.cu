@@ -103,8 +103,9 @@ static void attention_backward_step(floatX* dqkv, void* scratch, const floatX* d
 // one gdn/kaczmarz layer's geometry (spec/gdn_kaczmarz.md section 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
 typedef struct {
     int H, dk, dv, W, kaczmarz;
-    int D;  // 2*H*dk + H*dv: the conv'ed channels q | k | v
-    int P;  // D + H*dv + 2*H: the in_proj rows
+    int D;    // 2*H*dk + H*dv: the conv'ed channels q | k | v
+    int P;    // D + H*dv + 2*H: the in_proj rows
+    int ldP;  // P rounded up to a multiple of 8: the row stride of proj and dproj (cuBLASLt's fast kernels want it)
 } GDNShape;
 
 static GDNShape gdn_shape(const Config* c, int layer) {
@@ -116,6 +117,7 @@ static GDNShape gdn_shape(const Config* c, int layer) {
     s.kaczmarz = c->mixer[layer] == MIXER_KACZMARZ;
     s.D = 2 * s.H * s.dk + s.H * s.dv;
     s.P = s.D + s.H * s.dv + 2 * s.H;
+    s.ldP = (s.P + 7) / 8 * 8;
     return s;
 }
 
@@ -159,13 +161,15 @@ typedef struct {
 
 typedef struct {
     Config config;
-    TensorTable table;
-    ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (FORMATS.md layout)
-    float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32
+    TensorTable table;                  // the files' contiguous layout (FORMATS.md), of host_params
+    TensorTable dev_table;              // the device layout: the same tensors, each on a 256-byte boundary
+    ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (dev_table layout)
+    float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32, dev_table.num_parameters floats
     floatX* params_x;                   // device floatX copy of the parameters (== params_memory in the FP32 build)
-    size_t x_offset[MAX_TENSORS];       // where each tensor starts in params_x (BF16: 128-byte aligned, see model_build)
-    float* host_params;                 // host staging for checkpoints and initialisation
-    size_t num_parameters;
+    float* host_params;                 // host, the files' layout: checkpoints and initialisation
+    float* host_staging;                // host, the device layout: transfers
+    size_t num_parameters;              // parameters (the files' count)
+    size_t num_device_floats;           // dev_table.num_parameters: with the alignment padding
     int recompute;                      // -r: 1 = recompute norm and MLP activations in the backward
     int B, T;                           // the activations are sized for this batch
     Activations acts;
@@ -179,17 +183,9 @@ typedef struct {
     cudaStream_t stream;
 } Model;
 
-// The floatX copy of a parameter tensor given the fp32 master pointer of its first element.
+// The floatX copy of a parameter tensor given its fp32 master pointer (both in the device layout).
 static const floatX* X(const Model* m, const float* p) {
-    if (p == NULL) { return NULL; }
-    size_t offset = (size_t)(p - m->params_memory);
-    int lo = 0, hi = m->table.num_tensors - 1;
-    while (lo < hi) {  // the tensor starting at offset (offsets increase with the index)
-        int mid = (lo + hi + 1) / 2;
-        if (m->table.t[mid].offset <= offset) { lo = mid; } else { hi = mid - 1; }
-    }
-    if (m->table.t[lo].offset != offset) { die("internal: X() of a pointer that is not a tensor's start"); }
-    return m->params_x + m->x_offset[lo];
+    return p ? (const floatX*)m->params_x + (p - m->params_memory) : NULL;
 }
 
 static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
@@ -233,7 +229,7 @@ static size_t layout_activations(Model* m, char* base, int B, int T) {
         } else {
             GDNShape s = gdn_shape(c, l);
             size_t HV = (size_t)s.H * s.dv;
-            la->proj = CARVE_X(BT * s.P);
+            la->proj = CARVE_X(BT * s.ldP);
             la->gqkv = CARVE_X(BT * s.D);
             la->o = CARVE_X(BT * HV);
             la->y = CARVE_X(BT * HV);
@@ -295,7 +291,7 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
     if (has_gdn) {
         GDNShape g = gdn_shape(c, 0);
         size_t HV = (size_t)g.H * g.dv;
-        s->dproj = CARVE_X(BT * g.P);
+        s->dproj = CARVE_X(BT * g.ldP);
         s->dy = CARVE_X(BT * HV);
         s->dout_o = CARVE_X(BT * HV);
         s->dgqkv = CARVE_F(BT * g.D);
@@ -322,47 +318,56 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->recompute = recompute;
     build_parameter_layout(c, &m->table, NULL, NULL);
     m->num_parameters = m->table.num_parameters;
-    size_t n = m->num_parameters;
+    // on the device every tensor starts on a 256-byte boundary (64 floats, 128 bytes of its bf16 copy): in the
+    // files' layout small tensors (gate biases of H floats) leave the following ones 4-byte aligned, and
+    // cuBLASLt and the vectorised kernels then fall back to slow paths
+    build_parameter_layout_aligned(c, &m->dev_table, NULL, NULL, 64);
+    size_t n = m->num_device_floats = m->dev_table.num_parameters;
     m->params_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the parameters");
     m->grads_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the gradients");
+    cudaCheck(cudaMemset(m->params_memory, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->grads_memory, 0, n * sizeof(float)));
 #ifdef ENABLE_FP32
     m->params_x = m->params_memory;
-    for (int k = 0; k < m->table.num_tensors; k++) { m->x_offset[k] = m->table.t[k].offset; }
 #else
-    // every tensor of the bf16 copy starts on a 128-byte boundary: in the checkpoint layout small tensors (gate
-    // biases of H floats) leave the following matrices 4-byte aligned, and cuBLASLt then runs slow kernels
-    size_t nx = 0;
-    for (int k = 0; k < m->table.num_tensors; k++) {
-        m->x_offset[k] = nx;
-        nx += (m->table.t[k].numel + 63) / 64 * 64;
-    }
-    m->params_x = (floatX*)cuda_malloc_or_die(nx * sizeof(floatX), "the bf16 copy of the parameters");
-    cudaCheck(cudaMemset(m->params_x, 0, nx * sizeof(floatX)));
+    m->params_x = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "the bf16 copy of the parameters");
 #endif
-    cudaCheck(cudaMemset(m->grads_memory, 0, n * sizeof(float)));
-    m->host_params = (float*)malloc_or_die(n * sizeof(float));
-    build_parameter_layout(c, &m->table, &m->params, m->params_memory);
-    build_parameter_layout(c, &m->table, &m->grads, m->grads_memory);
+    m->host_params = (float*)malloc_or_die(m->num_parameters * sizeof(float));
+    m->host_staging = (float*)calloc_or_die(n, sizeof(float));
+    build_parameter_layout_aligned(c, &m->dev_table, &m->params, m->params_memory, 64);
+    build_parameter_layout_aligned(c, &m->dev_table, &m->grads, m->grads_memory, 64);
     cudaCheck(cudaStreamCreate(&m->stream));
+}
+
+// host array in the files' layout -> device array in the device layout (padding left as it is)
+static void model_to_device(Model* m, float* dev, const float* host) {
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        memcpy(m->host_staging + m->dev_table.t[k].offset, host + m->table.t[k].offset, m->table.t[k].numel * sizeof(float));
+    }
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaCheck(cudaMemcpy(dev, m->host_staging, m->num_device_floats * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+// device array in the device layout -> host array in the files' layout
+static void model_to_host(Model* m, float* host, const float* dev) {
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaCheck(cudaMemcpy(m->host_staging, dev, m->num_device_floats * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int k = 0; k < m->table.num_tensors; k++) {
+        memcpy(host + m->table.t[k].offset, m->host_staging + m->dev_table.t[k].offset, m->table.t[k].numel * sizeof(float));
+    }
 }
 
 // host_params -> the device's fp32 master copy and its floatX copy
 static void model_upload_parameters(Model* m) {
-    cudaCheck(cudaMemcpy(m->params_memory, m->host_params, m->num_parameters * sizeof(float), cudaMemcpyHostToDevice));
+    model_to_device(m, m->params_memory, m->host_params);
 #ifndef ENABLE_FP32
-    for (int k = 0; k < m->table.num_tensors; k++) {
-        const TensorInfo* t = &m->table.t[k];
-        copy_to_floatX(m->params_x + m->x_offset[k], m->params_memory + t->offset, t->numel, m->stream);
-    }
+    copy_to_floatX(m->params_x, m->params_memory, m->num_device_floats, m->stream);
 #endif
     cudaCheck(cudaStreamSynchronize(m->stream));
 }
 
 // the device's fp32 parameters -> host_params (for checkpoints)
-static void model_download_parameters(Model* m) {
-    cudaCheck(cudaStreamSynchronize(m->stream));
-    cudaCheck(cudaMemcpy(m->host_params, m->params_memory, m->num_parameters * sizeof(float), cudaMemcpyDeviceToHost));
-}
+static void model_download_parameters(Model* m) { model_to_host(m, m->host_params, m->params_memory); }
 
 static void model_load(Model* m, const char* path, int recompute) {
     Config c;
@@ -389,6 +394,7 @@ static void model_free(Model* m) {
     free(m->inputs_host);
     free(m->losses_host);
     free(m->host_params);
+    free(m->host_staging);
     cudaStreamDestroy(m->stream);
 }
 
@@ -428,11 +434,11 @@ static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int
     int BT = B * T, HV = s.H * s.dv;
     cudaStream_t st = m->stream;
     // step 1: the fused projection, blocks q | k | v | z | a | b
-    matmul_forward(la->proj, x, X(m, p->in_proj_w), NULL, BT, c->channels, s.P, NULL, st);
+    matmul_forward_ld(la->proj, s.ldP, x, X(m, p->in_proj_w), NULL, BT, c->channels, s.P, NULL, st);
     profile_mark("fwd gdn in_proj matmul");
     // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
-    shortconv_silu_forward(la->gqkv, la->proj, s.P, p->conv_w, B, T, s.D, s.W, st);
-    gdn_features_forward(la->gqkv, la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, s.H,
+    shortconv_silu_forward(la->gqkv, la->proj, s.ldP, p->conv_w, B, T, s.D, s.W, st);
+    gdn_features_forward(la->gqkv, la->qn, la->kn, la->beta, la->g, la->proj, s.ldP, p->b_bias, p->A_log, p->dt_bias, BT, s.H,
                          s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
     profile_mark("fwd gdn conv + features");
     // step 7: the chunkwise recurrence (spec 3), S_0 = 0, scale dk^-1/2
@@ -441,7 +447,7 @@ static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int
                               la->beta, la->g, B, T, s.H, s.dk, s.dv, 1.0f / sqrtf((float)s.dk), st);
     profile_mark("fwd gdn chunk core");
     // step 8: gated RMSNorm with the z block, then the output projection
-    gated_rmsnorm_forward(la->y, la->rstd, la->o, la->proj + s.D, s.P, p->onorm_w, BT, s.H, s.dv, c->onorm_eps, st);
+    gated_rmsnorm_forward(la->y, la->rstd, la->o, la->proj + s.D, s.ldP, p->onorm_w, BT, s.H, s.dv, c->onorm_eps, st);
     matmul_forward(out, la->y, X(m, p->out_proj_w), NULL, BT, HV, c->channels, NULL, st);
     profile_mark("fwd gdn out norm + out_proj");
 }
@@ -573,7 +579,7 @@ static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, 
     matmul_backward(s->dy, gr->out_proj_w, NULL, s->reduce, dout, la->y, X(m, p->out_proj_w), BT, HV, c->channels, 0, st);
     profile_mark("bwd gdn out_proj matmul");
     // gated RMSNorm: dL/do, and dL/dz into the z block of dproj
-    gated_rmsnorm_backward(s->dout_o, s->dproj + sh.D, sh.P, gr->onorm_w, s->reduce, s->dy, la->o, la->proj + sh.D,
+    gated_rmsnorm_backward(s->dout_o, s->dproj + sh.D, sh.ldP, gr->onorm_w, s->reduce, s->dy, la->o, la->proj + sh.D,
                            la->rstd, p->onorm_w, BT, sh.H, sh.dv, st);
     profile_mark("bwd gdn out norm");
     // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
@@ -584,13 +590,14 @@ static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, 
     profile_mark("bwd gdn chunk core");
     // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
     gdn_features_backward(s->dgqkv, s->dproj, gr->A_log, gr->b_bias, gr->dt_bias, s->reduce, s->dbeta, s->dg, la->gqkv,
-                          la->qn, la->kn, la->beta, la->g, la->proj, p->b_bias, p->A_log, p->dt_bias, BT, sh.H, sh.dk,
+                          la->qn, la->kn, la->beta, la->g, la->proj, sh.ldP, p->b_bias, p->A_log, p->dt_bias, BT, sh.H, sh.dk,
                           sh.dv, sh.kaczmarz, st);
     // SiLU and the causal conv: dL/d(q|k|v block of proj)
-    shortconv_silu_backward(s->dproj, sh.P, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
+    shortconv_silu_backward(s->dproj, sh.ldP, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
     profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
-    matmul_backward(dx, gr->in_proj_w, NULL, s->reduce, s->dproj, x, X(m, p->in_proj_w), BT, c->channels, sh.P, 0, st);
+    matmul_backward_ld(dx, gr->in_proj_w, NULL, s->reduce, s->dproj, sh.ldP, x, X(m, p->in_proj_w), BT, c->channels,
+                       sh.P, 0, st);
     profile_mark("bwd gdn in_proj matmul");
 }
 
@@ -663,14 +670,14 @@ static void model_backward(Model* m, float loss_scale) {
 }
 
 static void model_zero_grad(Model* m) {
-    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->num_parameters * sizeof(float), m->stream));
+    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->num_device_floats * sizeof(float), m->stream));
 }
 
 // Global L2 norm of all gradients (deterministic: fixed-order partial sums).
 static float model_grad_norm(Model* m) {
     float norm_sq;
     profile_mark("host");
-    global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory, m->num_parameters, m->stream);
+    global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory, m->num_device_floats, m->stream);
     profile_mark("grad norm");
     cudaCheck(cudaMemcpyAsync(&norm_sq, m->scratch.norm_sq, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
@@ -679,7 +686,7 @@ static float model_grad_norm(Model* m) {
 
 // AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
 static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
-    size_t n = m->num_parameters;
+    size_t n = m->num_device_floats;
     if (m->m_memory == NULL) {
         m->m_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's m");
         m->v_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's v");
@@ -687,13 +694,13 @@ static void model_update(Model* m, float lr, float beta1, float beta2, float eps
         cudaCheck(cudaMemsetAsync(m->v_memory, 0, n * sizeof(float), m->stream));
     }
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
-    for (int k = 0; k < m->table.num_tensors; k++) {
-        const TensorInfo* ti = &m->table.t[k];
+    for (int k = 0; k < m->dev_table.num_tensors; k++) {
+        const TensorInfo* ti = &m->dev_table.t[k];
         size_t o = ti->offset;
 #ifdef ENABLE_FP32
         floatX* px = NULL;  // the master is the copy
 #else
-        floatX* px = m->params_x + m->x_offset[k];
+        floatX* px = m->params_x + o;
 #endif
         adamw_update(m->params_memory + o, px, m->grads_memory + o, m->m_memory + o, m->v_memory + o, ti->numel,
                      lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
@@ -711,9 +718,8 @@ static void model_download_adam(Model* m, float** mh, float** vh) {
     size_t bytes = m->num_parameters * sizeof(float);
     *mh = (float*)malloc_or_die(bytes);
     *vh = (float*)malloc_or_die(bytes);
-    cudaCheck(cudaStreamSynchronize(m->stream));
-    cudaCheck(cudaMemcpy(*mh, m->m_memory, bytes, cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(*vh, m->v_memory, bytes, cudaMemcpyDeviceToHost));
+    model_to_host(m, *mh, m->m_memory);
+    model_to_host(m, *vh, m->v_memory);
 }
 
 static void model_write_checkpoint(Model* m, const TrainState* s, const char* dir) {
@@ -730,12 +736,15 @@ static void model_read_state(Model* m, TrainState* s, const char* path) {
     float* mh = (float*)malloc_or_die(bytes);
     float* vh = (float*)malloc_or_die(bytes);
     if (read_state_file(s, n, mh, vh, path)) {
+        size_t dev_bytes = m->num_device_floats * sizeof(float);
         if (m->m_memory == NULL) {
-            m->m_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's m");
-            m->v_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's v");
+            m->m_memory = (float*)cuda_malloc_or_die(dev_bytes, "AdamW's m");
+            m->v_memory = (float*)cuda_malloc_or_die(dev_bytes, "AdamW's v");
+            cudaCheck(cudaMemset(m->m_memory, 0, dev_bytes));
+            cudaCheck(cudaMemset(m->v_memory, 0, dev_bytes));
         }
-        cudaCheck(cudaMemcpy(m->m_memory, mh, bytes, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(m->v_memory, vh, bytes, cudaMemcpyHostToDevice));
+        model_to_device(m, m->m_memory, mh);
+        model_to_device(m, m->v_memory, vh);
     }
     free(mh);
     free(vh);
@@ -827,7 +836,7 @@ static void model_decode_step(Model* m, DecodeState* d, int token) {
             GDNShape s = gdn_shape(c, l);
             matmul_forward(d->proj, d->ln, X(m, gp->in_proj_w), NULL, 1, C, s.P, NULL, st);
             shortconv_silu_decode(d->gqkv, d->conv[l], d->proj, s.P, gp->conv_w, 1, s.D, s.W, st);
-            gdn_features_forward(d->gqkv, d->qn, d->kn, d->beta, d->g, d->proj, gp->b_bias, gp->A_log, gp->dt_bias, 1,
+            gdn_features_forward(d->gqkv, d->qn, d->kn, d->beta, d->g, d->proj, s.P, gp->b_bias, gp->A_log, gp->dt_bias, 1,
                                  s.H, s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
             gdn_recurrent_step(d->o, d->S[l], d->gqkv, d->beta, d->g, 1, s.H, s.dk, s.dv, st);
             gated_rmsnorm_forward(d->hidden, d->rstd, d->o, d->proj + s.D, s.P, gp->onorm_w, 1, s.H, s.dv, c->onorm_eps, st);

@@ -6,7 +6,7 @@ decode (2.1, 4). The CPU versions are gdn_token_features, gdn_gated_norm_row, ga
 per-token loop of gdn_backward and gdn_core_recurrent in train_kla.c; the math is the same, line for line.
 
 Layouts (row-major), with P = 2*H*dk + 2*H*dv + 2*H, D = 2*H*dk + H*dv, HV = H*dv, BT = B*T rows:
-  proj [BT, P] floatX       in_proj output, column blocks q | k | v | z | a | b
+  proj [BT, P] floatX       in_proj output, column blocks q | k | v | z | a | b (rows ld_proj >= P apart)
   qkv  [BT, D] floatX       conv + SiLU output, blocks q | k | v; gdn_features_forward normalises q (and k for gdn)
   qn, kn, beta, g [BT, H]   fp32: qn = sqrt(||q||^2 + l2norm_eps) of the raw q; kn = sqrt(||k||^2 + l2norm_eps)
                             (gdn) or ||k||^2 + kaczmarz_eps (kaczmarz); beta the write coefficient; g the log decay
@@ -86,14 +86,14 @@ static void gdn_ordered_column_sum(float* out, float* tmp, const float* in, int 
 
 __global__ void gdn_features_forward_kernel(floatX* qkv, float* qn, float* kn, float* beta, float* g,
                                             const floatX* proj, const float* b_bias, const float* A_log,
-                                            const float* dt_bias, int BT, int H, int dk, int dv, int kaczmarz,
-                                            float l2norm_eps, float kaczmarz_eps) {
+                                            const float* dt_bias, int BT, int H, int dk, int dv, int ld_proj,
+                                            int kaczmarz, float l2norm_eps, float kaczmarz_eps) {
     const int pair = blockIdx.x * GDN_TOKEN_WARPS + threadIdx.x / 32;   // the same for the whole warp
     const int lane = threadIdx.x % 32;
     if (pair >= BT * H) { return; }
     const int r = pair / H, hh = pair % H;
     const int D = 2 * H * dk + H * dv;
-    const int P = D + H * dv + 2 * H;
+    const int P = ld_proj;
     floatX* q = qkv + (size_t)r * D + hh * dk;
     floatX* k = qkv + (size_t)r * D + H * dk + hh * dk;
 
@@ -133,12 +133,14 @@ __global__ void gdn_features_forward_kernel(floatX* qkv, float* qn, float* kn, f
     }
 }
 
-// qkv is normalised in place; qn, kn, beta, g [BT, H] are written
+// qkv is normalised in place; qn, kn, beta, g [BT, H] are written; proj's rows are ld_proj >= P apart
 static void gdn_features_forward(floatX* qkv, float* qn, float* kn, float* beta, float* g, const floatX* proj,
-                                 const float* b_bias, const float* A_log, const float* dt_bias, int BT, int H, int dk,
-                                 int dv, int kaczmarz, float l2norm_eps, float kaczmarz_eps, cudaStream_t stream) {
+                                 int ld_proj, const float* b_bias, const float* A_log, const float* dt_bias, int BT,
+                                 int H, int dk, int dv, int kaczmarz, float l2norm_eps, float kaczmarz_eps,
+                                 cudaStream_t stream) {
     gdn_features_forward_kernel<<<ceil_div(BT * H, GDN_TOKEN_WARPS), GDN_TOKEN_WARPS * 32, 0, stream>>>(
-        qkv, qn, kn, beta, g, proj, b_bias, A_log, dt_bias, BT, H, dk, dv, kaczmarz, l2norm_eps, kaczmarz_eps);
+        qkv, qn, kn, beta, g, proj, b_bias, A_log, dt_bias, BT, H, dk, dv, ld_proj, kaczmarz, l2norm_eps,
+        kaczmarz_eps);
     cudaCheckLaunch();
 }
 
@@ -155,14 +157,14 @@ __global__ void gdn_features_backward_kernel(float* dqkv, floatX* dproj, float* 
                                              const float* dg, const floatX* qkv, const float* qn, const float* kn,
                                              const float* beta, const float* g, const floatX* proj,
                                              const float* b_bias, const float* A_log, const float* dt_bias,
-                                             int BT, int H, int dk, int dv, int kaczmarz) {
+                                             int BT, int H, int dk, int dv, int ld_proj, int kaczmarz) {
     const int pair = blockIdx.x * GDN_TOKEN_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (pair >= BT * H) { return; }
     const int r = pair / H, hh = pair % H;
     const int D = 2 * H * dk + H * dv;
     const int HV = H * dv;
-    const int P = D + HV + 2 * H;
+    const int P = ld_proj;
     const size_t e = (size_t)r * H + hh;
     const floatX* q_hat = qkv + (size_t)r * D + hh * dk;
     const floatX* k_row = qkv + (size_t)r * D + H * dk + hh * dk;   // normalised (gdn) or raw (kaczmarz) k
@@ -227,13 +229,15 @@ static size_t gdn_features_backward_scratch_bytes(int BT, int H) {
 static void gdn_features_backward(float* dqkv, floatX* dproj, float* dA_log, float* db_bias, float* ddt_bias,
                                   float* scratch, const float* dbeta, const float* dg, const floatX* qkv,
                                   const float* qn, const float* kn, const float* beta, const float* g,
-                                  const floatX* proj, const float* b_bias, const float* A_log, const float* dt_bias,
-                                  int BT, int H, int dk, int dv, int kaczmarz, cudaStream_t stream) {
+                                  const floatX* proj, int ld_proj, const float* b_bias, const float* A_log,
+                                  const float* dt_bias, int BT, int H, int dk, int dv, int kaczmarz,
+                                  cudaStream_t stream) {
     float* stage = scratch;
     float* partials = stage + (size_t)BT * 3 * H;
     float* sums = partials + (size_t)gdn_colsum_splits(BT) * 3 * H;
     gdn_features_backward_kernel<<<ceil_div(BT * H, GDN_TOKEN_WARPS), GDN_TOKEN_WARPS * 32, 0, stream>>>(
-        dqkv, dproj, stage, dbeta, dg, qkv, qn, kn, beta, g, proj, b_bias, A_log, dt_bias, BT, H, dk, dv, kaczmarz);
+        dqkv, dproj, stage, dbeta, dg, qkv, qn, kn, beta, g, proj, b_bias, A_log, dt_bias, BT, H, dk, dv, ld_proj,
+        kaczmarz);
     cudaCheckLaunch();
     gdn_ordered_column_sum(sums, partials, stage, BT, 3 * H, 0, stream);
     gdn_gate_grads_add_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dA_log, ddt_bias, db_bias, sums, H);

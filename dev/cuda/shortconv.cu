@@ -501,7 +501,7 @@ static void check_features(const LayerDims& L, int kaczmarz) {
     std::vector<double> qkv_ref, qn_ref, kn_ref, beta_ref, g_ref;
     features_forward_ref(qkv_ref, qn_ref, kn_ref, beta_ref, g_ref, qkv_raw, proj, b_bias, A_log, dt_bias, L, kaczmarz,
                          l2_eps, kz_eps);
-    gdn_features_forward(d_qkv, d_qn, d_kn, d_beta, d_g, d_proj, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv,
+    gdn_features_forward(d_qkv, d_qn, d_kn, d_beta, d_g, d_proj, P, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv,
                          kaczmarz, l2_eps, kz_eps, 0);
     const std::vector<float> qkv_gpu = download_floatX(d_qkv, (size_t)BT * D);
     check("forward q (normalised)", columns(qkv_gpu, BT, D, 0, H * dk), columns(qkv_ref, BT, D, 0, H * dk));
@@ -534,7 +534,7 @@ static void check_features(const LayerDims& L, int kaczmarz) {
     features_backward_ref(dqkv_ref, da_ref, db_ref, dA_log_ref, ddt_ref, dbb_ref, dbeta, dg, qkv_raw, proj, b_bias,
                           A_log, dt_bias, L, kaczmarz, l2_eps, kz_eps);
     gdn_features_backward(d_dqkv, d_dproj, d_dA_log, d_dbb, d_ddt, d_scratch, d_dbeta, d_dg, d_qkv, d_qn, d_kn, d_beta,
-                          d_g, d_proj, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv, kaczmarz, 0);
+                          d_g, d_proj, P, d_b_bias, d_A_log, d_dt_bias, BT, H, dk, L.dv, kaczmarz, 0);
     const std::vector<float> dqkv_gpu = download_f32(d_dqkv, (size_t)BT * D);
     check("backward dq", columns(dqkv_gpu, BT, D, 0, H * dk), columns(dqkv_ref, BT, D, 0, H * dk));
     check("backward dk", columns(dqkv_gpu, BT, D, H * dk, H * dk), columns(dqkv_ref, BT, D, H * dk, H * dk));
@@ -712,12 +712,12 @@ static void benchmark(int version, int B, int T, int H, int dk, int dv, int W) {
 
     // gdn.cuh kernels on the same shapes: d_out plays qkv, d_dy plays dqkv, d_o plays o and dy
     ms = time_ms(repeats, [&] {
-        gdn_features_forward(d_out, qn, kn, beta, g, d_proj, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 1e-6f, 1e-6f, 0);
+        gdn_features_forward(d_out, qn, kn, beta, g, d_proj, P, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 1e-6f, 1e-6f, 0);
     });
     report("features forward", ms, (double)BT * 2 * H * dk * 2 * x + (double)BT * H * 16);
     ms = time_ms(repeats, [&] {
         gdn_features_backward(d_dy, d_dproj, dA_log, db_bias, ddt_bias, d_scratch, dbeta, dg, d_out, qn, kn, beta, g,
-                              d_proj, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 0);
+                              d_proj, P, b_bias, A_log, dt_bias, BT, H, dk, dv, 1, 0);
     });
     report("features backward", ms, (double)BT * 2 * H * dk * (8 + x) + (double)BT * H * 32);
     ms = time_ms(repeats, [&] { gated_rmsnorm_forward(d_out, qn, d_o, d_proj + D, P, norm_w, BT, H, dv, 1e-5f, 0); });
