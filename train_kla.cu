@@ -282,7 +282,6 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
     for (int l = 0; l < c->num_layers; l++) {
         if (c->mixer[l] == MIXER_ATTN) { continue; }
         GDNShape g = gdn_shape(c, l);
-        reduce = max_z(reduce, matmul_backward_scratch_bytes((int)BT, g.P));
         reduce = max_z(reduce, shortconv_backward_scratch_bytes(B, T, g.D, g.W));
         reduce = max_z(reduce, gdn_features_backward_scratch_bytes((int)BT, g.H));
         reduce = max_z(reduce, gated_rmsnorm_backward_scratch_bytes((int)BT, g.H, g.dv));
@@ -425,6 +424,24 @@ static void model_size_activations(Model* m, int B, int T) {
 // ----------------------------------------------------------------------------------------------------------
 // forward
 
+// The fused in_proj (P = D + H*dv + 2H rows) as two matmuls: the q|k|v|z rows (a multiple of 8 when dk and dv
+// are) and the 2H gate rows. One product with an odd P (3084 at 124M) runs on slower cuBLASLt kernels.
+static void gdn_in_proj_forward(Model* m, const GDNParams* p, const GDNShape* s, floatX* proj, const floatX* x, int BT) {
+    int C = m->config.channels, P1 = s->D + s->H * s->dv;
+    const floatX* w = X(m, p->in_proj_w);
+    matmul_forward_ld(proj, s->ldP, x, w, NULL, BT, C, P1, NULL, m->stream);
+    matmul_forward_ld(proj + P1, s->ldP, x, w + (size_t)P1 * C, NULL, BT, C, s->P - P1, NULL, m->stream);
+}
+
+static void gdn_in_proj_backward(Model* m, const GDNParams* p, GDNParams* gr, const GDNShape* s, floatX* dx,
+                                 const floatX* dproj, const floatX* x, int BT) {
+    int C = m->config.channels, P1 = s->D + s->H * s->dv;
+    const floatX* w = X(m, p->in_proj_w);
+    matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, dproj, s->ldP, x, w, BT, C, P1, 0, m->stream);
+    matmul_backward_ld(dx, gr->in_proj_w + (size_t)P1 * C, NULL, NULL, dproj + P1, s->ldP, x, w + (size_t)P1 * C, BT,
+                       C, s->P - P1, 1, m->stream);
+}
+
 // spec/gdn_kaczmarz.md 1.2: out = W_o gated_rmsnorm(core(features(SiLU(conv(W_in x)))))
 static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int B, int T) {
     const Config* c = &m->config;
@@ -434,7 +451,7 @@ static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int
     int BT = B * T, HV = s.H * s.dv;
     cudaStream_t st = m->stream;
     // step 1: the fused projection, blocks q | k | v | z | a | b
-    matmul_forward_ld(la->proj, s.ldP, x, X(m, p->in_proj_w), NULL, BT, c->channels, s.P, NULL, st);
+    gdn_in_proj_forward(m, p, &s, la->proj, x, BT);
     profile_mark("fwd gdn in_proj matmul");
     // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
     shortconv_silu_forward(la->gqkv, la->proj, s.ldP, p->conv_w, B, T, s.D, s.W, st);
@@ -596,8 +613,7 @@ static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, 
     shortconv_silu_backward(s->dproj, sh.ldP, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
     profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
-    matmul_backward_ld(dx, gr->in_proj_w, NULL, s->reduce, s->dproj, sh.ldP, x, X(m, p->in_proj_w), BT, c->channels,
-                       sh.P, 0, st);
+    gdn_in_proj_backward(m, p, gr, &sh, dx, s->dproj, x, BT);
     profile_mark("bwd gdn in_proj matmul");
 }
 

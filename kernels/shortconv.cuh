@@ -114,20 +114,43 @@ static size_t shortconv_backward_scratch_bytes(int B, int T, int D, int W) {
     return (size_t)B * ceil_div(T, SHORTCONV_T_TILE) * D * W * sizeof(float);
 }
 
-// one thread per (row, channel): dy *= SiLU'(pre), pre recomputed
+// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch walks the tokens of
+// its tile in order with the conv window in registers (one new input per token): it recomputes the
+// pre-activation, overwrites dy with dpre = dy SiLU'(pre), and sums dpre[t, ch] * in[t - (W-1-j), ch] for every
+// tap j into its partial row of dconv_w
 template <int W>
-__global__ void shortconv_dpre_kernel(float* __restrict__ dy, const floatX* __restrict__ proj, int ld_proj,
-                                      const float* __restrict__ conv_w, int BT, int T, int D) {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)BT * D) { return; }
-    const int r = (int)(idx / D), ch = (int)(idx % D), t = r % T;
-    float pre = 0.0f;
+__global__ void shortconv_dpre_dw_kernel(float* __restrict__ dy, float* __restrict__ dw_partial,
+                                         const floatX* __restrict__ proj, int ld_proj,
+                                         const float* __restrict__ conv_w, int T, int D) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= D) { return; }
+    const int b = blockIdx.z, tile = blockIdx.y;
+    const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch;
+    float* d = dy + (size_t)b * T * D + ch;
+    float w[W], win[W], acc[W];
     #pragma unroll
     for (int j = 0; j < W; j++) {
-        const int back = W - 1 - j;
-        if (back <= t) { pre += conv_w[ch * W + j] * to_float(proj[(size_t)(r - back) * ld_proj + ch]); }
+        w[j] = conv_w[ch * W + j];
+        const int s = t0 - (W - 1) + j;   // win[j] = the input at t - (W-1) + j, for t = t0
+        win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
+        acc[j] = 0.0f;
     }
-    dy[idx] *= shortconv_dsilu(pre);
+    for (int t = t0; t < t1; t++) {
+        float pre = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
+        const float dpre = d[(size_t)t * D] * shortconv_dsilu(pre);
+        d[(size_t)t * D] = dpre;
+        #pragma unroll
+        for (int j = 0; j < W; j++) { acc[j] += dpre * win[j]; }
+        #pragma unroll
+        for (int j = 0; j < W - 1; j++) { win[j] = win[j + 1]; }
+        win[W - 1] = t + 1 < T ? to_float(in[(size_t)(t + 1) * ld_proj]) : 0.0f;
+    }
+    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
+    #pragma unroll
+    for (int j = 0; j < W; j++) { part[j] = acc[j]; }
 }
 
 // one thread per (row, channel): dproj[s, ch] = sum_j w[ch, j] dpre[s + W-1-j, ch] within the sequence
@@ -144,33 +167,6 @@ __global__ void shortconv_dproj_kernel(floatX* __restrict__ dproj, int ld_proj, 
         if (t + fwd < T) { d += conv_w[ch * W + j] * dpre[(size_t)(r + fwd) * D + ch]; }
     }
     dproj[(size_t)r * ld_proj + ch] = from_float<floatX>(d);
-}
-
-// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch sums, over the
-// tokens of its tile in order, dpre[t, ch] * in[t - (W-1-j), ch] for every tap j into its partial row
-template <int W>
-__global__ void shortconv_dw_partial_kernel(float* __restrict__ dw_partial, const float* __restrict__ dpre,
-                                            const floatX* __restrict__ proj, int ld_proj, int T, int D) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= D) { return; }
-    const int b = blockIdx.z, tile = blockIdx.y;
-    const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
-    const floatX* in = proj + (size_t)b * T * ld_proj + ch;
-    const float* dp = dpre + (size_t)b * T * D + ch;
-    float acc[W];
-    #pragma unroll
-    for (int j = 0; j < W; j++) { acc[j] = 0.0f; }
-    for (int t = t0; t < t1; t++) {
-        const float d = dp[(size_t)t * D];
-        #pragma unroll
-        for (int j = 0; j < W; j++) {
-            const int s = t - (W - 1 - j);
-            if (s >= 0) { acc[j] += d * to_float(in[(size_t)s * ld_proj]); }
-        }
-    }
-    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
-    #pragma unroll
-    for (int j = 0; j < W; j++) { part[j] = acc[j]; }
 }
 
 // dconv_w[col] += sum over rows of partial[row, col], rows in a fixed order: thread (x, y) sums rows y,
@@ -201,9 +197,8 @@ static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, 
     const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
     shortconv_dispatch_w(W, [&](auto w) {
         constexpr int WW = decltype(w)::value;
-        shortconv_dpre_kernel<WW><<<elem_blocks, 256, 0, stream>>>(dy, proj, ld_proj, conv_w, B * T, T, D);
+        shortconv_dpre_dw_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dy, scratch, proj, ld_proj, conv_w, T, D);
         shortconv_dproj_kernel<WW><<<elem_blocks, 256, 0, stream>>>(dproj, ld_proj, dy, conv_w, B * T, T, D);
-        shortconv_dw_partial_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(scratch, dy, proj, ld_proj, T, D);
     });
     cudaCheckLaunch();
     const int rows = B * ceil_div(T, SHORTCONV_T_TILE);
