@@ -10,9 +10,10 @@ padded tokens neither write nor decay), so every kernel sees full BT-row chunks.
 Kernels (one CTA per chunk unless said otherwise):
   forward  1 gdn_fwd_intra_kernel   G = chunk cumsum of g; A = strictly_lower(diag(beta) K K^T (.) Gam);
                                     Tm = (I + A)^-1 (spec 3.2); W = Tm diag(beta gam) K; U = Tm diag(beta) V
-           2 gdn_fwd_state_kernel   sequential over chunks, one CTA per (b, h, 32 dv columns): h_n = S,
-                                    Vn = U - W S, S <- gam_BT S + K^T diag(exp(G_BT - G)) Vn
-           3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per (chunk, dv tile)
+           2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
+                                    h_n = S, Vn = U - W S, S <- gam_BT S + K^T diag(exp(G_BT - G)) Vn
+           3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per (chunk, 2 SL
+                                    columns of dv): Q K^T is formed once per chunk for dv <= 2 SL
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (K Q^T (.) M^T) dO                        (spec 3.4 Kernel 2)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
@@ -38,8 +39,10 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 #define GDN_CHUNK 64            // BT, the chunk length of the CUDA kernels
 #define GDN_THREADS 256         // threads of the per-chunk kernels
 #define GDN_BWD_THREADS 512     // threads of the fused backward chunk kernel (one CTA per SM: more warps in flight)
-#define GDN_STATE_THREADS 128   // threads of the sequential state kernels
+#define GDN_STATE_THREADS 256   // threads of the sequential state kernels
 #define GDN_STATE_BV 32         // dv columns of the state per CTA of the state kernels
+#define GDN_STATE_CTAS 3        // state kernel CTAs per SM (their register bound): 384 CTAs in one wave at the
+                                // production shape (B*H*dv/BV on 132 SMs)
 
 // slab width (columns of dk or dv processed at once) and padded tile strides, per operand type
 template <typename Tc> struct GdnTile {
@@ -52,6 +55,9 @@ template <typename Tc> struct GdnTile {
     static constexpr int LDTS = SLS + 8;                   // state kernels: stride of a BT x SLS operand tile
     static constexpr int LDT_BV = GDN_STATE_BV + 8;        // state kernels: stride of a ... x BV operand tile
     static constexpr int LDF_BV = GDN_STATE_BV + 4;        // state kernels: stride of a ... x BV fp32 tile
+    static constexpr int VO = 2 * SL;                      // output kernel: dv columns per CTA
+    static constexpr int LDT_VO = VO + 8;                  // output kernel: stride of a ... x VO operand tile
+    static constexpr int LDF_VO = VO + 4;                  // output kernel: stride of a ... x VO fp32 tile
 };
 
 static inline int gdn_round16(int x) { return (x + 15) / 16 * 16; }
@@ -440,12 +446,16 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
 
-    // beta, and G_i = sum_{m<=i} g_m reset at the chunk start (spec 3.1); one thread, fixed order
+    // beta and g (0 on padded rows) in one round trip, then G_i = sum_{m<=i} g_m reset at the chunk start
+    // (spec 3.1), in place: one thread, fixed order
+    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+        sm.G[r] = r < p.L ? g[(p.row0 + r) * H + p.h] : 0.0f;
+    }
     gdn_load_beta(sm.beta, beta, p, H);
     if (threadIdx.x == 0) {
         float acc = 0.0f;
         for (int r = 0; r < BT; r++) {
-            acc += r < p.L ? g[(p.row0 + r) * H + p.h] : 0.0f;
+            acc += sm.G[r];
             sm.G[r] = acc;
         }
     }
@@ -500,7 +510,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
 // groups of 8 per thread that one round trip of a state kernel's slab load needs (a BT x SLS slab)
 template <typename Tc> struct GdnStateLoad {
     static constexpr int N = GDN_CHUNK * GdnTile<Tc>::SLS / 8 / GDN_STATE_THREADS;
-    static_assert(N >= 2 && GDN_STATE_THREADS >= GDN_CHUNK, "state kernels: one thread per row of G");
+    static_assert(N >= 1 && GDN_STATE_THREADS >= GDN_CHUNK, "state kernels: one thread per row of G");
 };
 
 template <typename Tc> struct GdnStateSmem {
@@ -522,7 +532,7 @@ template <typename Tc> struct GdnStateSmem {
 };
 
 template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(GDN_STATE_THREADS)
+__global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* W_saved, const Tc* U_work,
                      const Tin* k, int ld_qkv, int T, int H, int NT, int dk, int dv) {
     typedef GdnTile<Tc> TL;
@@ -551,7 +561,7 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
             const int ws = min(SL, dkp - s0);
             const auto w_tile = gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0);
             if (s0 == 0) {
-                gdn_load<N / 2>(w_tile, gdn_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
+                gdn_load<(N + 1) / 2>(w_tile, gdn_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
             } else {
                 gdn_load<N>(w_tile);
             }
@@ -582,7 +592,8 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
 
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per
-// (chunk, SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0
+// (chunk, VO = 2 SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0. The dv tile is twice the slab
+// width so that Q K^T, and the loads of Q and K, are not repeated per dv tile at dv <= VO.
 
 template <typename Tc> struct GdnOutputSmem {
     float *P, *O, *G;
@@ -592,52 +603,55 @@ template <typename Tc> struct GdnOutputSmem {
         typedef GdnTile<Tc> TL;
         GdnCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
-        O = cv.take<float>(GDN_CHUNK * TL::LDF);
+        O = cv.take<float>(GDN_CHUNK * TL::LDF_VO);
         G = cv.take<float>(GDN_CHUNK);
         Q = cv.take<Tc>(GDN_CHUNK * TL::LDT);
-        K = cv.take<Tc>(GDN_CHUNK * TL::LDT);
-        Hs = cv.take<Tc>(TL::SL * TL::LDT);
-        P_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
-        Vn = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        K = cv.take<Tc>(GDN_CHUNK * (TL::LDT > TL::LDT_BT ? TL::LDT : TL::LDT_BT));
+        P_op = K;   // the masked P replaces the K slab once the dk loop is done
+        Hs = cv.take<Tc>(TL::SL * TL::LDT_VO);
+        Vn = cv.take<Tc>(GDN_CHUNK * TL::LDT_VO);
         bytes = cv.off;
     }
 };
 
 template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(GDN_THREADS)
+__global__ void __launch_bounds__(GDN_THREADS, 2)   // two CTAs per SM (registers and shared memory)
 gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, const float* G_saved,
                       const Tc* h_saved, const Tc* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
-    constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL, VO = TL::VO;
+    constexpr int N = GDN_CHUNK * VO / 8 / GDN_THREADS;   // groups of 8 per thread of a BT x VO tile
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnOutputSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
-    const int v0 = blockIdx.y * SL, wv = min(SL, dvp - v0);
+    const int v0 = blockIdx.y * VO, wv = min(VO, dvp - v0);
 
     // Q K^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
         const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
         const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
-        const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
+        const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT_VO, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
         if (s0 == 0) {
-            gdn_load<2>(q_tile, k_tile, h_tile,
-                        gdn_mat_tile(sm.Vn, TL::LDT, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
+            gdn_load<N>(q_tile, k_tile, h_tile,
+                        gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
                         gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
         } else {
-            gdn_load<2>(q_tile, k_tile, h_tile);
+            gdn_load<N>(q_tile, k_tile, h_tile);
         }
         gdn_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
-        gdn_mm<false, false>(sm.O, TL::LDF, sm.Q, TL::LDT, sm.Hs, TL::LDT, BT, wv, ws, s0 > 0);
+        gdn_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
     }
     gdn_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
-    gdn_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF + j] *= expf(sm.G[i]); });
-    gdn_mm<false, false>(sm.O, TL::LDF, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT, BT, wv, BT, true);
+    gdn_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
+    gdn_mm<false, false>(sm.O, TL::LDF_VO, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT_VO, BT, wv, BT, true);
     gdn_for_each(p.L, wv, [&](int r, int j) {
-        if (v0 + j < dv) { o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF + j]); }
+        if (v0 + j < dv) {
+            o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF_VO + j]);
+        }
     });
 }
 
@@ -719,7 +733,7 @@ template <typename Tc> struct GdnBwdStateSmem {
 };
 
 template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(GDN_STATE_THREADS)
+__global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
                      const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
@@ -749,8 +763,8 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
             const int ws = min(SL, dkp - s0);
             const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
             if (s0 == 0) {
-                gdn_load<N / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
-                                gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
+                gdn_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
+                                      gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
             } else {
                 gdn_load<N>(k_tile);
             }
@@ -796,15 +810,18 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 //                       dbeta_c_i = sum_j dAG_ij (k_i.k_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji
 //   phase 4 (dk slabs)  dk += Z K with Z = diag(beta) dAG + (diag(beta) dAG)^T     (= dK_c)
 //   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
-// Every step's tiles are loaded in one batch (one memory latency); the per-row dot products and the gradient
-// rows are done warp per row (gdn_rows), so the global writes are coalesced.
+// Every step's tiles are loaded in one batch (one memory latency): beta and G together, Tm with the first dv
+// slab of phase 1, a dk slab's q, k and kbg with its first dv slab of phase 2, and phase 4 reads dk back while
+// it loads the K slab. The per-row dot products and the gradient rows are done warp per row (gdn_rows), so
+// the global writes are coalesced.
 
 template <typename Tc> struct GdnBwdChunkSmem {
     float *P, *dT, *KK;                 // BT x BT fp32
-    float *F0, *F1, *F2, *F3;           // BT x SL fp32
+    float *F0, *F1, *F2;                // BT x SL fp32 (F2: dVn h^T, then dkbg)
     float *G, *beta, *gam, *bg, *sg, *eg, *dGa, *dGb, *dbeta, *kdKint, *hdE;
     Tc *P_op, *Tm_op, *Z_op;            // BT x BT operands
     Tc *S0, *S1, *S2, *S3, *S4;         // BT x SL operands
+    Tc *Sq, *Sk, *Skb;                  // BT x SL operands: the dk slab of q, k, kbg in phase 2
     size_t bytes;
     __host__ __device__ explicit GdnBwdChunkSmem(size_t base) {
         typedef GdnTile<Tc> TL;
@@ -815,7 +832,6 @@ template <typename Tc> struct GdnBwdChunkSmem {
         F0 = cv.take<float>(GDN_CHUNK * TL::LDF);
         F1 = cv.take<float>(GDN_CHUNK * TL::LDF);
         F2 = cv.take<float>(GDN_CHUNK * TL::LDF);
-        F3 = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
         gam = cv.take<float>(GDN_CHUNK);
@@ -835,6 +851,9 @@ template <typename Tc> struct GdnBwdChunkSmem {
         S2 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         S3 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         S4 = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Sq = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Sk = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Skb = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         bytes = cv.off;
     }
 };
@@ -861,27 +880,35 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     const Tc* Vn_c = Vn_saved + c * BT * dv;
     const float* dVn_c = dVn_work + c * BT * dv;
 
-    gdn_load_beta(sm.beta, beta, p, H);
+    // beta (0 on padded rows) and G in one round trip
     const float G_last = G_saved[c * BT + BT - 1];
     for (int r = tid; r < BT; r += blockDim.x) {
+        const float b = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
         const float G = G_saved[c * BT + r], gam = expf(G);
+        sm.beta[r] = b;
         sm.G[r] = G;
         sm.gam[r] = gam;
-        sm.bg[r] = sm.beta[r] * gam;
+        sm.bg[r] = b * gam;
         sm.sg[r] = scale * gam;
         sm.eg[r] = expf(G_last - G);
         sm.dGa[r] = 0.0f; sm.dGb[r] = 0.0f; sm.dbeta[r] = 0.0f; sm.kdKint[r] = 0.0f; sm.hdE[r] = 0.0f;
     }
-    gdn_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0));
+    __syncthreads();
 
-    // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b
+    // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b; Tm comes with the first slab
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_load<1>(gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
-                    gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
-                    gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
-                    gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0),
-                    gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
+        const auto do_tile = gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0);
+        const auto vn_tile = gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0);
+        const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
+        const auto v_tile = gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0);
+        const auto vb_tile = gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta);
+        if (s0 == 0) {
+            gdn_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0), do_tile, vn_tile, dvn_tile, v_tile,
+                        vb_tile);
+        } else {
+            gdn_load<1>(do_tile, vn_tile, dvn_tile, v_tile, vb_tile);
+        }
         gdn_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
         gdn_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
         gdn_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
@@ -898,14 +925,23 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     // phase 2, over dk slabs
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0);
-        // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab
+        // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab; this
+        // dk slab of q, k and kbg = diag(beta gam) K comes with the first dv slab
         for (int s0 = 0; s0 < dvp; s0 += SL) {
             const int ws = min(SL, dvp - s0);
-            gdn_load<1>(gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
-                        gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
-                        gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
-                        gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0),     // h rows k0.., columns s0..
-                        gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0));   // dE rows k0.., columns s0..
+            const auto do_tile = gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0);
+            const auto vn_tile = gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0);
+            const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
+            const auto h_tile = gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0);     // h rows k0.., columns s0..
+            const auto de_tile = gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0);   // dE rows k0.., columns s0..
+            if (s0 == 0) {
+                gdn_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
+                            gdn_in_tile(sm.Sq, LDT, wk, q, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Skb, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
+            } else {
+                gdn_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile);
+            }
             gdn_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
             gdn_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
             gdn_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
@@ -913,10 +949,6 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
                 acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
             }, [&](int d, const float* acc) { sm.hdE[d] += acc[0]; });
         }
-        // this dk slab of q, k and kbg = diag(beta gam) K
-        gdn_load<1>(gdn_in_tile(sm.S0, LDT, wk, q, ld_qkv, p, dk, k0),
-                    gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0),
-                    gdn_in_tile(sm.S2, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
         // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
         // sum_i k_i.dK_int_i
         gdn_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
@@ -924,16 +956,16 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
             const float dkint = sm.F1[r * LDF + cc] * sm.eg[r];
             sm.F1[r * LDF + cc] = dkint;
             sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
-            acc[0] = fmaf(to_float(sm.S1[r * LDT + cc]), dkint, acc[0]);
+            acc[0] = fmaf(to_float(sm.Sk[r * LDT + cc]), dkint, acc[0]);
         }, [&](int r, const float* acc) { sm.kdKint[r] += acc[0]; });
-        gdn_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true, false);       // dQ
-        gdn_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true, false);        // dK_a
-        gdn_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true, false);          // dT += dW kbg^T
-        gdn_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
-        gdn_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);               // K K^T
+        gdn_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.Sk, LDT, BT, wk, BT, true, false);       // dQ
+        gdn_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.Sq, LDT, BT, wk, BT, true, false);        // dK_a
+        gdn_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
+        gdn_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
+        gdn_mm<false, true>(sm.KK, LDFB, sm.Sk, LDT, sm.Sk, LDT, BT, BT, wk, k0 > 0);               // K K^T
         gdn_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
-            const float qv = to_float(sm.S0[r * LDT + cc]), kv = to_float(sm.S1[r * LDT + cc]);
-            const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F3[r * LDF + cc];
+            const float qv = to_float(sm.Sq[r * LDT + cc]), kv = to_float(sm.Sk[r * LDT + cc]);
+            const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F2[r * LDF + cc];
             acc[0] = fmaf(qv, dq, acc[0]);
             acc[1] = fmaf(kv, dka, acc[1]);
             acc[2] = fmaf(kv, dkbg, acc[2]);
@@ -970,14 +1002,25 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
     });
 
-    // phase 4: dk += Z K (dK_c)
+    // phase 4: dk += Z K (dK_c). The dk rows written in phase 2 are read back into registers before the K slab
+    // load and the product, so their round trip overlaps those (instead of one read per element after them)
+    constexpr int NK = BT * SL / GDN_BWD_THREADS;
+    static_assert(NK * GDN_BWD_THREADS == BT * SL, "phase 4: a dk slab of the chunk in NK elements per thread");
     for (int k0 = 0; k0 < dkp; k0 += SL) {
-        const int wk = min(SL, dkp - k0);
+        const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0), n = p.L * cols;
+        float dk_ab[NK];
+        #pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols;
+            dk_ab[u] = idx < n ? grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + idx - r * cols] : 0.0f;
+        }
         gdn_load<1>(gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
         gdn_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
-        gdn_for_each(p.L, min(wk, dk - k0), [&](int r, int cc) {
-            grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] += sm.F0[r * LDF + cc];
-        });
+        #pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            if (idx < n) { grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] = dk_ab[u] + sm.F0[r * LDF + cc]; }
+        }
     }
 
     // phase 5: dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i; then dbeta and the reverse cumsum dg
@@ -1004,7 +1047,8 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
 
 // ----------------------------------------------------------------------------------------------------------
 // host launchers. gdn_chunk_forward_impl / gdn_chunk_backward_impl take the operand type Tc explicitly
-// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version); the public functions use Tc = Tin.
+// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version, and time each kernel through
+// marks); the public functions use Tc = Tin.
 
 static void gdn_check_shape(int B, int T, int H, int dk, int dv) {
     if (B < 1 || T < 1 || H < 1 || dk < 8 || dv < 8 || dk % 8 != 0 || dv % 8 != 0 || dk > 256 || dv > 256) {
@@ -1019,6 +1063,11 @@ static void gdn_check_vec8(const void* ptr, int ld, const char* what) {
     }
 }
 
+// the labs time each kernel: marks (optional) are events recorded after kernel i of a launcher
+static void gdn_mark(cudaEvent_t* marks, int i, cudaStream_t stream) {
+    if (marks) { cudaCheck(cudaEventRecord(marks[i], stream)); }
+}
+
 template <typename K>
 static void gdn_set_smem(K kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -1028,7 +1077,8 @@ template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                    const float* beta, const float* g,
-                                   int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+                                   int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                   cudaEvent_t* marks = nullptr) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -1051,16 +1101,19 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
     gdn_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, beta, g,
                                                                        T, H, NT, dk, dv);
     cudaCheckLaunch();
+    gdn_mark(marks, 0, stream);
     const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
     gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc>, s2);
     gdn_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
         h, Vn, G, W, U, k, ld_qkv, T, H, NT, dk, dv);
     cudaCheckLaunch();
+    gdn_mark(marks, 1, stream);
     const size_t s3 = GdnOutputSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc>, s3);
-    gdn_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::SL)), GDN_THREADS, s3, stream>>>(
+    gdn_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
         o, ld_o, q, k, ld_qkv, G, h, Vn, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_mark(marks, 2, stream);
 }
 
 template <typename Tin, typename Tc>
@@ -1068,7 +1121,8 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
                                     const Tin* dO, int ld_o, const void* saved, void* workspace,
                                     const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                     const float* beta, const float* g,
-                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                    cudaEvent_t* marks = nullptr) {
     (void)g;   // the forward saved G, the chunk cumsum of g
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
@@ -1094,17 +1148,20 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
     gdn_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, k, ld_qkv, G,
                                                                          T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_mark(marks, 0, stream);
     const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
     gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc>, s3);
     gdn_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
         dVn, dE, dO, ld_o, q, k, ld_qkv, G, W, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_mark(marks, 1, stream);
     const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
     gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
         grad_q, grad_k, grad_v, ld_d, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, beta, Tm, G, h, Vn, dVn, dE,
         T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_mark(marks, 2, stream);
 }
 
 // o = GDN core (spec 2.1 / 3.3) with S_0 = 0. Tin = float (fp32 CUDA-core products) or __nv_bfloat16 (tensor cores)

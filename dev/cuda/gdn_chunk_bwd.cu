@@ -9,9 +9,11 @@ Versions (first argument):
   1  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_*_impl<Tin, float>)
   2  the previous kernels/gdn_chunk.cuh (copied below, names prefixed gdn_prev_), bf16 inputs on tensor cores
   3  the chunkwise kernels of kernels/gdn_chunk.cuh as the trainer calls them (bf16 inputs: tensor cores):
-     version 2 with every kernel step's operand tiles loaded in one batch, warp-per-row reductions and
-     coalesced gradient writes in the fused chunk kernel (with dA = -Tm^T dT Tm^T in fp32 instead, the bf16 KLA
-     dg error stays at 1.4e-2 at T=256, dk=dv=128, so those products stay on the tensor cores)
+     version 2 with fewer memory round trips in the fused chunk kernel (beta with G, Tm with the first phase-1
+     slab, q / k / kbg in tiles of their own loaded with the first dv slab of each dk slab, phase 4 reading dk
+     back during its K load instead of element by element), the state kernel on 256 threads instead of 128,
+     and the forward changes of gdn_chunk_fwd version 4. (Prefetching the state kernel's next-chunk tiles into
+     registers was measured slower at 128 threads: 0.84 vs 0.68 ms, register spills at 3 CTAs per SM.)
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at three shapes
@@ -26,7 +28,8 @@ Tolerances on the relative L2 error of each of o, dq, dk, dv, dbeta, dg:
   bf16 2e-2: the products' operands (Tm, W, Vn, h, P, dT, dE, dVn, ...) are rounded to bf16 (2e-3 relative each);
        spec 5 measures ~4e-3 for the forward, the backward compounds a few more roundings.
 Each run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16:
-backward alone and forward + backward, TFLOP/s from spec 3.7 (F_bwd = 16 dk dv + 18 BT dk + 10 BT dv + 4 BT^2
+backward alone and forward + backward, and the time of each backward kernel (cudaEvents between the launches),
+TFLOP/s from spec 3.7 (F_bwd = 16 dk dv + 18 BT dk + 10 BT dv + 4 BT^2
 minus 4 dk dv + 2 BT (dk + dv), since h and W are saved by the forward).
 */
 #include <math.h>
@@ -134,7 +137,7 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
 template <typename Tin>
 static void run_backward(int version, float* dqkv, float* dbeta, float* dg, const Tin* dO, int ld_o,
                          const void* saved, void* work, const Tin* qkv, int ld,
-                         const float* beta, const float* g, Shape s, float scale) {
+                         const float* beta, const float* g, Shape s, float scale, cudaEvent_t* marks = nullptr) {
     const Tin* q = qkv;
     const Tin* k = qkv + s.H * s.dk;
     const Tin* v = qkv + 2 * s.H * s.dk;
@@ -143,10 +146,13 @@ static void run_backward(int version, float* dqkv, float* dbeta, float* dg, cons
     float* dv = dqkv + 2 * s.H * s.dk;
     if (version == 1) {
         gdn_chunk_backward_impl<Tin, float>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta, g,
-                                            s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+                                            s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
     } else if (version == 2) {
         gdn_prev_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta,
-                                                    g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+                                               g, s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
+    } else if (marks) {   // the same launches as gdn_chunk_backward, with the per-kernel marks
+        gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta, g,
+                                          s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
     } else {
         gdn_chunk_backward<Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta, g,
                                 s.B, s.T, s.H, s.dk, s.dv, scale, 0);
@@ -337,6 +343,11 @@ int main(int argc, char** argv) {
            "forward+backward %.4f ms, %.1f TFLOP/s (%.2f GFLOP)\n", s.B, s.T, s.H, s.dk, s.dv,
            ms[0], f_bwd / (ms[0] * 1e-3) / 1e12, f_bwd / 1e9, ms[1], (f_fwd + f_bwd) / (ms[1] * 1e-3) / 1e12,
            (f_fwd + f_bwd) / 1e9);
+    const char* const names[3] = { "dvlocal", "state", "chunk" };
+    print_kernel_times("backward", names, iters, [&](cudaEvent_t* marks) {
+        run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld,
+                                    d_beta, d_g, s, scale, marks);
+    });
     free(dO);
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_dO)); cudaCheck(cudaFree(d_beta)); cudaCheck(cudaFree(d_g));
     cudaCheck(cudaFree(d_o)); cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dbeta)); cudaCheck(cudaFree(d_dg));

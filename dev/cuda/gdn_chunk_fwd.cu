@@ -10,7 +10,12 @@ Versions (first argument):
   2  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_forward_impl<Tin, float>)
   3  the previous kernels/gdn_chunk.cuh (copied below, names prefixed gdn_prev_), bf16 inputs on tensor cores
   4  the chunkwise kernels of kernels/gdn_chunk.cuh as the trainer calls them (bf16 inputs: tensor cores):
-     version 3 with all operand tiles of a kernel step loaded in one batch (one memory latency per step)
+     version 3 with the intra kernel's g loaded by all rows at once (it was read one row after the other by one
+     thread), the state kernel on 256 threads instead of 128 (3 CTAs per SM, all 384 in one wave), and the
+     output kernel on dv tiles of 2 SL columns (Q K^T once per chunk at dv <= 128, two CTAs per SM).
+     Measured and dropped: prefetching the state kernel's next-chunk tiles into registers (0.548 -> 0.528 ms
+     at 128 threads; at 256 threads it spills and is no faster than without), and 512 threads in the intra
+     kernel (0.436 vs 0.420 ms)
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at three shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size), for GDN-like inputs
@@ -24,7 +29,8 @@ Tolerances on the relative L2 error of o:
   bf16 2e-2: the products' operands (Tm, W, U, Vn, h, P) are rounded to bf16 (2^-9 = 2e-3 relative each), several
        roundings compound to ~4e-3 (spec 5) and the KLA inputs (large Tm entries) a little more.
 The run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16, with
-TFLOP/s from spec 3.7: F_fwd = 6 dk dv + 6 BT dk + 4 BT dv + BT^2/3 per token and head.
+TFLOP/s from spec 3.7: F_fwd = 6 dk dv + 6 BT dk + 4 BT dv + BT^2/3 per token and head, and the time of each
+kernel (versions 2-4; cudaEvents between the launches).
 */
 #include <math.h>
 #include <string.h>
@@ -87,7 +93,7 @@ gdn_recurrent_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, const Tin* v,
 
 template <typename Tin>
 static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, const Tin* qkv, int ld,
-                        const float* beta, const float* g, Shape s, float scale) {
+                        const float* beta, const float* g, Shape s, float scale, cudaEvent_t* marks = nullptr) {
     const Tin* q = qkv;
     const Tin* k = qkv + s.H * s.dk;
     const Tin* v = qkv + 2 * s.H * s.dk;
@@ -96,10 +102,14 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
             o, ld_o, q, k, v, ld, beta, g, s.T, s.H, s.dk, s.dv, scale);
         cudaCheckLaunch();
     } else if (version == 2) {
-        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+                                           marks);
     } else if (version == 3) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
-                                                   scale, 0);
+                                              scale, 0, marks);
+    } else if (marks) {   // the same launches as gdn_chunk_forward, with the per-kernel marks
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+                                         marks);
     } else {
         gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     }
@@ -228,6 +238,12 @@ int main(int argc, char** argv) {
     const double flops = tokens * (6 * dk * dv + 6 * BT * dk + 4 * BT * dv + BT * BT / 3);
     printf("timing B=%d T=%d H=%d dk=%d dv=%d bf16: forward %.4f ms, %.1f TFLOP/s (spec 3.7 count, %.2f GFLOP)\n",
            s.B, s.T, s.H, s.dk, s.dv, ms, flops / (ms * 1e-3) / 1e12, flops / 1e9);
+    if (version > 1) {
+        const char* const names[3] = { "intra", "state", "output" };
+        print_kernel_times("forward", names, iters, [&](cudaEvent_t* marks) {
+            run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale, marks);
+        });
+    }
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_beta)); cudaCheck(cudaFree(d_g)); cudaCheck(cudaFree(d_o));
     cudaCheck(cudaFree(saved)); cudaCheck(cudaFree(work));
     free_inputs(in);

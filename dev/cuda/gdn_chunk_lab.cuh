@@ -11,9 +11,12 @@ trainer's, and the float64 CPU reference of the forward recurrence (spec 2.1).
 #include "../../kernels/gdn_chunk.cuh"
 
 // ----------------------------------------------------------------------------------------------------------
-// the previous kernels/gdn_chunk.cuh (gdn_chunk_fwd version 3, gdn_chunk_bwd version 2), verbatim (one tile load and one memory latency per operand
-// tile, per-row loops with one thread per row, bf16 products in phase 3 of the fused backward), with its
-// names prefixed gdn_prev_ / GdnPrev
+// the previous kernels/gdn_chunk.cuh (gdn_chunk_fwd version 3, gdn_chunk_bwd version 2), verbatim but for the
+// per-kernel timing marks of its launchers (128-thread state kernels, an output kernel per SL columns of dv,
+// more memory round trips in the intra and fused backward chunk kernels), with its names prefixed gdn_prev_ /
+// GdnPrev; it shares the GDN_CHUNK / GDN_THREADS / GDN_BWD_THREADS / GDN_STATE_BV constants of the current header
+
+#define GDN_PREV_STATE_THREADS 128   // threads of the sequential state kernels
 
 // slab width (columns of dk or dv processed at once) and padded tile strides, per operand type
 template <typename Tc> struct GdnPrevTile {
@@ -73,19 +76,20 @@ struct GdnPrevCarver {
 // CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
 
 // s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
-// GDN_FILL_BATCH elements before storing any, so that their global loads are in flight together.
+// GDN_PREV_FILL_BATCH elements before storing any, so that their global loads are in flight together.
+#define GDN_PREV_FILL_BATCH 16
 template <typename Ts, typename F>
 __device__ __forceinline__ void gdn_prev_fill(Ts* s, int lds, int rows, int cols, F f) {
     const int n = rows * cols, stride = blockDim.x;
-    for (int base = threadIdx.x; base < n; base += GDN_FILL_BATCH * stride) {
-        float x[GDN_FILL_BATCH];
+    for (int base = threadIdx.x; base < n; base += GDN_PREV_FILL_BATCH * stride) {
+        float x[GDN_PREV_FILL_BATCH];
         #pragma unroll
-        for (int u = 0; u < GDN_FILL_BATCH; u++) {
+        for (int u = 0; u < GDN_PREV_FILL_BATCH; u++) {
             const int idx = base + u * stride, r = idx / cols;
             x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
         }
         #pragma unroll
-        for (int u = 0; u < GDN_FILL_BATCH; u++) {
+        for (int u = 0; u < GDN_PREV_FILL_BATCH; u++) {
             const int idx = base + u * stride, r = idx / cols;
             if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
         }
@@ -93,27 +97,6 @@ __device__ __forceinline__ void gdn_prev_fill(Ts* s, int lds, int rows, int cols
     __syncthreads();
 }
 
-// 8 contiguous elements from global memory as fp32 (g 16-byte aligned; nullptr: zeros)
-__device__ __forceinline__ void gdn_prev_load8(float* x, const __nv_bfloat16* g) {
-    if (g == nullptr) {
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { x[e] = 0.0f; }
-        return;
-    }
-    const uint4 raw = *reinterpret_cast<const uint4*>(g);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    #pragma unroll
-    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
-}
-__device__ __forceinline__ void gdn_prev_load8(float* x, const float* g) {
-    if (g == nullptr) {
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { x[e] = 0.0f; }
-        return;
-    }
-    const float4 a = reinterpret_cast<const float4*>(g)[0], b = reinterpret_cast<const float4*>(g)[1];
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-}
 // s[0..7] = scale * x[0..7] in shared memory (16-byte aligned)
 __device__ __forceinline__ void gdn_prev_store8(__nv_bfloat16* s, const float* x, float scale) {
     uint4 raw;
@@ -127,29 +110,103 @@ __device__ __forceinline__ void gdn_prev_store8(float* s, const float* x, float 
     reinterpret_cast<float4*>(s)[1] = make_float4(scale * x[4], scale * x[5], scale * x[6], scale * x[7]);
 }
 
-// vectorised tile load from global memory: s[r][c + e] = rowscale(r) * src(r, c)[e] for c = 0, 8, 16, ... < cols,
-// e < 8; src returns the address of 8 contiguous elements (16-byte aligned) or nullptr for zeros. Each thread
-// issues the loads of GDN_FILL8_BATCH groups before storing any.
-#define GDN_FILL8_BATCH 4
-template <typename Ts, typename Src, typename Scale>
-__device__ __forceinline__ void gdn_prev_fill8(Ts* s, int lds, int rows, int cols, Src src, Scale rowscale) {
-    const int gpr = cols / 8, n = rows * gpr, stride = blockDim.x;
-    for (int base = threadIdx.x; base < n; base += GDN_FILL8_BATCH * stride) {
-        float x[GDN_FILL8_BATCH][8];
-        #pragma unroll
-        for (int u = 0; u < GDN_FILL8_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / gpr;
-            gdn_prev_load8(x[u], idx < n ? src(r, (idx - r * gpr) * 8) : nullptr);
+// 8 elements of type Tg as raw 16-byte words (one group of a register-staged tile load)
+template <typename Tg> struct GdnPrevRaw8 { uint4 u[sizeof(Tg) / 2]; };
+
+__device__ __forceinline__ void gdn_prev_unpack8(float* x, const GdnPrevRaw8<__nv_bfloat16>& raw) {
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw.u[0]);
+    #pragma unroll
+    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
+}
+__device__ __forceinline__ void gdn_prev_unpack8(float* x, const GdnPrevRaw8<float>& raw) {
+    const float* f = reinterpret_cast<const float*>(&raw.u[0]);
+    #pragma unroll
+    for (int e = 0; e < 8; e++) { x[e] = f[e]; }
+}
+
+// one tile of a batched load from global memory: s[r][c] = mul * rowscale[r] * g[r * ldg + c] for r < rows,
+// c < cols (cols a multiple of 8), with zeros where r >= rv or c >= cv (cv a multiple of 8, so a group of 8 is
+// all in or all out; g 16-byte aligned, ldg a multiple of 8). rowscale == nullptr: the factor is mul alone.
+template <typename Ts, typename Tg> struct GdnPrevTileLoad {
+    typedef GdnPrevRaw8<Tg> Raw;
+    Ts* s;
+    int lds, rows, cols;
+    const Tg* g;
+    size_t ldg;
+    int rv, cv;
+    const float* rowscale;
+    float mul;
+    __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
+    __device__ __forceinline__ void fetch(int idx, GdnPrevRaw8<Tg>& x) const {
+        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        if (idx < groups() && r < rv && c < cv) {
+            const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
+            #pragma unroll
+            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = src[e]; }
+        } else {
+            #pragma unroll
+            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = make_uint4(0u, 0u, 0u, 0u); }
         }
+    }
+    __device__ __forceinline__ void store(int idx, const GdnPrevRaw8<Tg>& x) const {
+        if (idx >= groups()) { return; }
+        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        float f[8];
+        gdn_prev_unpack8(f, x);
+        gdn_prev_store8(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
+    }
+};
+
+template <typename Ts, typename Tg>
+__device__ __forceinline__ GdnPrevTileLoad<Ts, Tg> gdn_prev_tile(Ts* s, int lds, int rows, int cols, const Tg* g, size_t ldg,
+                                                        int rv, int cv, const float* rowscale = nullptr,
+                                                        float mul = 1.0f) {
+    return GdnPrevTileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul };
+}
+
+// one pass of gdn_prev_load: every tile's N groups of this thread are fetched into registers before any is stored
+template <int N>
+__device__ __forceinline__ void gdn_prev_load_pass(int) {}
+template <int N, typename L, typename... Rest>
+__device__ __forceinline__ void gdn_prev_load_pass(int base, const L& t, const Rest&... rest) {
+    typename L::Raw x[N];
+    #pragma unroll
+    for (int u = 0; u < N; u++) { t.fetch(base + u * blockDim.x, x[u]); }
+    gdn_prev_load_pass<N>(base, rest...);
+    #pragma unroll
+    for (int u = 0; u < N; u++) { t.store(base + u * blockDim.x, x[u]); }
+}
+
+// loads several tiles with all their global loads in flight together (up to N groups of 8 per thread and tile
+// per round trip), so that a kernel step waits for one memory latency instead of one per tile
+template <int N, typename... L>
+__device__ void gdn_prev_load(const L&... t) {
+    int n = 0;
+    ((n = max(n, t.groups())), ...);
+    for (int base = threadIdx.x; base < n; base += N * blockDim.x) { gdn_prev_load_pass<N>(base, t...); }
+    __syncthreads();
+}
+
+// warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions
+// into acc[NS]; the row sums (a fixed shuffle tree: bitwise reproducible) are passed to done(r, acc) on lane 0.
+// Consecutive lanes touch consecutive columns: coalesced global writes, conflict-free shared reads.
+template <int NS, typename F, typename D>
+__device__ __forceinline__ void gdn_prev_rows(int rows, int cols, F f, D done) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int r = threadIdx.x >> 5; r < rows; r += nw) {
+        float acc[NS];
         #pragma unroll
-        for (int u = 0; u < GDN_FILL8_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / gpr;
-            if (idx < n) { gdn_prev_store8(s + r * lds + (idx - r * gpr) * 8, x[u], rowscale(r)); }
+        for (int i = 0; i < NS; i++) { acc[i] = 0.0f; }
+        for (int c = lane; c < cols; c += 32) { f(r, c, acc); }
+        #pragma unroll
+        for (int i = 0; i < NS; i++) {
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) { acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o); }
         }
+        if (lane == 0) { done(r, acc); }
     }
     __syncthreads();
 }
-__device__ __forceinline__ float gdn_prev_one(int) { return 1.0f; }
 
 // f(r, c) for every element of a rows x cols index range
 template <typename F>
@@ -163,11 +220,12 @@ __device__ __forceinline__ void gdn_prev_for_each(int rows, int cols, F f) {
 
 // C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
 // A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
-// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16.
+// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16. With sync = false the closing __syncthreads()
+// is left out, so that independent products (no output read by another) run back to back.
 // fp32 operands: CUDA-core FMAs, each thread owns 4 x 4 blocks of C (fixed summation order over k).
 template <bool A_T, bool B_T>
 __device__ void gdn_prev_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
-                       int M, int N, int K, bool acc) {
+                       int M, int N, int K, bool acc, bool sync = true) {
     const int nb = N / 4;
     for (int t = threadIdx.x; t < (M / 4) * nb; t += blockDim.x) {
         const int m0 = (t / nb) * 4, n0 = (t % nb) * 4;
@@ -195,14 +253,14 @@ __device__ void gdn_prev_mm(float* C, int ldc, const float* A, int lda, const fl
             for (int j = 0; j < 4; j++) { C[(m0 + i) * ldc + n0 + j] = c[i][j]; }
         }
     }
-    __syncthreads();
+    if (sync) { __syncthreads(); }
 }
 
 // bf16 operands: tensor cores, one warp per 16 x 16 tile of C, fp32 accumulation.
 // Tile pointers are multiples of 16 elements from 128-byte aligned bases (wmma wants 32-byte alignment).
 template <bool A_T, bool B_T>
 __device__ void gdn_prev_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
-                       int M, int N, int K, bool acc) {
+                       int M, int N, int K, bool acc, bool sync = true) {
     using namespace nvcuda;
     typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
     typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
@@ -221,7 +279,7 @@ __device__ void gdn_prev_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, 
         }
         wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
     }
-    __syncthreads();
+    if (sync) { __syncthreads(); }
 }
 
 // where a per-chunk CTA works: chunk c = (b*H + h)*NT + n covers tokens t0 .. t0+L-1 (rows row0.. of the inputs)
@@ -257,11 +315,23 @@ __device__ __forceinline__ void gdn_prev_load_beta(float* bs, const float* beta,
     __syncthreads();
 }
 
-// address of element (r, col) of a chunk's rows of q, k (width dk), v or dO (width dv); nullptr outside the
-// sequence or the head's columns (col is a multiple of 8, and so is width: a group of 8 is all in or all out)
-template <typename Tin>
-__device__ __forceinline__ const Tin* gdn_prev_in(const Tin* x, int ld, const GdnPrevChunkPos& p, int width, int r, int col) {
-    return (r < p.L && col < width) ? x + (p.row0 + r) * ld + (size_t)p.h * width + col : nullptr;
+// the tile of a chunk's rows of q, k (width dk), v or dO (width dv) at the head's columns col0 .. col0 + cols - 1,
+// zero outside the sequence or the head's columns
+template <typename Ts, typename Tin>
+__device__ __forceinline__ GdnPrevTileLoad<Ts, Tin> gdn_prev_in_tile(Ts* s, int lds, int cols, const Tin* x, int ld,
+                                                            const GdnPrevChunkPos& p, int width, int col0,
+                                                            const float* rowscale = nullptr, float mul = 1.0f) {
+    return gdn_prev_tile(s, lds, GDN_CHUNK, cols, x + p.row0 * ld + (size_t)p.h * width + col0, (size_t)ld, p.L,
+                    width - col0, rowscale, mul);
+}
+
+// the tile rows r0.., columns col0.. of a per-chunk row-major [nrows][ncols] matrix (saved or workspace) at m
+template <typename Ts, typename Tg>
+__device__ __forceinline__ GdnPrevTileLoad<Ts, Tg> gdn_prev_mat_tile(Ts* s, int lds, int rows, int cols, const Tg* m,
+                                                            int nrows, int ncols, int r0, int col0,
+                                                            const float* rowscale = nullptr, float mul = 1.0f) {
+    return gdn_prev_tile(s, lds, rows, cols, m + (size_t)r0 * ncols + col0, (size_t)ncols, nrows - r0, ncols - col0,
+                    rowscale, mul);
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -306,7 +376,7 @@ __device__ void gdn_prev_solve_unit_lower(float* Tm, const float* A, float* X) {
 // forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
 
 template <typename Tc> struct GdnPrevIntraSmem {
-    float *A, *Tm, *X, *C, *G, *beta;
+    float *A, *Tm, *X, *C, *G, *beta, *bg;
     Tc *Tm_op, *slab;
     size_t bytes;
     __host__ __device__ explicit GdnPrevIntraSmem(size_t base) {
@@ -318,6 +388,7 @@ template <typename Tc> struct GdnPrevIntraSmem {
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
+        bg = cv.take<float>(GDN_CHUNK);
         Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
         slab = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         bytes = cv.off;
@@ -345,12 +416,15 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
         }
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < BT; r += blockDim.x) { G_saved[p.c * BT + r] = sm.G[r]; }
+    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+        G_saved[p.c * BT + r] = sm.G[r];
+        sm.bg[r] = sm.beta[r] * expf(sm.G[r]);
+    }
 
     // K K^T over dk slabs
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
         gdn_prev_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
     }
     // A_ij = beta_i (k_i.k_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
@@ -367,8 +441,7 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
     // W = Tm diag(beta gam) K, slab by slab of dk
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); },
-                  [&](int r) { return sm.beta[r] * expf(sm.G[r]); });
+        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
         gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
         gdn_prev_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
@@ -377,8 +450,7 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
     // U = Tm diag(beta) V, slab by slab of dv
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_fill8(sm.slab, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(v, ld_qkv, p, dv, r, s0 + c); },
-                  [&](int r) { return sm.beta[r]; });
+        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
         gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
         gdn_prev_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { U_work[(p.c * BT + r) * dv + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
@@ -388,7 +460,14 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
 
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 2 (spec 3.3 step 3): the state pass, sequential over the chunks of one (b, h), one CTA per
-// GDN_STATE_BV columns of dv. The state S (dk x BV) stays in shared memory in fp32.
+// GDN_STATE_BV columns of dv. The state S (dk x BV) stays in shared memory in fp32. Each step waits for two
+// batched loads: the chunk's U with the (first) W slab, then the K slab.
+
+// groups of 8 per thread that one round trip of a state kernel's slab load needs (a BT x SLS slab)
+template <typename Tc> struct GdnPrevStateLoad {
+    static constexpr int N = GDN_CHUNK * GdnPrevTile<Tc>::SLS / 8 / GDN_PREV_STATE_THREADS;
+    static_assert(N >= 2 && GDN_PREV_STATE_THREADS >= GDN_CHUNK, "state kernels: one thread per row of G");
+};
 
 template <typename Tc> struct GdnPrevStateSmem {
     float *S, *C, *G;
@@ -409,7 +488,7 @@ template <typename Tc> struct GdnPrevStateSmem {
 };
 
 template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(GDN_STATE_THREADS)
+__global__ void __launch_bounds__(GDN_PREV_STATE_THREADS)
 gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* W_saved, const Tc* U_work,
                      const Tin* k, int ld_qkv, int T, int H, int NT, int dk, int dv) {
     typedef GdnPrevTile<Tc> TL;
@@ -419,26 +498,29 @@ gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const
     GdnPrevStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
+    constexpr int N = GdnPrevStateLoad<Tc>::N;
     gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
     for (int n = 0; n < NT; n++) {
         const size_t c = (size_t)bh * NT + n;
         const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
-        // h_n = S (saved for the output kernel and the backward), and S as a matrix operand
-        for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.G[r] = G_saved[c * BT + r]; }
-        gdn_prev_fill8(sm.U, TL::LDT_BV, BT, BV, [&](int r, int j) {
-            return v0 + j < dv ? U_work + (c * BT + r) * dv + v0 + j : nullptr;
-        }, gdn_prev_one);
+        // G (stored once the tile loads below are in flight); h_n = S (saved for the output kernel and the
+        // backward), and S as a matrix operand
+        const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
         gdn_prev_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.S[d * TL::LDF_BV + j]);
             sm.S_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { h_saved[(c * dk + d) * dv + v0 + j] = x; }
         });
-        // W S, contracting over dk slab by slab
+        if (threadIdx.x < BT) { sm.G[threadIdx.x] = g_r; }
+        // W S, contracting over dk slab by slab; U comes with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) {
-                return s0 + cc < dk ? W_saved + (c * BT + r) * dk + s0 + cc : nullptr;
-            }, gdn_prev_one);
+            const auto w_tile = gdn_prev_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0);
+            if (s0 == 0) {
+                gdn_prev_load<N / 2>(w_tile, gdn_prev_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
+            } else {
+                gdn_prev_load<N>(w_tile);
+            }
             gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
@@ -457,8 +539,7 @@ gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const
         // S += K^T V_op, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + cc); },
-                      gdn_prev_one);
+            gdn_prev_load<N>(gdn_prev_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
             gdn_prev_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
@@ -499,26 +580,27 @@ gdn_prev_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_
     const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
     const int v0 = blockIdx.y * SL, wv = min(SL, dvp - v0);
-    gdn_prev_load_G(sm.G, G_saved, p.c);
 
-    // Q K^T and Q h_n, contracting over dk slab by slab
+    // Q K^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
-        gdn_prev_fill8(sm.K, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
-        gdn_prev_fill8(sm.Hs, TL::LDT, ws, wv, [&](int d, int j) {
-            return (s0 + d < dk && v0 + j < dv) ? h_saved + (p.c * dk + s0 + d) * dv + v0 + j : nullptr;
-        }, gdn_prev_one);
-        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0);
+        const auto q_tile = gdn_prev_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
+        const auto k_tile = gdn_prev_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
+        const auto h_tile = gdn_prev_mat_tile(sm.Hs, TL::LDT, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
+        if (s0 == 0) {
+            gdn_prev_load<2>(q_tile, k_tile, h_tile,
+                        gdn_prev_mat_tile(sm.Vn, TL::LDT, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
+                        gdn_prev_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
+        } else {
+            gdn_prev_load<2>(q_tile, k_tile, h_tile);
+        }
+        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
         gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.Q, TL::LDT, sm.Hs, TL::LDT, BT, wv, ws, s0 > 0);
     }
     gdn_prev_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
     gdn_prev_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF + j] *= expf(sm.G[i]); });
-    gdn_prev_fill8(sm.Vn, TL::LDT, BT, wv, [&](int r, int j) {
-        return v0 + j < dv ? Vn_saved + (p.c * BT + r) * dv + v0 + j : nullptr;
-    }, gdn_prev_one);
     gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT, BT, wv, BT, true);
     gdn_prev_for_each(p.L, wv, [&](int r, int j) {
         if (v0 + j < dv) { o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF + j]); }
@@ -559,8 +641,7 @@ gdn_prev_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin*
     gdn_prev_load_G(sm.G, G_saved, p.c);
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_fill8(sm.K, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
-        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_load<2>(gdn_prev_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_prev_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
         gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
     }
     gdn_prev_for_each(BT, BT, [&](int i, int j) {
@@ -568,7 +649,7 @@ gdn_prev_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin*
     });
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_fill8(sm.Q, TL::LDT, BT, ws, [&](int r, int c) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + c); }, gdn_prev_one);
+        gdn_prev_load<2>(gdn_prev_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
         gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
         gdn_prev_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
@@ -584,7 +665,7 @@ gdn_prev_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin*
 //     dE    = gam_BT dE + scale (diag(gam) Q)^T dO - W^T dVn_n
 
 template <typename Tc> struct GdnPrevBwdStateSmem {
-    float *E, *C, *G, *dVl;
+    float *E, *C, *G, *sg, *dVl;
     Tc *E_op, *slab, *dO_op, *dVn_op;
     size_t bytes;
     __host__ __device__ GdnPrevBwdStateSmem(size_t base, int dkp) {
@@ -593,6 +674,7 @@ template <typename Tc> struct GdnPrevBwdStateSmem {
         E = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         G = cv.take<float>(GDN_CHUNK);
+        sg = cv.take<float>(GDN_CHUNK);
         dVl = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         E_op = cv.take<Tc>((size_t)dkp * TL::LDT_BV);
         slab = cv.take<Tc>(GDN_CHUNK * TL::LDTS);
@@ -603,7 +685,7 @@ template <typename Tc> struct GdnPrevBwdStateSmem {
 };
 
 template <typename Tin, typename Tc>
-__global__ void __launch_bounds__(GDN_STATE_THREADS)
+__global__ void __launch_bounds__(GDN_PREV_STATE_THREADS)
 gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
                      const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnPrevTile<Tc> TL;
@@ -613,25 +695,31 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
     GdnPrevBwdStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
+    constexpr int N = GdnPrevStateLoad<Tc>::N;
     gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
     for (int n = NT - 1; n >= 0; n--) {
         const size_t c = (size_t)bh * NT + n;
         const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
-        for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.G[r] = G_saved[c * BT + r]; }
+        const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
         gdn_prev_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.E[d * TL::LDF_BV + j]);
             sm.E_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { dE_work[(c * dk + d) * dv + v0 + j] = x; }
         });
-        gdn_prev_fill8(sm.dO_op, TL::LDT_BV, BT, BV, [&](int r, int j) { return gdn_prev_in(dO, ld_o, p, dv, r, v0 + j); }, gdn_prev_one);
-        gdn_prev_fill8(sm.dVl, TL::LDF_BV, BT, BV, [&](int r, int j) {
-            return v0 + j < dv ? dVn_work + (c * BT + r) * dv + v0 + j : nullptr;
-        }, gdn_prev_one);
-        // K dE, contracting over dk slab by slab
+        if (threadIdx.x < BT) {
+            sm.G[threadIdx.x] = g_r;
+            sm.sg[threadIdx.x] = scale * expf(g_r);
+        }
+        // K dE, contracting over dk slab by slab; dO and dVl come with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, s0 + cc); },
-                      gdn_prev_one);
+            const auto k_tile = gdn_prev_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
+            if (s0 == 0) {
+                gdn_prev_load<N / 2>(k_tile, gdn_prev_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
+                                gdn_prev_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
+            } else {
+                gdn_prev_load<N>(k_tile);
+            }
             gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
@@ -649,13 +737,10 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
         // dE += (scale diag(gam) Q)^T dO - W^T dVn, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) { return gdn_prev_in(q, ld_qkv, p, dk, r, s0 + cc); },
-                      [&](int r) { return scale * expf(sm.G[r]); });
+            gdn_prev_load<N>(gdn_prev_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
             gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
                                 ws, BV, BT, true);
-            gdn_prev_fill8(sm.slab, TL::LDTS, BT, ws, [&](int r, int cc) {
-                return s0 + cc < dk ? W_saved + (c * BT + r) * dk + s0 + cc : nullptr;
-            }, gdn_prev_one);
+            gdn_prev_load<N>(gdn_prev_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
             gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
@@ -673,14 +758,17 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
 //                       dk = dK_a + dK_b (written, completed in phase 4)
 //                       dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i
 //   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dAG = dA (.) Gam
+//                       (fp32 products here instead leave the bf16 KLA dg error at 1.4e-2: not the error source)
 //                       dbeta_c_i = sum_j dAG_ij (k_i.k_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji
 //   phase 4 (dk slabs)  dk += Z K with Z = diag(beta) dAG + (diag(beta) dAG)^T     (= dK_c)
 //   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
+// Every step's tiles are loaded in one batch (one memory latency); the per-row dot products and the gradient
+// rows are done warp per row (gdn_prev_rows), so the global writes are coalesced.
 
 template <typename Tc> struct GdnPrevBwdChunkSmem {
     float *P, *dT, *KK;                 // BT x BT fp32
     float *F0, *F1, *F2, *F3;           // BT x SL fp32
-    float *G, *beta, *dGa, *dGb, *dbeta, *kdKint, *hdE;
+    float *G, *beta, *gam, *bg, *sg, *eg, *dGa, *dGb, *dbeta, *kdKint, *hdE;
     Tc *P_op, *Tm_op, *Z_op;            // BT x BT operands
     Tc *S0, *S1, *S2, *S3, *S4;         // BT x SL operands
     size_t bytes;
@@ -696,6 +784,10 @@ template <typename Tc> struct GdnPrevBwdChunkSmem {
         F3 = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
+        gam = cv.take<float>(GDN_CHUNK);
+        bg = cv.take<float>(GDN_CHUNK);
+        sg = cv.take<float>(GDN_CHUNK);
+        eg = cv.take<float>(GDN_CHUNK);
         dGa = cv.take<float>(GDN_CHUNK);
         dGb = cv.take<float>(GDN_CHUNK);
         dbeta = cv.take<float>(GDN_CHUNK);
@@ -722,46 +814,48 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
                      int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnPrevTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
+    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (gdn_prev_load<1>)");
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
     GdnPrevBwdChunkSmem<Tc> sm((size_t)gdn_prev_smem);
     const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
     const size_t c = p.c;
     const int tid = threadIdx.x;
+    const float* Tm_c = Tm_saved + c * BT * BT;
+    const Tc* h_c = h_saved + c * dk * dv;
+    const Tc* dE_c = dE_work + c * dk * dv;
+    const Tc* Vn_c = Vn_saved + c * BT * dv;
+    const float* dVn_c = dVn_work + c * BT * dv;
 
     gdn_prev_load_beta(sm.beta, beta, p, H);
+    const float G_last = G_saved[c * BT + BT - 1];
     for (int r = tid; r < BT; r += blockDim.x) {
-        sm.G[r] = G_saved[c * BT + r];
+        const float G = G_saved[c * BT + r], gam = expf(G);
+        sm.G[r] = G;
+        sm.gam[r] = gam;
+        sm.bg[r] = sm.beta[r] * gam;
+        sm.sg[r] = scale * gam;
+        sm.eg[r] = expf(G_last - G);
         sm.dGa[r] = 0.0f; sm.dGb[r] = 0.0f; sm.dbeta[r] = 0.0f; sm.kdKint[r] = 0.0f; sm.hdE[r] = 0.0f;
     }
-    gdn_prev_fill8(sm.Tm_op, LDTB, BT, BT, [&](int i, int j) { return Tm_saved + (c * BT + i) * BT + j; }, gdn_prev_one);
-    const float G_last = sm.G[BT - 1];
+    gdn_prev_load<1>(gdn_prev_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0));
 
     // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_fill8(sm.S0, LDT, BT, ws, [&](int r, int cc) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + cc); }, gdn_prev_one);
-        gdn_prev_fill8(sm.S1, LDT, BT, ws, [&](int r, int cc) {
-            return s0 + cc < dv ? Vn_saved + (c * BT + r) * dv + s0 + cc : nullptr;
-        }, gdn_prev_one);
-        gdn_prev_fill8(sm.S2, LDT, BT, ws, [&](int r, int cc) {
-            return s0 + cc < dv ? dVn_work + (c * BT + r) * dv + s0 + cc : nullptr;
-        }, gdn_prev_one);
-        gdn_prev_fill8(sm.F1, LDF, BT, ws, [&](int r, int cc) { return gdn_prev_in(v, ld_qkv, p, dv, r, s0 + cc); }, gdn_prev_one);
-        gdn_prev_fill(sm.S3, LDT, BT, ws, [&](int r, int cc) { return sm.beta[r] * sm.F1[r * LDF + cc]; });
-        gdn_prev_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0);
-        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0);
+        gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
+                    gdn_prev_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
+                    gdn_prev_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
+                    gdn_prev_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0),
+                    gdn_prev_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
+        gdn_prev_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
+        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
         gdn_prev_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
-        for (int r = tid; r < p.L; r += blockDim.x) {
-            float s = 0.0f;
-            for (int cc = 0; cc < ws && s0 + cc < dv; cc++) {
-                const float dvb = sm.F0[r * LDF + cc];
-                s = fmaf(sm.F1[r * LDF + cc], dvb, s);
-                grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
-            }
-            sm.dbeta[r] += s;
-        }
-        __syncthreads();
+        gdn_prev_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
+            const float dvb = sm.F0[r * LDF + cc];
+            acc[0] = fmaf(sm.F1[r * LDF + cc], dvb, acc[0]);
+            grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
+        }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
     }
     gdn_prev_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
@@ -773,67 +867,50 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
         // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab
         for (int s0 = 0; s0 < dvp; s0 += SL) {
             const int ws = min(SL, dvp - s0);
-            gdn_prev_fill8(sm.S0, LDT, BT, ws, [&](int r, int cc) { return gdn_prev_in(dO, ld_o, p, dv, r, s0 + cc); }, gdn_prev_one);
-            gdn_prev_fill8(sm.S1, LDT, BT, ws, [&](int r, int cc) {
-                return s0 + cc < dv ? Vn_saved + (c * BT + r) * dv + s0 + cc : nullptr;
-            }, gdn_prev_one);
-            gdn_prev_fill8(sm.S2, LDT, BT, ws, [&](int r, int cc) {
-                return s0 + cc < dv ? dVn_work + (c * BT + r) * dv + s0 + cc : nullptr;
-            }, gdn_prev_one);
-            gdn_prev_fill8(sm.S3, LDT, wk, ws, [&](int d, int cc) {   // h rows k0.., columns s0..
-                return (k0 + d < dk && s0 + cc < dv) ? h_saved + (c * dk + k0 + d) * dv + s0 + cc : nullptr;
-            }, gdn_prev_one);
-            gdn_prev_fill8(sm.S4, LDT, wk, ws, [&](int d, int cc) {   // dE rows k0.., columns s0..
-                return (k0 + d < dk && s0 + cc < dv) ? dE_work + (c * dk + k0 + d) * dv + s0 + cc : nullptr;
-            }, gdn_prev_one);
-            for (int d = tid; d < wk; d += blockDim.x) {   // <h, dE>_F, accumulated per slab row
-                float s = 0.0f;
-                for (int cc = 0; cc < ws; cc++) { s = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), s); }
-                sm.hdE[d] += s;
-            }
-            gdn_prev_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0);
-            gdn_prev_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0);
-            gdn_prev_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0);
+            gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
+                        gdn_prev_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
+                        gdn_prev_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
+                        gdn_prev_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0),     // h rows k0.., columns s0..
+                        gdn_prev_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0));   // dE rows k0.., columns s0..
+            gdn_prev_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            gdn_prev_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
+            gdn_prev_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            gdn_prev_rows<1>(wk, ws, [&](int d, int cc, float* acc) {   // <h, dE>_F, accumulated per slab row
+                acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
+            }, [&](int d, const float* acc) { sm.hdE[d] += acc[0]; });
         }
         // this dk slab of q, k and kbg = diag(beta gam) K
-        gdn_prev_fill8(sm.S0, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(q, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
-        gdn_prev_fill8(sm.S1, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
-        gdn_prev_fill8(sm.S2, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); },
-                  [&](int r) { return sm.beta[r] * expf(sm.G[r]); });
-        // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand
-        gdn_prev_for_each(BT, wk, [&](int r, int cc) {
-            sm.F0[r * LDF + cc] *= scale * expf(sm.G[r]);
-            sm.F1[r * LDF + cc] *= expf(G_last - sm.G[r]);
+        gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, wk, q, ld_qkv, p, dk, k0),
+                    gdn_prev_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0),
+                    gdn_prev_in_tile(sm.S2, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
+        // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
+        // sum_i k_i.dK_int_i
+        gdn_prev_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
+            sm.F0[r * LDF + cc] *= sm.sg[r];
+            const float dkint = sm.F1[r * LDF + cc] * sm.eg[r];
+            sm.F1[r * LDF + cc] = dkint;
             sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
+            acc[0] = fmaf(to_float(sm.S1[r * LDT + cc]), dkint, acc[0]);
+        }, [&](int r, const float* acc) { sm.kdKint[r] += acc[0]; });
+        gdn_prev_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true, false);       // dQ
+        gdn_prev_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true, false);        // dK_a
+        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true, false);          // dT += dW kbg^T
+        gdn_prev_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
+        gdn_prev_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);               // K K^T
+        gdn_prev_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
+            const float qv = to_float(sm.S0[r * LDT + cc]), kv = to_float(sm.S1[r * LDT + cc]);
+            const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F3[r * LDF + cc];
+            acc[0] = fmaf(qv, dq, acc[0]);
+            acc[1] = fmaf(kv, dka, acc[1]);
+            acc[2] = fmaf(kv, dkbg, acc[2]);
+            const size_t off = (p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc;
+            grad_q[off] = dq;
+            grad_k[off] = dka + sm.bg[r] * dkbg;   // dK_a + dK_b; dK_c is added in phase 4
+        }, [&](int r, const float* acc) {
+            sm.dGa[r] += acc[0] - acc[1];
+            sm.dGb[r] += sm.bg[r] * acc[2];        // kbg_i . dkbg_i
+            sm.dbeta[r] += sm.gam[r] * acc[2];     // gam_i (k_i . dkbg_i)
         });
-        for (int r = tid; r < BT; r += blockDim.x) {   // sum_i k_i.dK_int_i
-            float s = 0.0f;
-            for (int cc = 0; cc < wk; cc++) { s = fmaf(to_float(sm.S1[r * LDT + cc]), sm.F1[r * LDF + cc], s); }
-            sm.kdKint[r] += s;
-        }
-        gdn_prev_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true);       // dQ
-        gdn_prev_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true);        // dK_a
-        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true);          // dT += dW kbg^T
-        gdn_prev_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false);      // dkbg = Tm^T dW
-        gdn_prev_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);        // K K^T
-        for (int r = tid; r < p.L; r += blockDim.x) {
-            const float bg = sm.beta[r] * expf(sm.G[r]);
-            float qdq = 0.0f, kdka = 0.0f, kdkbg = 0.0f;
-            for (int cc = 0; cc < wk && k0 + cc < dk; cc++) {
-                const float qv = to_float(sm.S0[r * LDT + cc]), kv = to_float(sm.S1[r * LDT + cc]);
-                const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F3[r * LDF + cc];
-                qdq = fmaf(qv, dq, qdq);
-                kdka = fmaf(kv, dka, kdka);
-                kdkbg = fmaf(kv, dkbg, kdkbg);
-                const size_t off = (p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc;
-                grad_q[off] = dq;
-                grad_k[off] = dka + bg * dkbg;   // dK_a + dK_b; dK_c is added in phase 4
-            }
-            sm.dGa[r] += qdq - kdka;
-            sm.dGb[r] += bg * kdkbg;              // kbg_i . dkbg_i
-            sm.dbeta[r] += expf(sm.G[r]) * kdkbg;  // gam_i (k_i . dkbg_i)
-        }
-        __syncthreads();
     }
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT)
@@ -847,14 +924,13 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
     });
     // dbeta_c_i = sum_j dAG_ij (k_i.k_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
     // dA_ij A_ij = dAG_ij beta_i (k_i.k_j): only the products with the decay already applied are formed
-    for (int i = tid; i < BT; i += blockDim.x) {
-        float dbc = 0.0f, dgc = 0.0f;
-        for (int j = 0; j < i; j++) { dbc = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], dbc); }
-        dgc = sm.beta[i] * dbc;
-        for (int j = i + 1; j < BT; j++) { dgc -= sm.P[j * LDFB + i] * sm.beta[j] * sm.KK[j * LDFB + i]; }
-        sm.dbeta[i] += dbc;
-        sm.dGb[i] += dgc;
-    }
+    gdn_prev_rows<2>(BT, BT, [&](int i, int j, float* acc) {
+        if (j < i) { acc[0] = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], acc[0]); }
+        if (j > i) { acc[1] = fmaf(sm.P[j * LDFB + i] * sm.beta[j], sm.KK[j * LDFB + i], acc[1]); }
+    }, [&](int i, const float* acc) {
+        sm.dbeta[i] += acc[0];
+        sm.dGb[i] += sm.beta[i] * acc[0] - acc[1];
+    });
     // Z = diag(beta) dAG + (diag(beta) dAG)^T
     gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
         return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
@@ -863,19 +939,24 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
     // phase 4: dk += Z K (dK_c)
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0);
-        gdn_prev_fill8(sm.S1, LDT, BT, wk, [&](int r, int cc) { return gdn_prev_in(k, ld_qkv, p, dk, r, k0 + cc); }, gdn_prev_one);
+        gdn_prev_load<1>(gdn_prev_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
         gdn_prev_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
-        gdn_prev_for_each(p.L, wk, [&](int r, int cc) {
-            if (k0 + cc < dk) { grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] += sm.F0[r * LDF + cc]; }
+        gdn_prev_for_each(p.L, min(wk, dk - k0), [&](int r, int cc) {
+            grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] += sm.F0[r * LDF + cc];
         });
     }
 
     // phase 5: dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i; then dbeta and the reverse cumsum dg
-    if (tid == 0) {
+    if (tid < 32) {
         float s = 0.0f, kd = 0.0f;
-        for (int d = 0; d < SL; d++) { s += sm.hdE[d]; }
-        for (int r = 0; r < BT; r++) { kd += sm.kdKint[r]; }
-        sm.dGa[BT - 1] += expf(G_last) * s + kd;
+        for (int d = tid; d < SL; d += 32) { s += sm.hdE[d]; }
+        for (int r = tid; r < BT; r += 32) { kd += sm.kdKint[r]; }
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+            kd += __shfl_xor_sync(0xffffffffu, kd, o);
+        }
+        if (tid == 0) { sm.dGa[BT - 1] += expf(G_last) * s + kd; }
     }
     __syncthreads();
     for (int r = tid; r < p.L; r += blockDim.x) {
@@ -889,7 +970,8 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
 
 // ----------------------------------------------------------------------------------------------------------
 // host launchers. gdn_prev_chunk_forward_impl / gdn_prev_chunk_backward_impl take the operand type Tc explicitly
-// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version); the public functions use Tc = Tin.
+// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version, and time each kernel through
+// marks); the public functions use Tc = Tin.
 
 static void gdn_prev_check_shape(int B, int T, int H, int dk, int dv) {
     if (B < 1 || T < 1 || H < 1 || dk < 8 || dv < 8 || dk % 8 != 0 || dv % 8 != 0 || dk > 256 || dv > 256) {
@@ -904,6 +986,11 @@ static void gdn_prev_check_vec8(const void* ptr, int ld, const char* what) {
     }
 }
 
+// the labs time each kernel: marks (optional) are events recorded after kernel i of a launcher
+static void gdn_prev_mark(cudaEvent_t* marks, int i, cudaStream_t stream) {
+    if (marks) { cudaCheck(cudaEventRecord(marks[i], stream)); }
+}
+
 template <typename K>
 static void gdn_prev_set_smem(K kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -913,7 +1000,8 @@ template <typename Tin, typename Tc>
 static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                    const float* beta, const float* g,
-                                   int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+                                   int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                   cudaEvent_t* marks = nullptr) {
     gdn_prev_check_shape(B, T, H, dk, dv);
     gdn_prev_check_vec8(q, ld_qkv, "q");
     gdn_prev_check_vec8(k, ld_qkv, "k");
@@ -936,16 +1024,19 @@ static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* wor
     gdn_prev_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, beta, g,
                                                                        T, H, NT, dk, dv);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 0, stream);
     const size_t s2 = GdnPrevStateSmem<Tc>(0, dkp).bytes;
     gdn_prev_set_smem(gdn_prev_fwd_state_kernel<Tin, Tc>, s2);
-    gdn_prev_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
+    gdn_prev_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_PREV_STATE_THREADS, s2, stream>>>(
         h, Vn, G, W, U, k, ld_qkv, T, H, NT, dk, dv);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 1, stream);
     const size_t s3 = GdnPrevOutputSmem<Tc>(0).bytes;
     gdn_prev_set_smem(gdn_prev_fwd_output_kernel<Tin, Tc>, s3);
     gdn_prev_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnPrevTile<Tc>::SL)), GDN_THREADS, s3, stream>>>(
         o, ld_o, q, k, ld_qkv, G, h, Vn, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 2, stream);
 }
 
 template <typename Tin, typename Tc>
@@ -953,7 +1044,8 @@ static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* gr
                                     const Tin* dO, int ld_o, const void* saved, void* workspace,
                                     const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                     const float* beta, const float* g,
-                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                    cudaEvent_t* marks = nullptr) {
     (void)g;   // the forward saved G, the chunk cumsum of g
     gdn_prev_check_shape(B, T, H, dk, dv);
     gdn_prev_check_vec8(q, ld_qkv, "q");
@@ -979,19 +1071,45 @@ static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* gr
     gdn_prev_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, k, ld_qkv, G,
                                                                          T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 0, stream);
     const size_t s3 = GdnPrevBwdStateSmem<Tc>(0, dkp).bytes;
     gdn_prev_set_smem(gdn_prev_bwd_state_kernel<Tin, Tc>, s3);
-    gdn_prev_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
+    gdn_prev_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_PREV_STATE_THREADS, s3, stream>>>(
         dVn, dE, dO, ld_o, q, k, ld_qkv, G, W, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 1, stream);
     const size_t s4 = GdnPrevBwdChunkSmem<Tc>(0).bytes;
     gdn_prev_set_smem(gdn_prev_bwd_chunk_kernel<Tin, Tc>, s4);
     gdn_prev_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
         grad_q, grad_k, grad_v, ld_d, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, beta, Tm, G, h, Vn, dVn, dE,
         T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
+    gdn_prev_mark(marks, 2, stream);
 }
 
+// ----------------------------------------------------------------------------------------------------------
+// per-kernel timing: run(marks) launches the three kernels of a launcher, recording marks[i] after kernel i;
+// prints the mean time of each over iters runs (each run synchronised, so the kernels do not overlap runs)
+
+template <typename F>
+static void print_kernel_times(const char* what, const char* const names[3], int iters, F run) {
+    cudaEvent_t ev[4];
+    for (int i = 0; i < 4; i++) { cudaCheck(cudaEventCreate(&ev[i])); }
+    float acc[3] = { 0.0f, 0.0f, 0.0f };
+    for (int it = 0; it < iters; it++) {
+        cudaCheck(cudaEventRecord(ev[0]));
+        run(ev + 1);
+        cudaCheck(cudaEventSynchronize(ev[3]));
+        for (int i = 0; i < 3; i++) {
+            float ms = 0.0f;
+            cudaCheck(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            acc[i] += ms;
+        }
+    }
+    printf("  %s per kernel: %s %.4f ms, %s %.4f ms, %s %.4f ms\n", what, names[0], acc[0] / iters, names[1],
+           acc[1] / iters, names[2], acc[2] / iters);
+    for (int i = 0; i < 4; i++) { cudaCheck(cudaEventDestroy(ev[i])); }
+}
 
 // ----------------------------------------------------------------------------------------------------------
 // random inputs resembling the trainer's
