@@ -116,7 +116,7 @@ data: encode_shards
 # quick start 1: install what is missing, prepare the data, build, train the default model, print samples.
 # RUN_FLAGS picks another model, e.g. make run RUN_FLAGS="--mixer attn:2,kalman:1,gka:1"
 RUN_FLAGS ?=
-run: all
+run: $(PROGRAMS)
 	bash scripts/install_deps.sh run
 	$(MAKE) data
 	./train_kla -o log_demo -x 400 -v 50 -m 40 -s 200 $(RUN_FLAGS)
@@ -128,7 +128,7 @@ test: all
 	bash scripts/run_tests.sh
 
 # the CPU benchmark (not a test): train_kla.c beside PyTorch, same models, same threads
-bench: all
+bench: $(PROGRAMS)
 	bash scripts/install_deps.sh bench
 	$(MAKE) data
 	bash scripts/bench_cpu.sh
