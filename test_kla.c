@@ -42,31 +42,6 @@ static const ParityTolerances CPU_TOLERANCES = {1e-5, 1e-5, 1e-4, 1e-4, 1.001f};
 // ----------------------------------------------------------------------------------------------------------
 // decode == full forward, checkpoint round trip
 
-static void test_decode(const char* dir, const char* name) {
-    char path[4096], check[128];
-    snprintf(path, sizeof(path), "%s/%s_model.bin", dir, name);
-    Model m;
-    model_load(&m, path, 16);
-    int T = 40, V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
-    int tokens[40];
-    uint64_t rng = 7;
-    for (int t = 0; t < T; t++) { tokens[t] = (int)(rng_next(&rng) % (uint64_t)V); }
-    model_forward(&m, tokens, NULL, 1, T);
-    DecodeState d;
-    decode_init(&d, &m, T);
-    double worst = 0.0;
-    for (int t = 0; t < T; t++) {
-        model_decode_step(&m, &d, tokens[t]);
-        double err = relative_error(d.logits, m.acts.logits + (size_t)t * Vp, V);
-        if (!(err <= worst)) { worst = err; }
-    }
-    // fp32 round-off of two different evaluation orders (chunkwise vs recurrent, batched vs single row)
-    snprintf(check, sizeof(check), "decode %s: token-by-token logits == full forward", name);
-    report(worst <= 1e-5, check, "rel err %.2e (tol 1e-5)", worst);
-    decode_free(&d);
-    model_free(&m);
-}
-
 static void test_checkpoint_round_trip(const char* dir, const char* name) {
     char path[4096], out[4096], check[128];
     snprintf(path, sizeof(path), "%s/%s_model.bin", dir, name);
@@ -3103,7 +3078,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 17; i++) {
         test_parity(dir, configs[i], 64, "chunk 64", &CPU_TOLERANCES);
         if (i > 0) { test_parity(dir, configs[i], 32, "chunk 32", &CPU_TOLERANCES); }  // a second chunk length: T = 80 is 2.5 chunks of 32
-        test_decode(dir, configs[i]);
+        // fp32 round-off of two evaluation orders (chunkwise vs recurrent, batched vs single row)
+        test_decode(dir, configs[i], 16, "fp32", 1e-5);
         test_checkpoint_round_trip(dir, configs[i]);
     }
     test_schedules();

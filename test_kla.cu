@@ -55,34 +55,6 @@ static const ParityTolerances GPU_TOLERANCES = {3e-2, 3e-2, 2.5e-1, 3e-2, 1.5f};
 #define TOL_DECODE 3e-2
 #endif
 
-// token-by-token decode must give the logits of one full forward at every position
-static void test_decode(const char* dir, const char* name) {
-    char path[4096], check[160];
-    snprintf(path, sizeof(path), "%s/%s_model.bin", dir, name);
-    Model m;
-    model_load(&m, path, 0);
-    int T = 40, V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
-    int tokens[40];
-    uint64_t rng = 7;
-    for (int t = 0; t < T; t++) { tokens[t] = (int)(rng_next(&rng) % (uint64_t)V); }
-    model_forward(&m, tokens, NULL, 1, T);
-    float* logits = (float*)malloc_or_die((size_t)T * Vp * sizeof(float));
-    test_logits(&m, logits);
-    DecodeState d;
-    decode_init(&d, &m, T);
-    double worst = 0.0;
-    for (int t = 0; t < T; t++) {
-        model_decode_step(&m, &d, tokens[t]);
-        double err = relative_error(d.logits_host, logits + (size_t)t * Vp, V);
-        if (!(err <= worst)) { worst = err; }
-    }
-    snprintf(check, sizeof(check), "decode %s (%s): token-by-token logits == full forward", name, PRECISION_NAME);
-    report(worst <= TOL_DECODE, check, "rel err %.2e (tol %.0e)", worst, TOL_DECODE);
-    decode_free(&d);
-    free(logits);
-    model_free(&m);
-}
-
 // Train `steps` AdamW steps from step `first` (1-based update count) on batches drawn from rng_seed + step.
 static void train_steps(Model* m, int first, int steps, int B, int T) {
     int n = B * T, V = m->config.vocab_size;
@@ -168,7 +140,7 @@ int main(int argc, char** argv) {
     snprintf(variant, sizeof(variant), "cuda %s", PRECISION_NAME);
     for (int i = 0; i < 4; i++) {
         test_parity(dir, configs[i], 0, variant, &GPU_TOLERANCES);
-        test_decode(dir, configs[i]);
+        test_decode(dir, configs[i], 0, PRECISION_NAME, TOL_DECODE);
     }
     snprintf(variant, sizeof(variant), "cuda %s -r 1", PRECISION_NAME);
     test_parity(dir, "hybrid", 1, variant, &GPU_TOLERANCES);

@@ -773,10 +773,10 @@ typedef struct {
     int max_len, pos;
     floatX *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];   // attn: (max_len, C)
     float *conv[MAX_LAYERS], *S[MAX_LAYERS];           // gdn: (W-1, D) pre-conv inputs, (H, dk, dv) state
-    floatX *x, *ln, *y, *qkv, *att, *pre, *hidden, *proj, *gqkv, *o, *logits;
+    floatX *x, *ln, *y, *qkv, *att, *pre, *hidden, *proj, *gqkv, *o, *logits_x;
     float *stats, *qn, *kn, *beta, *g, *rstd;
     float* logits_f;                                   // (Vp) device fp32
-    float* logits_host;                                // (Vp) host
+    float* logits;                                     // (Vp) host: the next-token logits after a step
     int* token;                                        // (1) device
     void* memory;
 } DecodeState;
@@ -809,7 +809,7 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
         size_t states = cur;
         d->x = DX(C); d->ln = DX(C); d->y = DX(C); d->qkv = DX(3 * C); d->att = DX(C);
         d->pre = DX(2 * Hm + 1); d->hidden = DX(Hm + 1); d->proj = DX(P); d->gqkv = DX(D); d->o = DX(HV);
-        d->logits = DX(Vp);
+        d->logits_x = DX(Vp);
         d->stats = DF(2); d->qn = DF(H); d->kn = DF(H); d->beta = DF(H); d->g = DF(H); d->rstd = DF(H);
         d->logits_f = DF(Vp);
         d->token = (int*)carve(base, &cur, sizeof(int));
@@ -820,15 +820,15 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
             cudaCheck(cudaMemset(d->memory, 0, states));  // conv caches and states start at zero
         }
     }
-    d->logits_host = (float*)malloc_or_die(Vp * sizeof(float));
+    d->logits = (float*)malloc_or_die(Vp * sizeof(float));
 }
 
 static void decode_free(DecodeState* d) {
     cudaFree(d->memory);
-    free(d->logits_host);
+    free(d->logits);
 }
 
-// Consume one token; d->logits_host then holds the next-token logits (Vp floats).
+// Consume one token; d->logits then holds the next-token logits (Vp floats).
 static void model_decode_step(Model* m, DecodeState* d, int token) {
     const Config* c = &m->config;
     const ParameterTensors* p = &m->params;
@@ -872,9 +872,9 @@ static void model_decode_step(Model* m, DecodeState* d, int token) {
         }
     }
     norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1, C, c->norm_eps, st);
-    matmul_forward(d->logits, d->ln, X(m, p->wte), NULL, 1, C, c->padded_vocab_size, NULL, st);
-    convert_to_float(d->logits_f, d->logits, c->padded_vocab_size, st);
-    cudaCheck(cudaMemcpyAsync(d->logits_host, d->logits_f, c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
+    matmul_forward(d->logits_x, d->ln, X(m, p->wte), NULL, 1, C, c->padded_vocab_size, NULL, st);
+    convert_to_float(d->logits_f, d->logits_x, c->padded_vocab_size, st);
+    cudaCheck(cudaMemcpyAsync(d->logits, d->logits_f, c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));
     d->pos++;
 }
@@ -973,7 +973,7 @@ static void generate(Model* m, const Tokenizer* tok, const uint32_t* prompt, siz
         model_decode_step(m, &d, (int)prompt[i]);
     }
     for (int i = 0; i < num_tokens; i++) {
-        int next = sample_token(d.logits_host, m->config.vocab_size, temperature, rng_uniform(&rng));
+        int next = sample_token(d.logits, m->config.vocab_size, temperature, rng_uniform(&rng));
         tokenizer_print(tok, (uint32_t)next);
         fflush(stdout);
         if (i + 1 < num_tokens) { model_decode_step(m, &d, next); }

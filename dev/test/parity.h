@@ -6,7 +6,8 @@ Include it after the trainer and after defining, for the trainer's Model:
     static void test_grads(Model* m, float* out);    // the parameter gradients, num_parameters floats
     static void test_scale_tensor(Model* m, const TensorInfo* t, float factor);  // parameters of t *= factor
 The trainer provides model_load(m, path, arg), model_forward, model_zero_grad, model_backward, model_grad_norm,
-model_update, model_free and m->mean_loss, m->config, m->table, m->num_parameters.
+model_update, model_free, decode_init, model_decode_step (leaving the next-token logits in the host array
+d.logits), decode_free, and m->mean_loss, m->config, m->table, m->num_parameters.
 */
 #ifndef TRAIN_KLA_PARITY_H
 #define TRAIN_KLA_PARITY_H
@@ -177,6 +178,35 @@ static void test_parity(const char* dir, const char* name, int load_arg, const c
     report(!parity_ok(&e, tol), check, "logits err %.2e, worst grad err %.2e", e.logits, e.worst_grad);
     model_free(&m);
     free_debug_state(&d);
+}
+
+// Token-by-token decode must give the logits of one full forward at every position (40 random tokens).
+// load_arg: as in test_parity; tol: the relative bound of the build (two evaluation orders of the same math).
+static void test_decode(const char* dir, const char* name, int load_arg, const char* variant, double tol) {
+    char path[4096], check[160];
+    snprintf(path, sizeof(path), "%s/%s_model.bin", dir, name);
+    Model m;
+    model_load(&m, path, load_arg);
+    int T = 40, V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
+    int tokens[40];
+    uint64_t rng = 7;
+    for (int t = 0; t < T; t++) { tokens[t] = (int)(rng_next(&rng) % (uint64_t)V); }
+    model_forward(&m, tokens, NULL, 1, T);
+    float* logits = (float*)malloc_or_die((size_t)T * Vp * sizeof(float));
+    test_logits(&m, logits);
+    DecodeState d;
+    decode_init(&d, &m, T);
+    double worst = 0.0;
+    for (int t = 0; t < T; t++) {
+        model_decode_step(&m, &d, tokens[t]);
+        double err = relative_error(d.logits, logits + (size_t)t * Vp, V);
+        if (!(err <= worst)) { worst = err; }
+    }
+    snprintf(check, sizeof(check), "decode %s (%s): token-by-token logits == full forward", name, variant);
+    report(worst <= tol, check, "rel err %.2e (tol %.0e)", worst, tol);
+    decode_free(&d);
+    free(logits);
+    model_free(&m);
 }
 
 #endif // TRAIN_KLA_PARITY_H
