@@ -20,7 +20,7 @@ ifndef NO_OMP
 endif
 
 PROGRAMS = train_kla test_kla test_tokenizer test_dataloader encode_shards
-COMMON = utils.h tokenizer.h dataloader.h model.h
+COMMON = utils.h tokenizer.h dataloader.h model.h train_common.h
 
 # CUDA programs (train_klacu, test_klacu), built whenever nvcc is found, GPU or not.
 # PRECISION=BF16 (default) or FP32; GPU_COMPUTE_CAPABILITY=90 (H100/H200) by default.

@@ -3410,36 +3410,7 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
 // ----------------------------------------------------------------------------------------------------------
 // main: flags, the training loop, evaluation, sampling, checkpoints
 #ifndef TESTING
-static float validation_loss(Model* m, DataLoader* val, int max_batches) {
-    dataloader_reset(val);
-    int n = max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        dataloader_next_batch(val);
-        model_forward(m, val->inputs, val->targets, (int)val->B, (int)val->T);
-        sum += m->mean_loss;
-    }
-    return (float)(sum / n);
-}
-
-static void generate(const Model* m, const Tokenizer* tok, const uint32_t* prompt, size_t prompt_len, int num_tokens, float temperature) {
-    DecodeState d;
-    decode_init(&d, m, (int)prompt_len + num_tokens);
-    uint64_t rng = 1337;  // fixed, so samples at different steps are comparable
-    printf("generating:\n---\n");
-    for (size_t i = 0; i < prompt_len; i++) {
-        tokenizer_print(tok, prompt[i]);
-        model_decode_step(m, &d, (int)prompt[i]);
-    }
-    for (int i = 0; i < num_tokens; i++) {
-        int next = sample_token(d.logits, m->config.vocab_size, temperature, rng_uniform(&rng));
-        tokenizer_print(tok, (uint32_t)next);
-        fflush(stdout);
-        if (i + 1 < num_tokens) { model_decode_step(m, &d, next); }
-    }
-    printf("\n---\n");
-    decode_free(&d);
-}
+#include "train_common.h"
 
 int main(int argc, char** argv) {
     Options opt;
@@ -3480,22 +3451,8 @@ int main(int argc, char** argv) {
         if (opt.max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
     }
     Tokenizer tokenizer;
-    uint32_t* prompt_ids = NULL;
-    size_t prompt_len = 0;
-    if (opt.gen_tokens > 0) {
-        tokenizer_init(&tokenizer, opt.tokenizer_path);
-        if (opt.prompt) {
-            prompt_ids = tokenizer_encode(&tokenizer, opt.prompt, strlen(opt.prompt), &prompt_len);
-        } else {
-            prompt_ids = (uint32_t*)malloc_or_die(sizeof(uint32_t));
-            prompt_ids[0] = (uint32_t)tokenizer.eot_token;
-            prompt_len = 1;
-        }
-        if (prompt_len == 0) { die("--prompt: encodes to zero tokens"); }
-        if (config_has_wpe(cfg) && (int)prompt_len + opt.gen_tokens > cfg->max_seq_len) {
-            die("-g: %zu prompt tokens + %d generated exceed the model's max_seq_len %d", prompt_len, opt.gen_tokens, cfg->max_seq_len);
-        }
-    }
+    size_t prompt_len;
+    uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
     if (resume_step >= 0) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "state", resume_step);
         if (model.m_memory == NULL) {
@@ -3551,12 +3508,7 @@ int main(int argc, char** argv) {
             loss += model.mean_loss / grad_accum;
         }
         float norm = model_grad_norm(&model);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            int64_t good = opt.out_dir ? find_latest_checkpoint(opt.out_dir) : -1;
-            char where[4200] = "no checkpoint was written";
-            if (good >= 0) { checkpoint_path(where, sizeof(where), opt.out_dir, "model", good); }
-            die("step %d: loss %f, grad norm %f: training diverged; stopping (last good checkpoint: %s)", step + 1, loss, norm, where);
-        }
+        stop_if_diverged(step + 1, loss, norm, opt.out_dir);
         float grad_scale = opt.grad_clip > 0.0f && norm > opt.grad_clip ? opt.grad_clip / norm : 1.0f;
         float step_lr = learning_rate(opt.sched, step, opt.max_steps, opt.warmup, opt.lr, opt.final_frac);
         model_update(&model, step_lr, opt.beta1, opt.beta2, opt.adam_eps, opt.weight_decay, grad_scale, step + 1);
