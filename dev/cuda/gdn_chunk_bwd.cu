@@ -159,44 +159,6 @@ static void run_backward(int version, float* dqkv, float* dbeta, float* dg, cons
     }
 }
 
-template <typename Tin>
-static Tin* to_device(const float* x, size_t n) {
-    Tin* tmp = (Tin*)malloc_or_die(n * sizeof(Tin));
-    for (size_t i = 0; i < n; i++) { tmp[i] = (Tin)x[i]; }
-    Tin* d = (Tin*)cuda_malloc_or_die(n * sizeof(Tin), "lab input");
-    cudaCheck(cudaMemcpy(d, tmp, n * sizeof(Tin), cudaMemcpyHostToDevice));
-    free(tmp);
-    return d;
-}
-
-static float* to_device_f(const float* x, size_t n) { return to_device<float>(x, n); }
-
-template <typename Tin>
-static void to_host_f(float* dst, const Tin* d, size_t n) {
-    Tin* tmp = (Tin*)malloc_or_die(n * sizeof(Tin));
-    cudaCheck(cudaMemcpy(tmp, d, n * sizeof(Tin), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) { dst[i] = (float)tmp[i]; }
-    free(tmp);
-}
-
-// max abs error and relative L2 error of got vs ref; prints one line, returns 1 when within tol
-static int compare(const char* name, const float* got, const double* ref, size_t n, double tol) {
-    double err2 = 0.0, ref2 = 0.0, maxabs = 0.0;
-    int finite = 1;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)got[i] - ref[i];
-        if (!isfinite(got[i])) { finite = 0; }
-        err2 += e * e;
-        ref2 += ref[i] * ref[i];
-        if (fabs(e) > maxabs) { maxabs = fabs(e); }
-    }
-    const double rel = sqrt(err2 / (ref2 > 0.0 ? ref2 : 1.0));
-    const int ok = finite && rel <= tol;
-    printf("    %-6s max abs err %.3e  rel L2 err %.3e  (|ref| rms %.3e)  %s\n", name, maxabs, rel,
-           sqrt(ref2 / (double)n), ok ? "PASS" : "FAIL");
-    return ok;
-}
-
 // columns [c0, c0 + width) of every row of a [rows, ld] matrix, for comparing the q, k and v blocks separately
 template <typename T>
 static T* gather_cols(const T* x, size_t rows, int ld, int c0, int width) {
