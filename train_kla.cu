@@ -188,6 +188,9 @@ static const floatX* X(const Model* m, const float* p) {
     return p ? (const floatX*)m->params_x + (p - m->params_memory) : NULL;
 }
 
+// any gdn or kaczmarz layer (they share one shape: gdn_shape)
+static int config_has_gdn(const Config* c) { return config_has_mixer(c, MIXER_GDN) || config_has_mixer(c, MIXER_KACZMARZ); }
+
 static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
     for (int l = 0; l < c->num_layers; l++) {
         if (c->mixer[l] != MIXER_ATTN && !is_gdn_family(c->mixer[l])) {
@@ -267,7 +270,7 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
     const Config* c = &m->config;
     size_t C = c->channels, BT = (size_t)B * T, cur = 0, Hm = c->mlp_hidden;
     BackwardScratch* s = &m->scratch;
-    int has_attn = config_has_mixer(c, MIXER_ATTN), has_gdn = !config_has_wpe(c) && c->lin_heads > 0;
+    int has_attn = config_has_mixer(c, MIXER_ATTN), has_gdn = config_has_gdn(c);
     s->dresidual = CARVE_X(BT * C);
     s->dln = CARVE_X(BT * C);
     s->dbtc = CARVE_X(BT * C);
@@ -785,7 +788,7 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
     const Config* c = &m->config;
     size_t C = c->channels, Vp = c->padded_vocab_size, Hm = c->mlp_hidden, cur = 0;
     size_t P = 1, D = 1, H = 1, HV = 1;
-    if (c->lin_heads > 0 && !config_has_wpe(c)) {
+    if (config_has_gdn(c)) {
         GDNShape s = gdn_shape(c, 0);
         P = s.P; D = s.D; H = s.H; HV = (size_t)s.H * s.dv;
     }
