@@ -368,6 +368,68 @@ static void build_parameter_layout(const Config* c, TensorTable* tt, ParameterTe
 
 
 // ----------------------------------------------------------------------------------------------------------
+// Training FLOPs per token (forward + backward): the one count behind both trainers' MFU, the run table and
+// scripts/model_table.sh. It is a property of the model and T, not of an implementation:
+//  - 6 per matmul weight (2 forward, 4 backward; llm.c's 6N): wte as the LM head and every 2-D `.w` tensor
+//    except the depthwise conv taps; not the position embedding (a lookup) nor kalman's per-lane state-space
+//    parameters (elementwise), nor biases, norms and gates (elementwise, O(C) per token);
+//  - each layer's mixer core, forward + backward, as its spec counts it (2 flops per multiply-add, the chunked
+//    parallel form with chunks of FLOP_CHUNK = 64, dense chunk products counted in full, elementwise work left out).
+#define FLOP_CHUNK 64
+
+static int tensor_is_matmul_weight(const TensorInfo* t) {
+    size_t n = strlen(t->name);
+    if (strcmp(t->name, "wte") == 0) { return 1; }
+    return t->ndim == 2 && n > 2 && strcmp(t->name + n - 2, ".w") == 0 && (n < 7 || strcmp(t->name + n - 7, ".conv.w") != 0);
+}
+
+// The mixer core of one layer, per token.
+static double mixer_core_flops_per_token(const Config* c, int mixer, int T) {
+    double C = c->channels, H = c->lin_heads, K = c->lin_dk, V = c->lin_dv, BT = FLOP_CHUNK;
+    double padded = ceil((double)T / FLOP_CHUNK) * FLOP_CHUNK / T;  // whole chunks: the padded tail is computed too
+    switch (mixer) {
+    case MIXER_ATTN:  // causal: QK^T and AV over (on average) T/2 keys, 2*C*T forward, 3x that with the backward
+        return 6.0 * C * T;
+    case MIXER_GDN:
+    case MIXER_KACZMARZ: {  // spec/gdn_kaczmarz.md 3.7 (the backward in FLA's order, recomputing W, U, h)
+        double fwd = 6 * K * V + 6 * BT * K + 4 * BT * V + BT * BT / 3;
+        double bwd = 16 * K * V + 18 * BT * K + 10 * BT * V + 4 * BT * BT;
+        return H * (fwd + bwd) * padded;
+    }
+    case MIXER_PDN:
+    case MIXER_PGDN:
+    case MIXER_PKDA: {  // spec/pdn.md 3.7, the preconditioned forms (a short last chunk does proportionally less)
+        double fwd = 6 * K * V + BT * (8 * K + 4 * V) + BT * BT / 3 + 15 * K;
+        double bwd = 16 * K * V + BT * (24 * K + 10 * V) + 4 * BT * BT + 30 * K;
+        return H * (fwd + bwd);
+    }
+    case MIXER_GKA: {  // spec/gka.md 6 with D = dk, per query head (r Chebyshev iterations in each of the two solves)
+        double r = c->gka_iters, D = K;
+        double fwd = (8 + 2 * r) * D * D + (6 + 4 * r) * BT * D + 2 * BT * BT;
+        double bwd = (22 + 2 * r) * D * D + (28 + 4 * r) * BT * D + 2 * BT * BT;
+        return H * (fwd + bwd) * padded;
+    }
+    case MIXER_KALMAN:  // spec/kalman.md 3.6: ~15 flops forward and ~57 backward (with the replay) per lane
+        return 72.0 * c->kalman_expand * C * c->kalman_n;
+    }
+    return 0.0;
+}
+
+// The whole model per token; *core_flops (when not NULL) gets the mixer cores' share.
+static double model_flops_per_token(const Config* c, int T, double* core_flops) {
+    TensorTable tt;
+    build_parameter_layout(c, &tt, NULL, NULL);
+    double flops = 0.0;
+    for (int i = 0; i < tt.num_tensors; i++) {
+        if (tensor_is_matmul_weight(&tt.t[i])) { flops += 6.0 * (double)tt.t[i].numel; }
+    }
+    double cores = 0.0;
+    for (int l = 0; l < c->num_layers; l++) { cores += mixer_core_flops_per_token(c, c->mixer[l], T); }
+    if (core_flops != NULL) { *core_flops = cores; }
+    return flops + cores;
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // random numbers: splitmix64 (init and sampling); the state is one uint64
 
 static uint64_t rng_next(uint64_t* state) {
@@ -858,6 +920,21 @@ static void prepare_output_dir(const char* dir) {
     remove(path);
 }
 
+// A single mixer name without a count (`gdn`) means every layer: it is repeated to the depth (README, "Patterns").
+static int pattern_is_single_name(const char* pattern) { return strpbrk(pattern, ":,") == NULL; }
+
+// The layers of --mixer: a single name is repeated to `depth`; any other pattern gives its own layer count, which
+// must equal `depth` when the depth was given explicitly. Returns the number of layers.
+static int expand_mixer_pattern(const char* pattern, int* mixer, int depth, int depth_given, const char* what) {
+    int L = parse_mixer_pattern(pattern, mixer, what);
+    if (pattern_is_single_name(pattern)) {
+        for (int l = 1; l < depth; l++) { mixer[l] = mixer[0]; }
+        return depth;
+    }
+    if (depth_given && L != depth) { die("%s: pattern '%s' has %d layers but --depth is %d", what, pattern, L, depth); }
+    return L;
+}
+
 // Flags that describe the model must agree with a model loaded from a file.
 static void check_model_flags(const Config* c, Flag* flags, int n, const char* path) {
     struct { const char* flag; int value; } fields[] = {
@@ -886,7 +963,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     Flag* f = find_flag(flags, n, "--mixer");
     if (f->given) {
         int mixer[MAX_LAYERS];
-        int L = parse_mixer_pattern(*(char**)f->value, mixer, "--mixer");
+        int L = expand_mixer_pattern(*(char**)f->value, mixer, c->num_layers, 0, "--mixer");
         char have[512];
         format_mixer_pattern(c, have, sizeof(have));
         if (L != c->num_layers || memcmp(mixer, c->mixer, L * sizeof(int)) != 0) {
@@ -984,13 +1061,13 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"-g", FLAG_INT, &o->gen_tokens, "tokens to generate per sample (0 = no samples)", 0},
         {"-n", FLAG_INT, &o->ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 0},
         {"-nk", FLAG_INT, &o->ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 0},
-        {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern, e.g. gdn or attn:2,gdn:1,kaczmarz:1", 0},
-        {"--depth", FLAG_INT, &o->depth, "layers; must equal the pattern's layer count", 0},
+        {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern: one name for every layer (gdn), or counts (attn:2,gdn:1,kaczmarz:1)", 0},
+        {"--depth", FLAG_INT, &o->depth, "layers: a one-name pattern is repeated to it; a pattern with counts must match it", 0},
         {"--width", FLAG_INT, &o->width, "model width C", 0},
         {"--heads", FLAG_INT, &o->heads, "attention heads (head size C/heads)", 0},
-        {"--lin-heads", FLAG_INT, &o->lin_heads, "gdn/kaczmarz heads (0 = heads/2)", 0},
-        {"--dk", FLAG_INT, &o->dk, "gdn/kaczmarz key head dim (0 = 2*C/heads)", 0},
-        {"--dv", FLAG_INT, &o->dv, "gdn/kaczmarz value head dim (0 = dk)", 0},
+        {"--lin-heads", FLAG_INT, &o->lin_heads, "heads of gdn, kaczmarz, pdn, pgdn, pkda, gka (0 = heads/2)", 0},
+        {"--dk", FLAG_INT, &o->dk, "their key head dim (0 = 2*C/heads)", 0},
+        {"--dv", FLAG_INT, &o->dv, "their value head dim (0 = dk)", 0},
         {"--norm", FLAG_STRING, &o->norm, "block norms: layernorm (GPT-2) or rmsnorm", 0},
         {"--norm-eps", FLAG_FLOAT, &o->norm_eps, "eps of the block norms", 0},
         {"--mlp", FLAG_STRING, &o->mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
@@ -1009,7 +1086,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 0},
         {"--grad-clip", FLAG_FLOAT, &o->grad_clip, "clip the global gradient norm to this (0 = off)", 0},
         {"-r", FLAG_INT, &o->recompute, "train_kla.cu: recompute activations in the backward to save memory (0 = off, 1 = on)", 0},
-        {"--chunk", FLAG_INT, &o->chunk, "chunk length of the gdn/kaczmarz chunkwise forward", 0},
+        {"--chunk", FLAG_INT, &o->chunk, "gdn/kaczmarz chunk length; the other recurrent mixers' state-checkpoint interval", 0},
         {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 0},
         {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 0},
         {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
@@ -1057,11 +1134,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->vocab_size >= 2 && o->vocab_size <= 1 << 24, "--vocab-size", "must be in [2, 2^24]");
     Config* fc = &o->config;
     memset(fc, 0, sizeof(*fc));
-    int L = parse_mixer_pattern(o->mixer, fc->mixer, "--mixer");
-    if (L != o->depth) {
-        if (find_flag(o->flags, o->num_flags, "--depth")->given) { die("--mixer: pattern '%s' has %d layers but --depth is %d", o->mixer, L, o->depth); }
-        o->depth = L;  // the pattern says how many layers there are
-    }
+    o->depth = expand_mixer_pattern(o->mixer, fc->mixer, o->depth, find_flag(o->flags, o->num_flags, "--depth")->given, "--mixer");
     if (o->lin_heads == 0) { o->lin_heads = o->heads / 2 > 0 ? o->heads / 2 : 1; }
     if (o->dk == 0) { o->dk = 2 * o->width / o->heads; }
     if (o->dv == 0) { o->dv = o->dk; }
@@ -1128,6 +1201,10 @@ static void print_run_table(const Config* cfg, size_t num_parameters, const Opti
     snprintf(trunk, sizeof(trunk), "%s, mlp %s (hidden %d)", NORM_NAMES[cfg->norm], MLP_NAMES[cfg->mlp], cfg->mlp_hidden);
     printf("| %-21s | %-50s |\n", "trunk", trunk);
     printf("| %-21s | %-50zu |\n", "parameters", num_parameters);
+    char flops[64];
+    double cores, total = model_flops_per_token(cfg, o->T, &cores);
+    snprintf(flops, sizeof(flops), "%.4g, mixer cores %.4g (T = %d)", total, cores, o->T);
+    printf("| %-21s | %-50s |\n", "train FLOPs per token", flops);
     printf("| %-21s | %-50s |\n", "train data", o->train_glob);
     printf("| %-21s | %-50zu |\n", "train tokens", train_tokens);
     printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);

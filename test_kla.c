@@ -726,6 +726,45 @@ static void test_initialisation(void) {
     model_free(&m);
 }
 
+// model_flops_per_token (model.h) against a count by hand of one small model per mixer: V = 128, C = 64, one layer,
+// GELU MLP of 256, H = 2 heads of dk = 16, dv = 24 (gka: 2 key/value heads, r = 30; kalman: plain, expand 1,
+// N = 16), T = 80 (1.25 chunks of 64). The matmul weights are read off FORMATS.md's layout; the cores are the spec
+// formulas evaluated by hand. The count is exact arithmetic, so the tolerance is round-off (1e-12 relative); the
+// negative control moves the hand count by one matmul weight (6 flops) and must be caught.
+static void test_flop_count(void) {
+    Config c = {0};
+    c.vocab_size = 128; c.padded_vocab_size = 128; c.max_seq_len = 80; c.num_layers = 1; c.channels = 64;
+    c.num_heads = 4; c.lin_heads = 2; c.lin_dk = 16; c.lin_dv = 24; c.conv_size = 4; c.mlp = MLP_GELU;
+    c.mlp_hidden = 256; c.gka_iters = 30; c.gka_kv_heads = 2; c.kalman_expand = 1; c.kalman_n = 16;
+    const double trunk = 128 * 64 + 256 * 64 + 64 * 256;  // wte as the LM head, mlp.fc.w, mlp.proj.w
+    const double padded = 128.0 / 80.0;                   // gdn and gka compute whole chunks: 2 x 64 for T = 80
+    // gdn/kaczmarz core per head (spec 3.7, BT = 64): fwd 6KV + 6BT.K + 4BT.V + BT^2/3, bwd 16KV + 18BT.K + 10BT.V + 4BT^2
+    const double gdn_core = 2 * ((2304 + 6144 + 6144 + 4096.0 / 3) + (6144 + 18432 + 15360 + 16384)) * padded;
+    // pdn core per head (pdn spec 3.7): fwd 6KV + BT(8K + 4V) + BT^2/3 + 15K, bwd 16KV + BT(24K + 10V) + 4BT^2 + 30K
+    const double pdn_core = 2 * ((2304 + 14336 + 4096.0 / 3 + 240) + (6144 + 39936 + 16384 + 480));
+    // gka core per head (gka spec 6, D = 16, r = 30): fwd 68D^2 + 126BT.D + 2BT^2, bwd 82D^2 + 148BT.D + 2BT^2
+    const double gka_core = 2 * ((17408 + 129024 + 8192) + (20992 + 151552 + 8192)) * padded;
+    struct { int mixer; double matmul, core; } cases[] = {
+        {MIXER_ATTN, 192 * 64 + 64 * 64, 6.0 * 64 * 80},                     // qkv, proj; causal 6 C T
+        {MIXER_GDN, 164 * 64 + 64 * 48, gdn_core},                           // in_proj rows 2*2*16 + 2*2*24 + 2*2
+        {MIXER_KACZMARZ, 164 * 64 + 64 * 48, gdn_core},
+        {MIXER_PDN, 118 * 64 + 64 * 48, pdn_core},                           // rows 112 + 3H
+        {MIXER_PGDN, 120 * 64 + 64 * 48, pdn_core},                          // + a
+        {MIXER_PKDA, 166 * 64 + 32 * 24 + 48 * 24 + 64 * 48, pdn_core},      // + f1, g1; f2.w, g2.w
+        {MIXER_GKA, 166 * 64 + 64 * 48, gka_core},                           // rows 32 + 2*(16+24) + 48 + 3H
+        {MIXER_KALMAN, 128 * 64 + 160 * 64 + 64 * 64, 72.0 * 64 * 16},       // in_proj, sensor (2Dk + 2N), out; 72 per lane
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        c.mixer[0] = cases[i].mixer;
+        double cores, got = model_flops_per_token(&c, 80, &cores);
+        double want = 6.0 * (trunk + cases[i].matmul) + cases[i].core;
+        double err = fabs(got - want) / want, err_core = fabs(cores - cases[i].core) / cases[i].core;
+        int caught = fabs(got - (want + 6.0)) / want > 1e-12;  // negative control
+        report(err < 1e-12 && err_core < 1e-12 && caught, "FLOPs per token == count by hand", "%s: %.6g, by hand %.6g",
+               MIXER_NAMES[cases[i].mixer], got, want);
+    }
+}
+
 static void test_sampling(void) {
     float logits[5] = {0.0f, 0.0f, 50.0f, 0.0f, 0.0f};
     int ok = sample_token(logits, 5, 1.0f, 0.5f) == 2 && sample_token(logits, 5, 1.0f, 0.999f) == 2;
@@ -3084,6 +3123,7 @@ int main(int argc, char** argv) {
     }
     test_schedules();
     test_initialisation();
+    test_flop_count();
     test_sampling();
     test_checkpoint_dir(dir);
     test_grad_accumulation(dir);

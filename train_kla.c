@@ -8,9 +8,11 @@ or `attn:2,gdn:1,kaczmarz:1`:
     for each layer:  x += mixer(LN1(x));  x += MLP(LN2(x))
     logits = LNf(x) @ wte^T
 
-Mixers: `attn` (GPT-2 causal softmax attention), `gdn` (Gated DeltaNet) and `kaczmarz` (Kaczmarz Linear
-Attention), the last two as defined in spec/gdn_kaczmarz.md section 1. FORMATS.md gives the checkpoint and
-debug-state formats and the exact parameter layout; the code below follows it.
+Mixers, in this file's order: `attn` (GPT-2 causal softmax attention); `gdn` (Gated DeltaNet) and `kaczmarz`
+(Kaczmarz Linear Attention), spec/gdn_kaczmarz.md; `pdn`, `pgdn` and `pkda` (Preconditioned DeltaNet, Gated
+DeltaNet and Kimi Delta Attention), spec/pdn.md; `gka` (Gated KalmaNet), spec/gka.md; `kalman` (Kalman Linear
+Attention), spec/kalman.md. A single-name pattern (`gdn`) is repeated to --depth. FORMATS.md gives the checkpoint
+and debug-state formats and the exact parameter layout; the code below follows it.
 
 Memory plan, as llm.c: one allocation for the parameters (byte-identical to the checkpoint payload), one for
 their gradients, one for AdamW's m and v, one for the activations saved by the forward pass, and one for

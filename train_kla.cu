@@ -883,32 +883,6 @@ static void model_decode_step(Model* m, DecodeState* d, int token) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// FLOPs per token of a training step (forward + backward), for MFU: 6 per matmul parameter (2 forward, 4
-// backward), attention's 12 L C T (PaLM's count, as llm.c), and the gdn/kaczmarz chunkwise core of
-// spec/gdn_kaczmarz.md 3.7 (F_fwd + F_bwd per token per head, T padded to whole chunks).
-
-static double model_flops_per_token(const Model* m, int T) {
-    const Config* c = &m->config;
-    double flops = 0.0, C = c->channels;
-    for (int i = 0; i < m->table.num_tensors; i++) {
-        const TensorInfo* t = &m->table.t[i];
-        // matmul weights: 2-D tensors except the position embedding and the conv taps; wte counts as the LM head
-        if (t->ndim == 2 && strcmp(t->name, "wpe") != 0 && strstr(t->name, "conv.w") == NULL) { flops += 6.0 * t->numel; }
-    }
-    double BTc = GDN_CHUNK, Tp = ceil_div(T, GDN_CHUNK) * (double)GDN_CHUNK;
-    for (int l = 0; l < c->num_layers; l++) {
-        if (c->mixer[l] == MIXER_ATTN) {
-            flops += 12.0 * C * T;
-        } else {
-            double dk = c->lin_dk, dv = c->lin_dv;
-            double fwd = 6 * dk * dv + 6 * BTc * dk + 4 * BTc * dv + BTc * BTc / 3;
-            double bwd = 16 * dk * dv + 18 * BTc * dk + 10 * BTc * dv + 4 * BTc * BTc;
-            flops += c->lin_heads * (fwd + bwd) * Tp / T;
-        }
-    }
-    return flops;
-}
-
 // dense peak of the arithmetic the matmuls use, H100/H200 SXM datasheet: bf16 989 TFLOP/s, fp32 67 TFLOP/s
 #ifdef ENABLE_FP32
 #define PEAK_FLOPS 67e12
@@ -1030,7 +1004,7 @@ int main(int argc, char** argv) {
 
     // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
     int start = (int)state.step;
-    double ema_ms = 0.0, timed_ms = 0.0, flops_per_token = model_flops_per_token(&model, opt.T);
+    double ema_ms = 0.0, timed_ms = 0.0, flops_per_token = model_flops_per_token(&model.config, opt.T, NULL);
     int timed_steps = 0;
     for (int step = start; step <= max_steps; step++) {
         int last = step == max_steps;

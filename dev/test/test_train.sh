@@ -60,6 +60,26 @@ expect_error "gka kv heads do not divide" "--gka-kv-heads" -- ./train_kla --mixe
 expect_error "unknown kalman preset" "--kalman-preset" "mamba" -- ./train_kla --kalman-preset mamba2
 expect_error "T above max_seq_len (attn)" "-t" "max_seq_len" -- ./train_kla --mixer attn:2 --max-seq-len 64 -t 128
 
+# ---- documented defaults (README "Patterns" and "Quick start"), so the README and the code cannot drift apart
+pattern_of() { "$@" -b 1 -t 8 -x 1 -v 0 -m 1 -g 0 2>&1 | awk -F'|' '/ mixer pattern / { gsub(/ /, "", $3); print $3 }'; }
+got=$(pattern_of ./train_kla --mixer kaczmarz --depth 3)
+[ "$got" = kaczmarz:3 ] && pass "a one-name pattern is repeated to --depth (kaczmarz, --depth 3 -> $got)" || fail "one-name pattern repeated to --depth" "got '$got'"
+got=$(pattern_of ./train_kla --mixer pdn)
+[ "$got" = pdn:4 ] && pass "a one-name pattern without --depth gives the default 4 layers ($got)" || fail "one-name pattern default depth" "got '$got'"
+got=$(pattern_of ./train_kla --mixer attn:1,gdn:2)
+[ "$got" = attn:1,gdn:2 ] && pass "a pattern with counts gives its own depth ($got)" || fail "pattern with counts" "got '$got'"
+# negative control of the helper: a pattern it must not read as four layers
+[ "$(pattern_of ./train_kla --mixer gdn:1)" = gdn:1 ] && pass "an explicit count is kept (gdn:1 -> gdn:1)" || fail "explicit count" "gdn:1 repeated"
+# make run's command, taken from the Makefile, trains the model the README's quick start describes
+run_cmd=$(make -s -n run RUN_FLAGS= 2>/dev/null | grep '^./train_kla ' | sed 's/ -o [^ ]*//')
+table=$($run_cmd -x 1 -v 0 -m 1 -g 0 -s 0 2>&1)
+got="$(echo "$table" | awk -F'|' '/ mixer pattern / { gsub(/ /, "", $3); print $3 }') width $(echo "$table" | awk -F'|' '/ width C / { gsub(/ /, "", $3); print $3 }')"
+if [ "$got" = "gdn:4 width 128" ] && grep -q 'trains the default model (4 `gdn` layers, width 128)' README.md; then
+    pass "make run trains the README's default model ($got)"
+else
+    fail "make run's model vs the README" "run table: '$got' (command: $run_cmd)"
+fi
+
 # ---- data
 expect_error "empty glob" "nothing_here_*.bin" -- ./train_kla "${SMALL[@]}" -i "$tmp/nothing_here_*.bin"
 python3 - "$tmp" <<'PY'
