@@ -36,7 +36,7 @@ else ifeq ($(PRECISION),BF16)
 else
   $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
-CUDA_HEADERS = $(wildcard kernels/*.cuh) dev/test/parity.h $(COMMON)
+CUDA_HEADERS = $(wildcard kernels/*.cuh kernels/mixers/*.cuh) dev/test/parity.h $(COMMON)
 # USE_CUDNN=1: attention through cuDNN's flash attention (bf16 only). cudnn-frontend's headers are an external
 # dependency (https://github.com/NVIDIA/cudnn-frontend, never committed): CUDNN_FRONTEND_PATH names their include
 # directory, by default the first of ./cudnn-frontend/include, ../cudnn-frontend/include, ~/cudnn-frontend/include.

@@ -416,7 +416,7 @@ static double mixer_core_flops_per_token(const Config* c, int mixer, int T) {
 }
 
 // The whole model per token; *core_flops (when not NULL) gets the mixer cores' share.
-static double model_flops_per_token(const Config* c, int T, double* core_flops) {
+static inline double model_flops_per_token(const Config* c, int T, double* core_flops) {
     TensorTable tt;
     build_parameter_layout(c, &tt, NULL, NULL);
     double flops = 0.0;

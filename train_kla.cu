@@ -3,8 +3,10 @@ train_kla.cu: the CUDA trainer of train_kla. bf16 mixed precision (or fp32 with 
 matmuls, hand-written kernels for everything else (kernels/).
 
 The model, the flags, the checkpoint files and the logs are those of train_kla.c (model.h holds what the two
-programs share), so a checkpoint written by one program is read by the other. This slice runs the mixers
-`attn`, `gdn` and `kaczmarz` (spec/gdn_kaczmarz.md); a model with any other mixer is refused with a message.
+programs share), so a checkpoint written by one program is read by the other. The model knows a mixer only
+through its row of MIXER_TABLE (kernels/mixers/mixer.cuh): `attn` (kernels/mixers/attn.cuh) and `gdn`,
+`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md) have rows; a model with any other mixer is refused with
+a message.
 
 Mixed precision (kernels/common.cuh): the parameters live in fp32 (the master copy, what AdamW updates and
 what checkpoints hold) and in floatX (what the matmuls read); parameter gradients are fp32 and accumulate
@@ -12,8 +14,8 @@ across micro-steps; activations are floatX except the per-token statistics, the 
 mixers' gate, decay and state arithmetic, which are fp32.
 
 Memory plan, as llm.c: one device allocation for the fp32 parameters, one for the floatX copy, one for the
-gradients, one each for AdamW's m and v, one for the activations the backward needs (all layers), one for the
-backward's scratch (shared by all layers). With -r 1 the norms' outputs and the MLP's activation output are not
+gradients, one each for AdamW's m and v, one for the activations the backward needs (all layers; each layer's
+mixer carves its own saved activations), one for the backward's scratch (shared by all layers). With -r 1 the norms' outputs and the MLP's activation output are not
 kept per layer but recomputed in the backward into one shared buffer.
 
 When compiled with -DTESTING the file provides everything but main(), for test_kla.cu.
@@ -35,10 +37,6 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 #include "kernels/encoder.cuh"
 #include "kernels/classifier.cuh"
 #include "kernels/adamw.cuh"
-#include "kernels/attention.cuh"
-#include "kernels/shortconv.cuh"
-#include "kernels/gdn.cuh"
-#include "kernels/gdn_chunk.cuh"
 
 // ----------------------------------------------------------------------------------------------------------
 // small kernels of this file
@@ -79,56 +77,37 @@ static void profile_mark(const char* name) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// attention: cuDNN's fused flash attention when built with USE_CUDNN=1 (kernels/attention_cudnn.cpp), else our
-// own kernels (kernels/attention.cuh). Same layouts and the same saved lse either way.
-#ifdef USE_CUDNN
-#define ATTENTION_NAME "cuDNN"
-static void attention_forward_step(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t st) {
-    attention_forward_cudnn(out, lse, qkv, B, T, C, NH, st);
-}
-static void attention_backward_step(floatX* dqkv, void* scratch, const floatX* dout, const floatX* qkv, const floatX* out,
-                                    const float* lse, int B, int T, int C, int NH, cudaStream_t st) {
-    (void)scratch;
-    attention_backward_cudnn(dqkv, dout, qkv, out, lse, B, T, C, NH, st);
-}
-#else
-#define ATTENTION_NAME "train_kla kernels"
-#define attention_forward_step attention_forward
-#define attention_backward_step attention_backward
-#endif
+// the mixers: one row each (kernels/mixers/mixer.cuh), indexed by MIXER_* of model.h. A NULL row is a mixer this
+// trainer does not run yet; model_build refuses it with a message.
+
+#include "kernels/mixers/mixer.cuh"
+#include "kernels/mixers/attn.cuh"
+#include "kernels/mixers/gdn.cuh"
+
+static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
+    &ATTN_MIXER,  // attn
+    &GDN_MIXER,   // gdn
+    &GDN_MIXER,   // kaczmarz
+    NULL,         // pdn
+    NULL,         // pgdn
+    NULL,         // pkda
+    NULL,         // gka
+    NULL,         // kalman
+};
+static_assert(NUM_MIXERS == 8, "MIXER_TABLE lists every mixer of model.h");
+
+// a layer's blocks that its row owns (each row casts them to its own structs)
+typedef union { GDNShape gdn; } MixerSettings;
+typedef union { AttnActs attn; GDNActs gdn; } MixerActs;
+typedef union { AttnDecodeState attn; GDNDecodeState gdn; } MixerDecodeState;
 
 // ----------------------------------------------------------------------------------------------------------
 // the model's activations and scratch
 
-// one gdn/kaczmarz layer's geometry (spec/gdn_kaczmarz.md section 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
-typedef struct {
-    int H, dk, dv, W, kaczmarz;
-    int D;    // 2*H*dk + H*dv: the conv'ed channels q | k | v
-    int P;    // D + H*dv + 2*H: the in_proj rows
-    int ldP;  // P rounded up to a multiple of 8: the row stride of proj and dproj (cuBLASLt's fast kernels want it)
-} GDNShape;
-
-static GDNShape gdn_shape(const Config* c, int layer) {
-    GDNShape s;
-    s.H = c->lin_heads;
-    s.dk = c->lin_dk;
-    s.dv = c->lin_dv;
-    s.W = c->conv_size;
-    s.kaczmarz = c->mixer[layer] == MIXER_KACZMARZ;
-    s.D = 2 * s.H * s.dk + s.H * s.dv;
-    s.P = s.D + s.H * s.dv + 2 * s.H;
-    s.ldP = (s.P + 7) / 8 * 8;
-    return s;
-}
-
 typedef struct {
     floatX* ln1;                        // (B,T,C) LN1 output = the mixer input (shared buffer with -r 1)
     float *ln1_mean, *ln1_rstd;         // (B,T)
-    floatX *qkv, *atty;                 // attn: (B,T,3C), (B,T,C)
-    float* lse;                         // attn: (B,NH,T) log-sum-exp of each query row
-    floatX *proj, *gqkv, *o, *y;        // gdn: (B,T,P) in_proj out, (B,T,D) core q|k|v, (B,T,H*dv) core out, gated norm out
-    float *qn, *kn, *beta, *g, *rstd;   // gdn: (B,T,H) each (see train_kla.c GDNActs)
-    void* chunk_saved;                  // gdn: what gdn_chunk_forward saves for the backward
+    MixerActs mixer;                    // what the layer's mixer saves for its backward (its row's struct)
     floatX* residual2;                  // (B,T,C) residual after the mixer
     floatX* ln2;                        // (B,T,C) LN2 output (shared with -r 1); NULL without an MLP
     float *ln2_mean, *ln2_rstd;
@@ -149,13 +128,11 @@ typedef struct {
 
 // the backward's working memory, shared by all layers
 typedef struct {
-    floatX *dresidual, *dln, *dbtc;     // (B,T,C)
+    floatX *dresidual, *dln;            // (B,T,C)
     floatX *dfch, *dfch_act;            // like fch and fch_act
-    floatX* dqkv;                       // attn: (B,T,3C)
-    floatX *dproj, *dy, *dout_o;        // gdn: (B,T,P), (B,T,H*dv) x2
-    float *dgqkv, *dbeta, *dg;          // gdn: (B,T,D), (B,T,H) x2, fp32
+    void* mixer;                        // the mixers' own scratch (the largest of any layer's; MixerContext.own)
     float* reduce;                      // partial sums of the deterministic parameter-gradient reductions
-    void* work;                         // attention backward / gdn chunk workspace / encoder backward scratch
+    void* work;                         // the mixers' workspaces / encoder backward scratch
     float* norm_sq;                     // (1) the squared global gradient norm
 } BackwardScratch;
 
@@ -171,6 +148,10 @@ typedef struct {
     size_t num_parameters;              // parameters (the files' count)
     size_t num_device_floats;           // dev_table.num_parameters: with the alignment padding
     int recompute;                      // -r: 1 = recompute norm and MLP activations in the backward
+    const MixerOps* mixer[MAX_LAYERS];  // each layer's row of MIXER_TABLE
+    MixerSettings settings[MAX_LAYERS]; // each layer's mixer settings, built once by model_build
+    MixerContext ctx;                   // what the mixers see of the model (pointers set by model_build and
+                                        // model_size_activations)
     int B, T;                           // the activations are sized for this batch
     Activations acts;
     BackwardScratch scratch;
@@ -183,17 +164,10 @@ typedef struct {
     cudaStream_t stream;
 } Model;
 
-// The floatX copy of a parameter tensor given its fp32 master pointer (both in the device layout).
-static const floatX* X(const Model* m, const float* p) {
-    return p ? (const floatX*)m->params_x + (p - m->params_memory) : NULL;
-}
-
-// any gdn or kaczmarz layer (they share one shape: gdn_shape)
-static int config_has_gdn(const Config* c) { return config_has_mixer(c, MIXER_GDN) || config_has_mixer(c, MIXER_KACZMARZ); }
-
+// the first mixer of the pattern that has no row in MIXER_TABLE (its name in first_unsupported), or 1 if none
 static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->mixer[l] != MIXER_ATTN && !is_gdn_family(c->mixer[l])) {
+        if (MIXER_TABLE[c->mixer[l]] == NULL) {
             snprintf(first_unsupported, size, "%s", MIXER_NAMES[c->mixer[l]]);
             return 0;
         }
@@ -201,12 +175,6 @@ static int config_is_supported(const Config* c, char* first_unsupported, size_t 
     return 1;
 }
 
-// bump allocator over one block, 256-byte aligned pieces; with base == NULL it only counts
-static void* carve(char* base, size_t* cursor, size_t bytes) {
-    void* p = base ? base + *cursor : NULL;
-    *cursor += (bytes + 255) / 256 * 256;
-    return p;
-}
 #define CARVE_X(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
 #define CARVE_F(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
 
@@ -225,24 +193,7 @@ static size_t layout_activations(Model* m, char* base, int B, int T) {
         la->ln1 = m->recompute ? shared_ln : CARVE_X(BT * C);
         la->ln1_mean = CARVE_F(BT);
         la->ln1_rstd = CARVE_F(BT);
-        if (c->mixer[l] == MIXER_ATTN) {
-            la->qkv = CARVE_X(BT * 3 * C);
-            la->atty = CARVE_X(BT * C);
-            la->lse = CARVE_F(BT * c->num_heads);
-        } else {
-            GDNShape s = gdn_shape(c, l);
-            size_t HV = (size_t)s.H * s.dv;
-            la->proj = CARVE_X(BT * s.ldP);
-            la->gqkv = CARVE_X(BT * s.D);
-            la->o = CARVE_X(BT * HV);
-            la->y = CARVE_X(BT * HV);
-            la->qn = CARVE_F(BT * s.H);
-            la->kn = CARVE_F(BT * s.H);
-            la->beta = CARVE_F(BT * s.H);
-            la->g = CARVE_F(BT * s.H);
-            la->rstd = CARVE_F(BT * s.H);
-            la->chunk_saved = carve(base, &cur, gdn_chunk_saved_bytes(B, T, s.H, s.dk, s.dv));
-        }
+        m->mixer[l]->layout_acts(&la->mixer, &m->settings[l], c, base, &cur, B, T);
         la->residual2 = CARVE_X(BT * C);
         if (c->mlp == MLP_NONE) {
             la->residual3 = la->residual2;
@@ -270,36 +221,23 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
     const Config* c = &m->config;
     size_t C = c->channels, BT = (size_t)B * T, cur = 0, Hm = c->mlp_hidden;
     BackwardScratch* s = &m->scratch;
-    int has_attn = config_has_mixer(c, MIXER_ATTN), has_gdn = config_has_gdn(c);
     s->dresidual = CARVE_X(BT * C);
     s->dln = CARVE_X(BT * C);
-    s->dbtc = CARVE_X(BT * C);
     s->dfch = CARVE_X(BT * Hm * (c->mlp == MLP_SWIGLU ? 2 : 1));
     s->dfch_act = CARVE_X(BT * Hm);
-    s->dqkv = has_attn ? CARVE_X(BT * 3 * C) : NULL;
-    // reductions: the largest over every use (bias gradients up to Vp wide are not used: the LM head has no bias)
+    // reductions and workspace: the largest over every use (bias gradients up to Vp wide are not used: the LM
+    // head has no bias), the trunk's and each layer's mixer's
     size_t reduce = max_z(matmul_backward_scratch_bytes((int)BT, (int)(Hm > 3 * C ? 2 * Hm : 3 * C)),
                           norm_backward_scratch_bytes((int)BT, (int)C));
-    size_t work = max_z(encoder_backward_scratch_bytes(B, T, (int)C), global_norm_scratch_bytes());
-    if (has_attn) { work = max_z(work, attention_backward_scratch_bytes(B, T, (int)C, c->num_heads)); }
+    size_t work = max_z(encoder_backward_scratch_bytes(B, T, (int)C), global_norm_scratch_bytes()), own = 0;
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->mixer[l] == MIXER_ATTN) { continue; }
-        GDNShape g = gdn_shape(c, l);
-        reduce = max_z(reduce, shortconv_backward_scratch_bytes(B, T, g.D, g.W));
-        reduce = max_z(reduce, gdn_features_backward_scratch_bytes((int)BT, g.H));
-        reduce = max_z(reduce, gated_rmsnorm_backward_scratch_bytes((int)BT, g.H, g.dv));
-        work = max_z(work, gdn_chunk_workspace_bytes(B, T, g.H, g.dk, g.dv));
+        size_t mixer_own, mixer_reduce, mixer_work;
+        m->mixer[l]->scratch_bytes(&m->settings[l], c, B, T, &mixer_own, &mixer_reduce, &mixer_work);
+        own = max_z(own, mixer_own);
+        reduce = max_z(reduce, mixer_reduce);
+        work = max_z(work, mixer_work);
     }
-    if (has_gdn) {
-        GDNShape g = gdn_shape(c, 0);
-        size_t HV = (size_t)g.H * g.dv;
-        s->dproj = CARVE_X(BT * g.ldP);
-        s->dy = CARVE_X(BT * HV);
-        s->dout_o = CARVE_X(BT * HV);
-        s->dgqkv = CARVE_F(BT * g.D);
-        s->dbeta = CARVE_F(BT * g.H);
-        s->dg = CARVE_F(BT * g.H);
-    }
+    s->mixer = carve(base, &cur, own);
     s->reduce = (float*)carve(base, &cur, reduce);
     s->work = carve(base, &cur, work);
     s->norm_sq = CARVE_F(1);
@@ -318,6 +256,10 @@ static void model_build(Model* m, const Config* c, int recompute) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->recompute = recompute;
+    for (int l = 0; l < c->num_layers; l++) {
+        m->mixer[l] = MIXER_TABLE[c->mixer[l]];
+        m->mixer[l]->build(&m->settings[l], &m->config, l);
+    }
     build_parameter_layout(c, &m->table, NULL, NULL);
     m->num_parameters = m->table.num_parameters;
     // on the device every tensor starts on a 256-byte boundary (64 floats, 128 bytes of its bf16 copy): in the
@@ -339,6 +281,10 @@ static void model_build(Model* m, const Config* c, int recompute) {
     build_parameter_layout_aligned(c, &m->dev_table, &m->params, m->params_memory, 64);
     build_parameter_layout_aligned(c, &m->dev_table, &m->grads, m->grads_memory, 64);
     cudaCheck(cudaStreamCreate(&m->stream));
+    m->ctx.config = &m->config;
+    m->ctx.params = m->params_memory;
+    m->ctx.params_x = m->params_x;
+    m->ctx.stream = m->stream;
 }
 
 // host array in the files' layout -> device array in the device layout (padding left as it is)
@@ -417,6 +363,9 @@ static void model_size_activations(Model* m, int B, int T) {
     m->scratch_memory = cuda_malloc_or_die(ns, "the backward's scratch");
     layout_activations(m, (char*)m->acts_memory, B, T);
     layout_scratch(m, (char*)m->scratch_memory, B, T);
+    m->ctx.reduce = m->scratch.reduce;
+    m->ctx.work = m->scratch.work;
+    m->ctx.own = m->scratch.mixer;
     size_t BT = (size_t)B * T;
     m->inputs = (int*)cuda_malloc_or_die(BT * sizeof(int), "the input tokens");
     m->targets = (int*)cuda_malloc_or_die(BT * sizeof(int), "the target tokens");
@@ -427,63 +376,18 @@ static void model_size_activations(Model* m, int B, int T) {
 // ----------------------------------------------------------------------------------------------------------
 // forward
 
-// The fused in_proj (P = D + H*dv + 2H rows) as two matmuls: the q|k|v|z rows (a multiple of 8 when dk and dv
-// are) and the 2H gate rows. One product with an odd P (3084 at 124M) runs on slower cuBLASLt kernels.
-static void gdn_in_proj_forward(Model* m, const GDNParams* p, const GDNShape* s, floatX* proj, const floatX* x, int BT) {
-    int C = m->config.channels, P1 = s->D + s->H * s->dv;
-    const floatX* w = X(m, p->in_proj_w);
-    matmul_forward_ld(proj, s->ldP, x, w, NULL, BT, C, P1, NULL, m->stream);
-    matmul_forward_ld(proj + P1, s->ldP, x, w + (size_t)P1 * C, NULL, BT, C, s->P - P1, NULL, m->stream);
-}
-
-static void gdn_in_proj_backward(Model* m, const GDNParams* p, GDNParams* gr, const GDNShape* s, floatX* dx,
-                                 const floatX* dproj, const floatX* x, int BT) {
-    int C = m->config.channels, P1 = s->D + s->H * s->dv;
-    const floatX* w = X(m, p->in_proj_w);
-    matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, dproj, s->ldP, x, w, BT, C, P1, 0, m->stream);
-    matmul_backward_ld(dx, gr->in_proj_w + (size_t)P1 * C, NULL, NULL, dproj + P1, s->ldP, x, w + (size_t)P1 * C, BT,
-                       C, s->P - P1, 1, m->stream);
-}
-
-// spec/gdn_kaczmarz.md 1.2: out = W_o gated_rmsnorm(core(features(SiLU(conv(W_in x)))))
-static void gdn_layer_forward(Model* m, int l, floatX* out, const floatX* x, int B, int T) {
-    const Config* c = &m->config;
-    const GDNParams* p = &m->params.layer[l].gdn;
-    LayerActivations* la = &m->acts.layer[l];
-    GDNShape s = gdn_shape(c, l);
-    int BT = B * T, HV = s.H * s.dv;
-    cudaStream_t st = m->stream;
-    // step 1: the fused projection, blocks q | k | v | z | a | b
-    gdn_in_proj_forward(m, p, &s, la->proj, x, BT);
-    profile_mark("fwd gdn in_proj matmul");
-    // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
-    shortconv_silu_forward(la->gqkv, la->proj, s.ldP, p->conv_w, B, T, s.D, s.W, st);
-    gdn_features_forward(la->gqkv, la->qn, la->kn, la->beta, la->g, la->proj, s.ldP, p->b_bias, p->A_log, p->dt_bias, BT, s.H,
-                         s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
-    profile_mark("fwd gdn conv + features");
-    // step 7: the chunkwise recurrence (spec 3), S_0 = 0, scale dk^-1/2
-    const floatX* q = la->gqkv;
-    gdn_chunk_forward<floatX>(la->o, HV, la->chunk_saved, m->scratch.work, q, q + s.H * s.dk, q + 2 * s.H * s.dk, s.D,
-                              la->beta, la->g, B, T, s.H, s.dk, s.dv, 1.0f / sqrtf((float)s.dk), st);
-    profile_mark("fwd gdn chunk core");
-    // step 8: gated RMSNorm with the z block, then the output projection
-    gated_rmsnorm_forward(la->y, la->rstd, la->o, la->proj + s.D, s.ldP, p->onorm_w, BT, s.H, s.dv, c->onorm_eps, st);
-    matmul_forward(out, la->y, X(m, p->out_proj_w), NULL, BT, HV, c->channels, NULL, st);
-    profile_mark("fwd gdn out norm + out_proj");
-}
-
 static void mlp_forward(Model* m, int l, floatX* out, int BT) {
     const Config* c = &m->config;
     const LayerParams* lp = &m->params.layer[l];
     LayerActivations* la = &m->acts.layer[l];
     int C = c->channels, Hm = c->mlp_hidden;
     if (c->mlp == MLP_GELU) {
-        matmul_forward(la->fch_act, la->ln2, X(m, lp->fcw), X(m, lp->fcb), BT, C, Hm, la->fch, m->stream);
+        matmul_forward(la->fch_act, la->ln2, X(&m->ctx, lp->fcw), X(&m->ctx, lp->fcb), BT, C, Hm, la->fch, m->stream);
     } else {
-        matmul_forward(la->fch, la->ln2, X(m, lp->fcw), NULL, BT, C, 2 * Hm, NULL, m->stream);
+        matmul_forward(la->fch, la->ln2, X(&m->ctx, lp->fcw), NULL, BT, C, 2 * Hm, NULL, m->stream);
         swiglu_forward(la->fch_act, la->fch, BT, Hm, m->stream);
     }
-    matmul_forward(out, la->fch_act, X(m, lp->fcprojw), X(m, lp->fcprojb), BT, Hm, C, NULL, m->stream);
+    matmul_forward(out, la->fch_act, X(&m->ctx, lp->fcprojw), X(&m->ctx, lp->fcprojb), BT, Hm, C, NULL, m->stream);
 }
 
 // The norm that follows layer l's mixer (after_mixer) or its MLP: LN2 of the layer, LN1 of the next, or LNf.
@@ -545,16 +449,7 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         LayerParams* lp = &p->layer[l];
         LayerActivations* la = &a->layer[l];
         const floatX* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
-        if (c->mixer[l] == MIXER_ATTN) {
-            matmul_forward(la->qkv, la->ln1, X(m, lp->qkvw), X(m, lp->qkvb), BT, C, 3 * C, NULL, st);
-            profile_mark("fwd attn qkv matmul");
-            attention_forward_step(la->atty, la->lse, la->qkv, B, T, C, c->num_heads, st);
-            profile_mark("fwd attention");
-            matmul_forward(a->block_out, la->atty, X(m, lp->attprojw), X(m, lp->attprojb), BT, C, C, NULL, st);
-            profile_mark("fwd attn proj matmul");
-        } else {
-            gdn_layer_forward(m, l, a->block_out, la->ln1, B, T);
-        }
+        m->mixer[l]->forward(&m->ctx, &m->settings[l], lp, &la->mixer, a->block_out, la->ln1, B, T);
         // residual2 = residual + mixer output, and the norm after it (LN2, or the next LN1 / LNf without an MLP)
         NormTarget n = next_norm(m, l, 1);
         fused_residual_norm_forward(c->norm, la->residual2, n.out, n.mean, n.rstd, residual, a->block_out, n.w, n.b,
@@ -569,7 +464,7 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
             profile_mark("fwd encoder + norms");
         }
     }
-    matmul_forward(a->logits, a->lnf, X(m, p->wte), NULL, BT, C, c->padded_vocab_size, NULL, st);
+    matmul_forward(a->logits, a->lnf, X(&m->ctx, p->wte), NULL, BT, C, c->padded_vocab_size, NULL, st);
     profile_mark("fwd lm head matmul");
     if (targets) {
         fused_classifier(a->logits, a->losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0, st);
@@ -585,41 +480,6 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
 // ----------------------------------------------------------------------------------------------------------
 // backward
 
-// spec/gdn_kaczmarz.md 1.6. dout (B,T,C) -> dx (B,T,C) overwritten; parameter gradients accumulate.
-static void gdn_layer_backward(Model* m, int l, floatX* dx, const floatX* dout, const floatX* x, int B, int T) {
-    const Config* c = &m->config;
-    const GDNParams* p = &m->params.layer[l].gdn;
-    GDNParams* gr = &m->grads.layer[l].gdn;
-    LayerActivations* la = &m->acts.layer[l];
-    BackwardScratch* s = &m->scratch;
-    GDNShape sh = gdn_shape(c, l);
-    int BT = B * T, HV = sh.H * sh.dv, Hdk = sh.H * sh.dk;
-    cudaStream_t st = m->stream;
-    // out = y W_o^T
-    matmul_backward(s->dy, gr->out_proj_w, NULL, s->reduce, dout, la->y, X(m, p->out_proj_w), BT, HV, c->channels, 0, st);
-    profile_mark("bwd gdn out_proj matmul");
-    // gated RMSNorm: dL/do, and dL/dz into the z block of dproj
-    gated_rmsnorm_backward(s->dout_o, s->dproj + sh.D, sh.ldP, gr->onorm_w, s->reduce, s->dy, la->o, la->proj + sh.D,
-                           la->rstd, p->onorm_w, BT, sh.H, sh.dv, st);
-    profile_mark("bwd gdn out norm");
-    // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
-    const floatX* q = la->gqkv;
-    gdn_chunk_backward<floatX>(s->dgqkv, s->dgqkv + Hdk, s->dgqkv + 2 * Hdk, sh.D, s->dbeta, s->dg, s->dout_o, HV,
-                               la->chunk_saved, s->work, q, q + Hdk, q + 2 * Hdk, sh.D, la->beta, la->g, B, T, sh.H,
-                               sh.dk, sh.dv, 1.0f / sqrtf((float)sh.dk), st);
-    profile_mark("bwd gdn chunk core");
-    // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
-    gdn_features_backward(s->dgqkv, s->dproj, gr->A_log, gr->b_bias, gr->dt_bias, s->reduce, s->dbeta, s->dg, la->gqkv,
-                          la->qn, la->kn, la->beta, la->g, la->proj, sh.ldP, p->b_bias, p->A_log, p->dt_bias, BT, sh.H, sh.dk,
-                          sh.dv, sh.kaczmarz, st);
-    // SiLU and the causal conv: dL/d(q|k|v block of proj)
-    shortconv_silu_backward(s->dproj, sh.ldP, gr->conv_w, s->reduce, s->dgqkv, la->proj, p->conv_w, B, T, sh.D, sh.W, st);
-    profile_mark("bwd gdn features + conv");
-    // proj = x W_in^T
-    gdn_in_proj_backward(m, p, gr, &sh, dx, s->dproj, x, BT);
-    profile_mark("bwd gdn in_proj matmul");
-}
-
 // Backward of the last forward (which must have had targets). Gradients accumulate into m->grads, scaled so
 // that `loss_scale` = 1/(number of micro-batches) gives the gradient of the mean loss over all of them.
 static void model_backward(Model* m, float loss_scale) {
@@ -634,7 +494,7 @@ static void model_backward(Model* m, float loss_scale) {
     profile_mark("host");
     fused_classifier(a->logits, a->losses, m->targets, loss_scale / BT, BT, c->vocab_size, c->padded_vocab_size, 1, st);
     profile_mark("bwd classifier");
-    matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(m, p->wte), BT, C, c->padded_vocab_size, 0, st);
+    matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(&m->ctx, p->wte), BT, C, c->padded_vocab_size, 0, st);
     profile_mark("bwd lm head matmul");
     cudaCheck(cudaMemsetAsync(s->dresidual, 0, (size_t)BT * C * sizeof(floatX), st));
     const floatX* last = a->layer[L - 1].residual3;
@@ -653,13 +513,13 @@ static void model_backward(Model* m, float loss_scale) {
                 else { swiglu_forward(la->fch_act, la->fch, BT, Hm, st); }
             }
             matmul_backward(s->dfch_act, lg->fcprojw, lg->fcprojb, s->reduce, s->dresidual, la->fch_act,
-                            X(m, lp->fcprojw), BT, Hm, C, 0, st);
+                            X(&m->ctx, lp->fcprojw), BT, Hm, C, 0, st);
             if (c->mlp == MLP_GELU) {
                 gelu_backward_inplace(s->dfch_act, la->fch, (size_t)BT * Hm, st);
-                matmul_backward(s->dln, lg->fcw, lg->fcb, s->reduce, s->dfch_act, la->ln2, X(m, lp->fcw), BT, C, Hm, 0, st);
+                matmul_backward(s->dln, lg->fcw, lg->fcb, s->reduce, s->dfch_act, la->ln2, X(&m->ctx, lp->fcw), BT, C, Hm, 0, st);
             } else {
                 swiglu_backward(s->dfch, la->fch, s->dfch_act, BT, Hm, st);
-                matmul_backward(s->dln, lg->fcw, NULL, s->reduce, s->dfch, la->ln2, X(m, lp->fcw), BT, C, 2 * Hm, 0, st);
+                matmul_backward(s->dln, lg->fcw, NULL, s->reduce, s->dfch, la->ln2, X(&m->ctx, lp->fcw), BT, C, 2 * Hm, 0, st);
             }
             profile_mark("bwd mlp");
             norm_backward(c->norm, s->dresidual, lg->ln2w, lg->ln2b, s->reduce, s->dln, la->residual2, lp->ln2w,
@@ -669,17 +529,7 @@ static void model_backward(Model* m, float loss_scale) {
         if (m->recompute) {
             norm_forward(c->norm, la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT, C, c->norm_eps, st);
         }
-        if (c->mixer[l] == MIXER_ATTN) {
-            matmul_backward(s->dbtc, lg->attprojw, lg->attprojb, s->reduce, s->dresidual, la->atty, X(m, lp->attprojw),
-                            BT, C, C, 0, st);
-            profile_mark("bwd attn proj matmul");
-            attention_backward_step(s->dqkv, s->work, s->dbtc, la->qkv, la->atty, la->lse, B, T, C, c->num_heads, st);
-            profile_mark("bwd attention");
-            matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->reduce, s->dqkv, la->ln1, X(m, lp->qkvw), BT, C, 3 * C, 0, st);
-            profile_mark("bwd attn qkv matmul");
-        } else {
-            gdn_layer_backward(m, l, s->dln, s->dresidual, la->ln1, B, T);
-        }
+        m->mixer[l]->backward(&m->ctx, &m->settings[l], lp, lg, &la->mixer, s->dln, s->dresidual, la->ln1, B, T);
         norm_backward(c->norm, s->dresidual, lg->ln1w, lg->ln1b, s->reduce, s->dln, residual, lp->ln1w, la->ln1_mean,
                       la->ln1_rstd, BT, C, st);
         profile_mark("bwd norms + encoder");
@@ -770,14 +620,14 @@ static void model_read_state(Model* m, TrainState* s, const char* path) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// decoding one token at a time (one sequence): a KV cache for attn, the recurrent state for gdn/kaczmarz
+// decoding one token at a time (one sequence): each layer's mixer keeps its decode state (a KV cache for attn,
+// the recurrent state and conv cache for gdn/kaczmarz), the trunk its per-step buffers
 
 typedef struct {
     int max_len, pos;
-    floatX *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];   // attn: (max_len, C)
-    float *conv[MAX_LAYERS], *S[MAX_LAYERS];           // gdn: (W-1, D) pre-conv inputs, (H, dk, dv) state
-    floatX *x, *ln, *y, *qkv, *att, *pre, *hidden, *proj, *gqkv, *o, *logits_x;
-    float *stats, *qn, *kn, *beta, *g, *rstd;
+    MixerDecodeState layer[MAX_LAYERS];                // each layer's mixer state (its row's struct)
+    floatX *x, *ln, *y, *pre, *hidden, *logits_x;      // (C) x3, the MLP's (2Hm) and (Hm), (Vp)
+    float* stats;                                      // (2) the norm's mean and rstd
     float* logits_f;                                   // (Vp) device fp32
     float* logits;                                     // (Vp) host: the next-token logits after a step
     int* token;                                        // (1) device
@@ -787,40 +637,23 @@ typedef struct {
 static void decode_init(DecodeState* d, const Model* m, int max_len) {
     const Config* c = &m->config;
     size_t C = c->channels, Vp = c->padded_vocab_size, Hm = c->mlp_hidden, cur = 0;
-    size_t P = 1, D = 1, H = 1, HV = 1;
-    if (config_has_gdn(c)) {
-        GDNShape s = gdn_shape(c, 0);
-        P = s.P; D = s.D; H = s.H; HV = (size_t)s.H * s.dv;
-    }
     memset(d, 0, sizeof(*d));
     d->max_len = max_len;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 2; pass++) {  // pass 0 counts, pass 1 carves
         char* base = (char*)d->memory;
         cur = 0;
-#define DX(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
-#define DF(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
         for (int l = 0; l < c->num_layers; l++) {
-            if (c->mixer[l] == MIXER_ATTN) {
-                d->kcache[l] = DX((size_t)max_len * C);
-                d->vcache[l] = DX((size_t)max_len * C);
-            } else {
-                GDNShape s = gdn_shape(c, l);
-                d->conv[l] = DF((size_t)(s.W - 1) * s.D);
-                d->S[l] = DF((size_t)s.H * s.dk * s.dv);
-            }
+            m->mixer[l]->layout_decode(&d->layer[l], &m->settings[l], c, base, &cur, max_len);
         }
-        size_t states = cur;
-        d->x = DX(C); d->ln = DX(C); d->y = DX(C); d->qkv = DX(3 * C); d->att = DX(C);
-        d->pre = DX(2 * Hm + 1); d->hidden = DX(Hm + 1); d->proj = DX(P); d->gqkv = DX(D); d->o = DX(HV);
-        d->logits_x = DX(Vp);
-        d->stats = DF(2); d->qn = DF(H); d->kn = DF(H); d->beta = DF(H); d->g = DF(H); d->rstd = DF(H);
-        d->logits_f = DF(Vp);
+        d->x = carve_x(base, &cur, C); d->ln = carve_x(base, &cur, C); d->y = carve_x(base, &cur, C);
+        d->pre = carve_x(base, &cur, 2 * Hm + 1); d->hidden = carve_x(base, &cur, Hm + 1);
+        d->logits_x = carve_x(base, &cur, Vp);
+        d->stats = carve_f(base, &cur, 2);
+        d->logits_f = carve_f(base, &cur, Vp);
         d->token = (int*)carve(base, &cur, sizeof(int));
-#undef DX
-#undef DF
         if (pass == 0) {
             d->memory = cuda_malloc_or_die(cur, "the decode state");
-            cudaCheck(cudaMemset(d->memory, 0, states));  // conv caches and states start at zero
+            cudaCheck(cudaMemset(d->memory, 0, cur));  // the mixers' states and caches start at zero
         }
     }
     d->logits = (float*)malloc_or_die(Vp * sizeof(float));
@@ -844,38 +677,22 @@ static void model_decode_step(Model* m, DecodeState* d, int token) {
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams* lp = &p->layer[l];
         norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1, C, c->norm_eps, st);
-        if (c->mixer[l] == MIXER_ATTN) {
-            matmul_forward(d->qkv, d->ln, X(m, lp->qkvw), X(m, lp->qkvb), 1, C, 3 * C, NULL, st);
-            cudaCheck(cudaMemcpyAsync(d->kcache[l] + (size_t)t * C, d->qkv + C, C * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
-            cudaCheck(cudaMemcpyAsync(d->vcache[l] + (size_t)t * C, d->qkv + 2 * C, C * sizeof(floatX), cudaMemcpyDeviceToDevice, st));
-            attention_decode(d->att, d->qkv, d->kcache[l], d->vcache[l], 1, t, d->max_len, C, c->num_heads, st);
-            matmul_forward(d->y, d->att, X(m, lp->attprojw), X(m, lp->attprojb), 1, C, C, NULL, st);
-        } else {  // spec 4
-            const GDNParams* gp = &lp->gdn;
-            GDNShape s = gdn_shape(c, l);
-            matmul_forward(d->proj, d->ln, X(m, gp->in_proj_w), NULL, 1, C, s.P, NULL, st);
-            shortconv_silu_decode(d->gqkv, d->conv[l], d->proj, s.P, gp->conv_w, 1, s.D, s.W, st);
-            gdn_features_forward(d->gqkv, d->qn, d->kn, d->beta, d->g, d->proj, s.P, gp->b_bias, gp->A_log, gp->dt_bias, 1,
-                                 s.H, s.dk, s.dv, s.kaczmarz, c->l2norm_eps, c->kaczmarz_eps, st);
-            gdn_recurrent_step(d->o, d->S[l], d->gqkv, d->beta, d->g, 1, s.H, s.dk, s.dv, st);
-            gated_rmsnorm_forward(d->hidden, d->rstd, d->o, d->proj + s.D, s.P, gp->onorm_w, 1, s.H, s.dv, c->onorm_eps, st);
-            matmul_forward(d->y, d->hidden, X(m, gp->out_proj_w), NULL, 1, s.H * s.dv, C, NULL, st);
-        }
+        m->mixer[l]->decode_step(&m->ctx, &m->settings[l], lp, &d->layer[l], d->y, d->ln, t);
         residual_forward(d->x, d->x, d->y, C, st);
         if (c->mlp != MLP_NONE) {
             norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1, C, c->norm_eps, st);
             if (c->mlp == MLP_GELU) {
-                matmul_forward(d->hidden, d->ln, X(m, lp->fcw), X(m, lp->fcb), 1, C, Hm, d->pre, st);
+                matmul_forward(d->hidden, d->ln, X(&m->ctx, lp->fcw), X(&m->ctx, lp->fcb), 1, C, Hm, d->pre, st);
             } else {
-                matmul_forward(d->pre, d->ln, X(m, lp->fcw), NULL, 1, C, 2 * Hm, NULL, st);
+                matmul_forward(d->pre, d->ln, X(&m->ctx, lp->fcw), NULL, 1, C, 2 * Hm, NULL, st);
                 swiglu_forward(d->hidden, d->pre, 1, Hm, st);
             }
-            matmul_forward(d->y, d->hidden, X(m, lp->fcprojw), X(m, lp->fcprojb), 1, Hm, C, NULL, st);
+            matmul_forward(d->y, d->hidden, X(&m->ctx, lp->fcprojw), X(&m->ctx, lp->fcprojb), 1, Hm, C, NULL, st);
             residual_forward(d->x, d->x, d->y, C, st);
         }
     }
     norm_forward(c->norm, d->ln, d->stats, d->stats + 1, d->x, p->lnfw, p->lnfb, 1, C, c->norm_eps, st);
-    matmul_forward(d->logits_x, d->ln, X(m, p->wte), NULL, 1, C, c->padded_vocab_size, NULL, st);
+    matmul_forward(d->logits_x, d->ln, X(&m->ctx, p->wte), NULL, 1, C, c->padded_vocab_size, NULL, st);
     convert_to_float(d->logits_f, d->logits_x, c->padded_vocab_size, st);
     cudaCheck(cudaMemcpyAsync(d->logits, d->logits_f, c->padded_vocab_size * sizeof(float), cudaMemcpyDeviceToHost, st));
     cudaCheck(cudaStreamSynchronize(st));

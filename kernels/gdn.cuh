@@ -1,80 +1,30 @@
 /*
 kernels/gdn.cuh: the per-token parts of the gdn / kaczmarz layer around the chunkwise core
 (spec/gdn_kaczmarz.md): the token features (l2 norms, beta, log decay; 1.2 steps 4-6, 2.2), their backward
-(1.6), the gated output RMSNorm (1.2 step 8) and its backward (1.6), and the one-token recurrent step of
-decode (2.1, 4). The CPU versions are gdn_token_features, gdn_gated_norm_row, gated_norm_backward, the
-per-token loop of gdn_backward and gdn_core_recurrent in train_kla.c; the math is the same, line for line.
+(1.6), and the one-token recurrent step of decode (2.1, 4). The gated output RMSNorm (1.2 step 8) is shared by
+the recurrent mixers and lives in kernels/gated_norm.cuh. The CPU versions are gdn_token_features, the per-token
+loop of gdn_backward and gdn_core_recurrent in train_kla.c; the math is the same, line for line.
 
 Layouts (row-major), with P = 2*H*dk + 2*H*dv + 2*H, D = 2*H*dk + H*dv, HV = H*dv, BT = B*T rows:
   proj [BT, P] floatX       in_proj output, column blocks q | k | v | z | a | b (rows ld_proj >= P apart)
   qkv  [BT, D] floatX       conv + SiLU output, blocks q | k | v; gdn_features_forward normalises q (and k for gdn)
   qn, kn, beta, g [BT, H]   fp32: qn = sqrt(||q||^2 + l2norm_eps) of the raw q; kn = sqrt(||k||^2 + l2norm_eps)
                             (gdn) or ||k||^2 + kaczmarz_eps (kaczmarz); beta the write coefficient; g the log decay
-  o, y [BT, HV] floatX      core output, gated RMSNorm output; rstd [BT, H] fp32
+  o [BT, HV] floatX         core output
   S    [B, H, dk, dv] fp32  recurrent state ("K-first", spec 0)
 
 Per-token statistics, gates, decays and the state are fp32; parameters are read from the fp32 master copy.
-Parameter gradients are reduced without atomics: per-row (or per-block) values go to scratch and are summed
-in a fixed order (gdn_ordered_column_sum), so runs are bitwise reproducible.
+Parameter gradients are reduced without atomics: per-row values go to scratch and are summed in a fixed order
+(ordered_column_sum, kernels/column_sum.cuh), so runs are bitwise reproducible.
 */
 #ifndef TRAIN_KLA_KERNELS_GDN_CUH
 #define TRAIN_KLA_KERNELS_GDN_CUH
 
 #include "common.cuh"
+#include "column_sum.cuh"
 
 #define GDN_TOKEN_WARPS 8           // warps per block of the per-(row, head) kernels
-#define GDN_NORM_PAIRS_PER_WARP 8   // (row, head) pairs one warp of gated_rmsnorm_backward walks
-#define GDN_COLSUM_ROWS 8           // row groups of a gdn_ordered_column_sum block (32 columns x 8 row groups)
 #define GDN_DECODE_ROWS 8           // key-dimension groups of a gdn_recurrent_step block (32 columns x 8)
-
-// ----------------------------------------------------------------------------------------------------------
-// deterministic column sums: out[c] += sum_r in[r, c] over a [rows, cols] fp32 matrix, in two levels.
-// Level 1 cuts the rows into splits of rows_per_split and writes one partial row per split into tmp;
-// level 2 adds the partials (one split holding all of them) into out. Every sum runs in a fixed order.
-
-// at least 256 rows per split, and at most 256 splits
-static inline int gdn_colsum_rows_per_split(int rows) {
-    const int even = ceil_div(rows, 256);
-    return even > 256 ? even : 256;
-}
-static inline int gdn_colsum_splits(int rows) { return ceil_div(rows, gdn_colsum_rows_per_split(rows)); }
-
-// grid (ceil(cols / 32), splits), block (32, GDN_COLSUM_ROWS). Block (x, s) sums rows [s * rows_per_split,
-// (s+1) * rows_per_split) of its 32 columns: thread y takes rows y, y + GDN_COLSUM_ROWS, ..., then the row
-// groups are added in order. accumulate = 0: out[s, c] = sum; 1: out[s, c] += sum.
-__global__ void gdn_ordered_column_sum_kernel(float* out, const float* in, int rows, int cols, int rows_per_split,
-                                              int accumulate) {
-    __shared__ float group_sum[GDN_COLSUM_ROWS][32];
-    const int col = blockIdx.x * 32 + threadIdx.x;
-    const int r0 = blockIdx.y * rows_per_split;
-    const int r1 = min(r0 + rows_per_split, rows);
-    float acc = 0.0f;
-    if (col < cols) {
-        for (int r = r0 + threadIdx.y; r < r1; r += GDN_COLSUM_ROWS) { acc += in[(size_t)r * cols + col]; }
-    }
-    group_sum[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        float sum = 0.0f;
-        for (int y = 0; y < GDN_COLSUM_ROWS; y++) { sum += group_sum[y][threadIdx.x]; }
-        float* dst = out + (size_t)blockIdx.y * cols + col;
-        *dst = accumulate ? *dst + sum : sum;
-    }
-}
-
-// out[c] (+)= sum_r in[r, c] (accumulate 0: =, 1: +=); tmp: gdn_colsum_splits(rows) * cols floats
-static void gdn_ordered_column_sum(float* out, float* tmp, const float* in, int rows, int cols, int accumulate,
-                                   cudaStream_t stream) {
-    const int rows_per_split = gdn_colsum_rows_per_split(rows);
-    const int splits = gdn_colsum_splits(rows);
-    const dim3 block(32, GDN_COLSUM_ROWS);
-    gdn_ordered_column_sum_kernel<<<dim3(ceil_div(cols, 32), splits), block, 0, stream>>>(tmp, in, rows, cols,
-                                                                                          rows_per_split, 0);
-    cudaCheckLaunch();
-    gdn_ordered_column_sum_kernel<<<dim3(ceil_div(cols, 32), 1), block, 0, stream>>>(out, tmp, splits, cols, splits,
-                                                                                     accumulate);
-    cudaCheckLaunch();
-}
 
 // ----------------------------------------------------------------------------------------------------------
 // token features (spec 1.2 steps 4-6, 2.2), one warp per (row, head):
@@ -223,7 +173,7 @@ __global__ void gdn_gate_grads_add_kernel(float* dA_log, float* ddt_bias, float*
 
 // stage [BT, 3H], the level-1 partials of its column sums, and the [3H] sums
 static size_t gdn_features_backward_scratch_bytes(int BT, int H) {
-    return ((size_t)BT + gdn_colsum_splits(BT) + 1) * 3 * H * sizeof(float);
+    return ((size_t)BT + colsum_splits(BT) + 1) * 3 * H * sizeof(float);
 }
 
 static void gdn_features_backward(float* dqkv, floatX* dproj, float* dA_log, float* db_bias, float* ddt_bias,
@@ -234,129 +184,14 @@ static void gdn_features_backward(float* dqkv, floatX* dproj, float* dA_log, flo
                                   cudaStream_t stream) {
     float* stage = scratch;
     float* partials = stage + (size_t)BT * 3 * H;
-    float* sums = partials + (size_t)gdn_colsum_splits(BT) * 3 * H;
+    float* sums = partials + (size_t)colsum_splits(BT) * 3 * H;
     gdn_features_backward_kernel<<<ceil_div(BT * H, GDN_TOKEN_WARPS), GDN_TOKEN_WARPS * 32, 0, stream>>>(
         dqkv, dproj, stage, dbeta, dg, qkv, qn, kn, beta, g, proj, b_bias, A_log, dt_bias, BT, H, dk, dv, ld_proj,
         kaczmarz);
     cudaCheckLaunch();
-    gdn_ordered_column_sum(sums, partials, stage, BT, 3 * H, 0, stream);
+    ordered_column_sum(sums, partials, stage, BT, 3 * H, 0, stream);
     gdn_gate_grads_add_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dA_log, ddt_bias, db_bias, sums, H);
     cudaCheckLaunch();
-}
-
-// ----------------------------------------------------------------------------------------------------------
-// gated RMSNorm (spec 1.2 step 8), one warp per (row, head):
-//   rstd = 1 / sqrt(mean_i o_i^2 + eps),  y = o * rstd * w * SiLU(z)
-// z = proj + D with row stride ld_z = P; w [dv] is shared by the heads.
-
-__global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
-                                             const float* w, int BT, int H, int dv, float eps) {
-    const int pair = blockIdx.x * GDN_TOKEN_WARPS + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (pair >= BT * H) { return; }
-    const int r = pair / H, hh = pair % H;
-    const size_t off = (size_t)r * H * dv + hh * dv;
-    const floatX* oh = o + off;
-    const floatX* zh = z + (size_t)r * ld_z + hh * dv;
-    float ss = 0.0f;
-    for (int i = lane; i < dv; i += 32) {
-        const float oi = to_float(oh[i]);
-        ss += oi * oi;
-    }
-    ss = warp_reduce_sum(ss);
-    const float rs = 1.0f / sqrtf(ss / dv + eps);
-    for (int i = lane; i < dv; i += 32) {
-        const float zi = to_float(zh[i]);
-        y[off + i] = from_float<floatX>(to_float(oh[i]) * rs * w[i] * zi * sigmoidf_dev(zi));
-    }
-    if (lane == 0) { rstd[(size_t)r * H + hh] = rs; }
-}
-
-static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z, const float* w,
-                                  int BT, int H, int dv, float eps, cudaStream_t stream) {
-    gated_rmsnorm_forward_kernel<<<ceil_div(BT * H, GDN_TOKEN_WARPS), GDN_TOKEN_WARPS * 32, 0, stream>>>(
-        y, rstd, o, z, ld_z, w, BT, H, dv, eps);
-    cudaCheckLaunch();
-}
-
-// backward (spec 1.6), with xh = o rstd, s = SiLU(z):
-//   dz = dy xh w SiLU'(z),  dxh = dy w s,  do = rstd (dxh - xh mean_i(dxh xh)),
-//   dw += sum over rows and heads of dy xh s
-// A block of GDN_TOKEN_WARPS warps takes GDN_TOKEN_WARPS * GDN_NORM_PAIRS_PER_WARP consecutive (row, head) pairs,
-// each warp GDN_NORM_PAIRS_PER_WARP of them in order. Lane l owns columns i = l (mod 32) of its warp's dw
-// accumulator in shared memory; at the end the warps' accumulators are added in warp order into the block's
-// partial row dw_partial [blocks, dv], which gdn_ordered_column_sum reduces. dout_o may alias dy (each element
-// is read before the same thread writes it).
-
-static inline int gated_rmsnorm_backward_blocks(int BT, int H) {
-    return ceil_div(BT * H, GDN_TOKEN_WARPS * GDN_NORM_PAIRS_PER_WARP);
-}
-
-__global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld_z, float* dw_partial,
-                                              const floatX* dy, const floatX* o, const floatX* z, const float* rstd,
-                                              const float* w, int BT, int H, int dv) {
-    extern __shared__ float dw_acc[];   // [GDN_TOKEN_WARPS, dv]
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    float* acc = dw_acc + warp * dv;
-    for (int i = lane; i < dv; i += 32) { acc[i] = 0.0f; }
-
-    const int first = (blockIdx.x * GDN_TOKEN_WARPS + warp) * GDN_NORM_PAIRS_PER_WARP;
-    for (int p = 0; p < GDN_NORM_PAIRS_PER_WARP; p++) {
-        const int pair = first + p;
-        if (pair >= BT * H) { break; }
-        const int r = pair / H, hh = pair % H;
-        const size_t off = (size_t)r * H * dv + hh * dv;
-        const size_t zoff = (size_t)r * ld_z + hh * dv;
-        const float rs = rstd[(size_t)r * H + hh];
-        float m = 0.0f;
-        for (int i = lane; i < dv; i += 32) {
-            const float dyi = to_float(dy[off + i]);
-            const float xh = to_float(o[off + i]) * rs;
-            const float zi = to_float(z[zoff + i]);
-            const float sz = sigmoidf_dev(zi);
-            const float sw = zi * sz;
-            acc[i] += dyi * xh * sw;
-            dz[zoff + i] = from_float<floatX>(dyi * xh * w[i] * sz * (1.0f + zi * (1.0f - sz)));
-            m += dyi * w[i] * sw * xh;
-        }
-        m = warp_reduce_sum(m) / dv;
-        for (int i = lane; i < dv; i += 32) {
-            const float dyi = to_float(dy[off + i]);
-            const float oi = to_float(o[off + i]);
-            const float zi = to_float(z[zoff + i]);
-            const float dxh = dyi * w[i] * (zi * sigmoidf_dev(zi));
-            dout_o[off + i] = from_float<floatX>(rs * (dxh - oi * rs * m));
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float sum = 0.0f;
-        for (int wi = 0; wi < GDN_TOKEN_WARPS; wi++) { sum += dw_acc[wi * dv + i]; }
-        dw_partial[(size_t)blockIdx.x * dv + i] = sum;
-    }
-}
-
-// block partials [blocks, dv] and the level-1 partials of their column sums
-static size_t gated_rmsnorm_backward_scratch_bytes(int BT, int H, int dv) {
-    const int blocks = gated_rmsnorm_backward_blocks(BT, H);
-    return ((size_t)blocks + gdn_colsum_splits(blocks)) * dv * sizeof(float);
-}
-
-static void gated_rmsnorm_backward(floatX* dout_o, floatX* dz, int ld_z, float* dw, float* scratch, const floatX* dy,
-                                   const floatX* o, const floatX* z, const float* rstd, const float* w, int BT, int H,
-                                   int dv, cudaStream_t stream) {
-    const int blocks = gated_rmsnorm_backward_blocks(BT, H);
-    const size_t smem = (size_t)GDN_TOKEN_WARPS * dv * sizeof(float);
-    if (smem > 48 * 1024) {
-        die("gated_rmsnorm_backward: dv = %d is too large (at most %d)", dv, 48 * 1024 / 4 / GDN_TOKEN_WARPS);
-    }
-    float* dw_partial = scratch;
-    float* partials = dw_partial + (size_t)blocks * dv;
-    gated_rmsnorm_backward_kernel<<<blocks, GDN_TOKEN_WARPS * 32, smem, stream>>>(dout_o, dz, ld_z, dw_partial, dy,
-                                                                                  o, z, rstd, w, BT, H, dv);
-    cudaCheckLaunch();
-    gdn_ordered_column_sum(dw, partials, dw_partial, blocks, dv, 1, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ Exit status 1 if any check fails.
 #include <vector>
 #include "../../kernels/shortconv.cuh"
 #include "../../kernels/gdn.cuh"
+#include "../../kernels/gated_norm.cuh"
 
 #if defined(ENABLE_FP32)
 static const double TOLERANCE = 1e-5;

@@ -1,0 +1,131 @@
+/*
+kernels/gated_norm.cuh: the gated output RMSNorm that the recurrent mixers put after their core (gdn/kaczmarz
+spec/gdn_kaczmarz.md 1.2 step 8, the pdn family and gka likewise): per (token, head),
+y = o * rstd * w * SiLU(z), rstd = 1 / sqrt(mean(o^2) + eps), with w [dv] shared by the heads; and its backward
+(spec 1.6). The CPU version is gdn_gated_norm_row / gated_norm_backward in train_kla.c.
+*/
+#ifndef TRAIN_KLA_KERNELS_GATED_NORM_CUH
+#define TRAIN_KLA_KERNELS_GATED_NORM_CUH
+
+#include "common.cuh"
+#include "column_sum.cuh"
+
+#define GATED_NORM_WARPS 8            // warps per block, one (row, head) pair per warp in the forward
+#define GATED_NORM_PAIRS_PER_WARP 8   // (row, head) pairs one warp of gated_rmsnorm_backward walks
+
+// ----------------------------------------------------------------------------------------------------------
+// gated RMSNorm (spec 1.2 step 8), one warp per (row, head):
+//   rstd = 1 / sqrt(mean_i o_i^2 + eps),  y = o * rstd * w * SiLU(z)
+// z = proj + D with row stride ld_z = P; w [dv] is shared by the heads.
+
+__global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
+                                             const float* w, int BT, int H, int dv, float eps) {
+    const int pair = blockIdx.x * GATED_NORM_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (pair >= BT * H) { return; }
+    const int r = pair / H, hh = pair % H;
+    const size_t off = (size_t)r * H * dv + hh * dv;
+    const floatX* oh = o + off;
+    const floatX* zh = z + (size_t)r * ld_z + hh * dv;
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += 32) {
+        const float oi = to_float(oh[i]);
+        ss += oi * oi;
+    }
+    ss = warp_reduce_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / dv + eps);
+    for (int i = lane; i < dv; i += 32) {
+        const float zi = to_float(zh[i]);
+        y[off + i] = from_float<floatX>(to_float(oh[i]) * rs * w[i] * zi * sigmoidf_dev(zi));
+    }
+    if (lane == 0) { rstd[(size_t)r * H + hh] = rs; }
+}
+
+static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z, const float* w,
+                                  int BT, int H, int dv, float eps, cudaStream_t stream) {
+    gated_rmsnorm_forward_kernel<<<ceil_div(BT * H, GATED_NORM_WARPS), GATED_NORM_WARPS * 32, 0, stream>>>(
+        y, rstd, o, z, ld_z, w, BT, H, dv, eps);
+    cudaCheckLaunch();
+}
+
+// backward (spec 1.6), with xh = o rstd, s = SiLU(z):
+//   dz = dy xh w SiLU'(z),  dxh = dy w s,  do = rstd (dxh - xh mean_i(dxh xh)),
+//   dw += sum over rows and heads of dy xh s
+// A block of GATED_NORM_WARPS warps takes GATED_NORM_WARPS * GATED_NORM_PAIRS_PER_WARP consecutive (row, head) pairs,
+// each warp GATED_NORM_PAIRS_PER_WARP of them in order. Lane l owns columns i = l (mod 32) of its warp's dw
+// accumulator in shared memory; at the end the warps' accumulators are added in warp order into the block's
+// partial row dw_partial [blocks, dv], which ordered_column_sum reduces. dout_o may alias dy (each element
+// is read before the same thread writes it).
+
+static inline int gated_rmsnorm_backward_blocks(int BT, int H) {
+    return ceil_div(BT * H, GATED_NORM_WARPS * GATED_NORM_PAIRS_PER_WARP);
+}
+
+__global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld_z, float* dw_partial,
+                                              const floatX* dy, const floatX* o, const floatX* z, const float* rstd,
+                                              const float* w, int BT, int H, int dv) {
+    extern __shared__ float dw_acc[];   // [GATED_NORM_WARPS, dv]
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    float* acc = dw_acc + warp * dv;
+    for (int i = lane; i < dv; i += 32) { acc[i] = 0.0f; }
+
+    const int first = (blockIdx.x * GATED_NORM_WARPS + warp) * GATED_NORM_PAIRS_PER_WARP;
+    for (int p = 0; p < GATED_NORM_PAIRS_PER_WARP; p++) {
+        const int pair = first + p;
+        if (pair >= BT * H) { break; }
+        const int r = pair / H, hh = pair % H;
+        const size_t off = (size_t)r * H * dv + hh * dv;
+        const size_t zoff = (size_t)r * ld_z + hh * dv;
+        const float rs = rstd[(size_t)r * H + hh];
+        float m = 0.0f;
+        for (int i = lane; i < dv; i += 32) {
+            const float dyi = to_float(dy[off + i]);
+            const float xh = to_float(o[off + i]) * rs;
+            const float zi = to_float(z[zoff + i]);
+            const float sz = sigmoidf_dev(zi);
+            const float sw = zi * sz;
+            acc[i] += dyi * xh * sw;
+            dz[zoff + i] = from_float<floatX>(dyi * xh * w[i] * sz * (1.0f + zi * (1.0f - sz)));
+            m += dyi * w[i] * sw * xh;
+        }
+        m = warp_reduce_sum(m) / dv;
+        for (int i = lane; i < dv; i += 32) {
+            const float dyi = to_float(dy[off + i]);
+            const float oi = to_float(o[off + i]);
+            const float zi = to_float(z[zoff + i]);
+            const float dxh = dyi * w[i] * (zi * sigmoidf_dev(zi));
+            dout_o[off + i] = from_float<floatX>(rs * (dxh - oi * rs * m));
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int wi = 0; wi < GATED_NORM_WARPS; wi++) { sum += dw_acc[wi * dv + i]; }
+        dw_partial[(size_t)blockIdx.x * dv + i] = sum;
+    }
+}
+
+// block partials [blocks, dv] and the level-1 partials of their column sums
+static size_t gated_rmsnorm_backward_scratch_bytes(int BT, int H, int dv) {
+    const int blocks = gated_rmsnorm_backward_blocks(BT, H);
+    return ((size_t)blocks + colsum_splits(blocks)) * dv * sizeof(float);
+}
+
+static void gated_rmsnorm_backward(floatX* dout_o, floatX* dz, int ld_z, float* dw, float* scratch, const floatX* dy,
+                                   const floatX* o, const floatX* z, const float* rstd, const float* w, int BT, int H,
+                                   int dv, cudaStream_t stream) {
+    const int blocks = gated_rmsnorm_backward_blocks(BT, H);
+    const size_t smem = (size_t)GATED_NORM_WARPS * dv * sizeof(float);
+    if (smem > 48 * 1024) {
+        die("gated_rmsnorm_backward: dv = %d is too large (at most %d)", dv, 48 * 1024 / 4 / GATED_NORM_WARPS);
+    }
+    float* dw_partial = scratch;
+    float* partials = dw_partial + (size_t)blocks * dv;
+    gated_rmsnorm_backward_kernel<<<blocks, GATED_NORM_WARPS * 32, smem, stream>>>(dout_o, dz, ld_z, dw_partial, dy,
+                                                                                  o, z, rstd, w, BT, H, dv);
+    cudaCheckLaunch();
+    ordered_column_sum(dw, partials, dw_partial, blocks, dv, 1, stream);
+}
+
+#endif // TRAIN_KLA_KERNELS_GATED_NORM_CUH
