@@ -29,9 +29,8 @@ enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA,
 static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka", "kalman"};
 enum { KALMAN_PLAIN = 0, KALMAN_MAMBA = 1, NUM_KALMAN_PRESETS = 2 };
 static const char* KALMAN_PRESET_NAMES[NUM_KALMAN_PRESETS] = {"plain", "mamba"};
-// gdn and kaczmarz share one implementation, pdn, pgdn and pkda another
+// gdn and kaczmarz share one implementation (and one parameter layout)
 static inline int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
-static inline int is_pdn_family(int mixer) { return mixer == MIXER_PDN || mixer == MIXER_PGDN || mixer == MIXER_PKDA; }
 // trunk options (FORMATS.md header slots 20-22)
 enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
 static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};

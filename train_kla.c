@@ -2811,7 +2811,11 @@ static void kalman_decode_step(float* out, KalmanState* s, const KalmanParams* p
     matmul_forward(out, yg, p->out_proj_w, NULL, 1, Dk, c->C);
 }
 
-static KalmanConfig kalman_config(const Config* c, int chunk) {
+// ----------------------------------------------------------------------------------------------------------
+// each family's settings from the config, built once per layer by model_build (chunk: the --chunk flag)
+
+static KalmanConfig kalman_config(const Config* c, int layer, int chunk) {
+    (void)layer;
     KalmanConfig k;
     k.C = c->channels;
     k.Dk = c->kalman_expand * c->channels;
@@ -2823,7 +2827,8 @@ static KalmanConfig kalman_config(const Config* c, int chunk) {
     return k;
 }
 
-static GKAConfig gka_config(const Config* c, int chunk) {
+static GKAConfig gka_config(const Config* c, int layer, int chunk) {
+    (void)layer;
     GKAConfig g;
     g.C = c->channels;
     g.H = c->lin_heads;
@@ -2870,15 +2875,241 @@ static GDNConfig gdn_config(const Config* c, int layer, int chunk) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// attn, in the shape of the recurrent families: GPT-2's qkv projection, causal softmax attention, output
+// projection. Its decode state is a KV cache of max_len rows.
+
+typedef struct {
+    int C, NH;
+} AttnConfig;
+
+typedef struct {
+    float *qkv, *atty, *att;  // (B,T,3C), (B,T,C), (B,NH,T,T) the probabilities
+} AttnActs;
+
+typedef struct {
+    int max_len;
+    float *kcache, *vcache;   // (max_len, C)
+} AttnState;
+
+static AttnConfig attn_config(const Config* c, int layer, int chunk) {
+    (void)layer;
+    (void)chunk;
+    AttnConfig a = {c->channels, c->num_heads};
+    return a;
+}
+
+static size_t attn_acts_floats(int B, int T, const AttnConfig* c) {
+    return (size_t)B * T * 4 * c->C + (size_t)B * c->NH * T * T;
+}
+
+static void attn_acts_point(AttnActs* a, float* base, int B, int T, const AttnConfig* c) {
+    size_t BT = (size_t)B * T;
+    a->qkv = base;
+    a->atty = a->qkv + BT * 3 * c->C;
+    a->att = a->atty + BT * c->C;
+}
+
+// d(atty) (B,T,C), dqkv (B,T,3C), and T floats per thread for attention_backward
+static size_t attn_scratch_floats(int B, int T, const AttnConfig* c) {
+    return (size_t)B * T * 4 * c->C + (size_t)max_threads() * T;
+}
+
+static void attn_forward(float* out, AttnActs* a, const LayerParams* p, const float* x, int B, int T, const AttnConfig* c) {
+    int C = c->C, BT = B * T;
+    matmul_forward(a->qkv, x, p->qkvw, p->qkvb, BT, C, 3 * C);
+    attention_forward(a->atty, a->att, a->qkv, B, T, C, c->NH);
+    matmul_forward(out, a->atty, p->attprojw, p->attprojb, BT, C, C);
+}
+
+// dx += the layer's input gradient (the caller zeroes it), grads += its parameter gradients
+static void attn_backward(float* dx, LayerParams* grads, const float* dout, const AttnActs* a, const LayerParams* p,
+                          const float* x, float* scratch, int B, int T, const AttnConfig* c) {
+    int C = c->C, BT = B * T;
+    float *datty = scratch, *dqkv = datty + (size_t)BT * C, *thread_rows = dqkv + (size_t)BT * 3 * C;
+    memset(datty, 0, (size_t)BT * C * sizeof(float));
+    matmul_backward(datty, grads->attprojw, grads->attprojb, dout, a->atty, p->attprojw, BT, C, C);
+    memset(dqkv, 0, (size_t)BT * 3 * C * sizeof(float));
+    attention_backward(dqkv, datty, a->qkv, a->att, thread_rows, B, T, C, c->NH);
+    matmul_backward(dx, grads->qkvw, grads->qkvb, dqkv, x, p->qkvw, BT, C, 3 * C);
+}
+
+static size_t attn_state_floats(const AttnConfig* c, int max_len) { return 2 * (size_t)max_len * c->C; }
+
+static void attn_state_point(AttnState* s, float* base, const AttnConfig* c, int max_len) {
+    s->max_len = max_len;
+    s->kcache = base;
+    s->vcache = base + (size_t)max_len * c->C;
+}
+
+// the token's qkv (3C), the scores of one head (max_len), the attention output (C)
+static size_t attn_decode_scratch_floats(const AttnConfig* c, int max_len) { return 4 * (size_t)c->C + max_len; }
+
+// the token at position t: its k and v join the cache at row t, its query attends over rows 0..t
+static void attn_decode_step(float* out, AttnState* s, const LayerParams* p, const float* x, float* scratch, int t,
+                             const AttnConfig* c) {
+    int C = c->C, NH = c->NH, hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *qkv = scratch, *att = qkv + 3 * C, *y = att + s->max_len;
+    matmul_forward(qkv, x, p->qkvw, p->qkvb, 1, C, 3 * C);
+    memcpy(s->kcache + (size_t)t * C, qkv + C, C * sizeof(float));
+    memcpy(s->vcache + (size_t)t * C, qkv + 2 * C, C * sizeof(float));
+    for (int h = 0; h < NH; h++) {
+        const float* q = qkv + h * hs;
+        float maxv = -INFINITY, sum = 0.0f;
+        for (int t2 = 0; t2 <= t; t2++) {
+            att[t2] = dot8(q, s->kcache + (size_t)t2 * C + h * hs, hs) * scale;
+            if (att[t2] > maxv) { maxv = att[t2]; }
+        }
+        for (int t2 = 0; t2 <= t; t2++) { att[t2] = expf(att[t2] - maxv); sum += att[t2]; }
+        float* o = y + h * hs;
+        for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
+        for (int t2 = 0; t2 <= t; t2++) {
+            const float* v = s->vcache + (size_t)t2 * C + h * hs;
+            for (int i = 0; i < hs; i++) { o[i] += att[t2] / sum * v[i]; }
+        }
+    }
+    matmul_forward(out, y, p->attprojw, p->attprojb, 1, C, C);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the mixer table (DESIGN.md "Mixers are modules"): the model knows a mixer only through its row. Each layer
+// keeps three blocks that its row owns: its settings (built once, by model_build), its saved activations and its
+// decode state, held in the unions below; the row's functions pick their family's member.
+
+typedef union { AttnConfig attn; GDNConfig gdn; PDNConfig pdn; GKAConfig gka; KalmanConfig kalman; } MixerSettings;
+typedef union { AttnActs attn; GDNActs gdn; PDNActs pdn; GKAActs gka; KalmanActs kalman; } MixerActs;
+typedef union { AttnState attn; GDNState gdn; PDNState pdn; GKAState gka; KalmanState kalman; } MixerState;
+
+typedef struct {
+    const char* name;
+    MixerSettings (*build)(const Config* c, int layer, int chunk);
+    // saved activations of a B x T batch: their size, and pointing the layer's struct into a block of that size
+    size_t (*acts_floats)(const MixerSettings* s, int B, int T);
+    void (*acts_point)(MixerActs* a, float* base, const MixerSettings* s, int B, int T);
+    // the backward's own scratch (one region reused by every layer)
+    size_t (*scratch_floats)(const MixerSettings* s, int B, int T);
+    // out (B,T,C) = mixer(x); the backward adds x's gradient into dx and the parameters' into grads
+    void (*forward)(float* out, MixerActs* a, const LayerParams* p, const float* x, int B, int T, const MixerSettings* s);
+    void (*backward)(float* dx, LayerParams* grads, const float* dout, const MixerActs* a, const LayerParams* p,
+                     const float* x, float* scratch, int B, int T, const MixerSettings* s);
+    // decode: the state for sequences of up to max_len tokens, its reset, the step's scratch, one token at t
+    size_t (*state_floats)(const MixerSettings* s, int max_len);
+    void (*state_point)(MixerState* st, float* base, const MixerSettings* s, int max_len);
+    void (*state_reset)(MixerState* st, const MixerSettings* s);
+    size_t (*decode_scratch_floats)(const MixerSettings* s, int max_len);
+    void (*decode_step)(float* out, MixerState* st, const LayerParams* p, const float* x, float* scratch, int t,
+                        const MixerSettings* s);
+} MixerOps;
+
+// attn's row: its functions take the layer's parameters whole and a max_len for the KV cache
+static MixerSettings attn_row_build(const Config* c, int layer, int chunk) {
+    MixerSettings s;
+    s.attn = attn_config(c, layer, chunk);
+    return s;
+}
+static size_t attn_row_acts_floats(const MixerSettings* s, int B, int T) { return attn_acts_floats(B, T, &s->attn); }
+static void attn_row_acts_point(MixerActs* a, float* base, const MixerSettings* s, int B, int T) {
+    attn_acts_point(&a->attn, base, B, T, &s->attn);
+}
+static size_t attn_row_scratch_floats(const MixerSettings* s, int B, int T) { return attn_scratch_floats(B, T, &s->attn); }
+static void attn_row_forward(float* out, MixerActs* a, const LayerParams* p, const float* x, int B, int T,
+                             const MixerSettings* s) {
+    attn_forward(out, &a->attn, p, x, B, T, &s->attn);
+}
+static void attn_row_backward(float* dx, LayerParams* g, const float* dout, const MixerActs* a, const LayerParams* p,
+                              const float* x, float* scratch, int B, int T, const MixerSettings* s) {
+    attn_backward(dx, g, dout, &a->attn, p, x, scratch, B, T, &s->attn);
+}
+static size_t attn_row_state_floats(const MixerSettings* s, int max_len) { return attn_state_floats(&s->attn, max_len); }
+static void attn_row_state_point(MixerState* st, float* base, const MixerSettings* s, int max_len) {
+    attn_state_point(&st->attn, base, &s->attn, max_len);
+}
+static void attn_row_state_reset(MixerState* st, const MixerSettings* s) { (void)st; (void)s; }  // rows 0..t are written before they are read
+static size_t attn_row_decode_scratch_floats(const MixerSettings* s, int max_len) {
+    return attn_decode_scratch_floats(&s->attn, max_len);
+}
+static void attn_row_decode_step(float* out, MixerState* st, const LayerParams* p, const float* x, float* scratch, int t,
+                                 const MixerSettings* s) {
+    attn_decode_step(out, &st->attn, p, x, scratch, t, &s->attn);
+}
+static const MixerOps ATTN_ROW = {"attn", attn_row_build, attn_row_acts_floats, attn_row_acts_point,
+                                  attn_row_scratch_floats, attn_row_forward, attn_row_backward, attn_row_state_floats,
+                                  attn_row_state_point, attn_row_state_reset, attn_row_decode_scratch_floats,
+                                  attn_row_decode_step};
+
+// The row of a recurrent family `fam` whose functions have gdn's shape (fam_config, fam_acts_floats,
+// fam_acts_point, fam_scratch_floats, fam_forward, fam_backward, fam_state_floats, fam_state_point,
+// fam_state_reset, fam_decode_scratch_floats, fam_decode_step, taking the family's own structs), and whose
+// member is `fam` in LayerParams and in the unions above. The adapters only pick that member.
+#define RECURRENT_MIXER_ROW(fam, ROW)                                                                              \
+    static MixerSettings fam##_row_build(const Config* c, int layer, int chunk) {                                   \
+        MixerSettings s;                                                                                           \
+        s.fam = fam##_config(c, layer, chunk);                                                                     \
+        return s;                                                                                                  \
+    }                                                                                                              \
+    static size_t fam##_row_acts_floats(const MixerSettings* s, int B, int T) { return fam##_acts_floats(B, T, &s->fam); } \
+    static void fam##_row_acts_point(MixerActs* a, float* base, const MixerSettings* s, int B, int T) {            \
+        fam##_acts_point(&a->fam, base, B, T, &s->fam);                                                            \
+    }                                                                                                              \
+    static size_t fam##_row_scratch_floats(const MixerSettings* s, int B, int T) {                                 \
+        return fam##_scratch_floats(B, T, &s->fam);                                                                \
+    }                                                                                                              \
+    static void fam##_row_forward(float* out, MixerActs* a, const LayerParams* p, const float* x, int B, int T,   \
+                                  const MixerSettings* s) {                                                        \
+        fam##_forward(out, &a->fam, &p->fam, x, B, T, &s->fam);                                                    \
+    }                                                                                                              \
+    static void fam##_row_backward(float* dx, LayerParams* g, const float* dout, const MixerActs* a,              \
+                                   const LayerParams* p, const float* x, float* scratch, int B, int T,             \
+                                   const MixerSettings* s) {                                                       \
+        fam##_backward(dx, &g->fam, dout, &a->fam, &p->fam, x, scratch, B, T, &s->fam);                           \
+    }                                                                                                              \
+    static size_t fam##_row_state_floats(const MixerSettings* s, int max_len) {                                    \
+        (void)max_len;                                                                                             \
+        return fam##_state_floats(&s->fam);                                                                        \
+    }                                                                                                              \
+    static void fam##_row_state_point(MixerState* st, float* base, const MixerSettings* s, int max_len) {          \
+        (void)max_len;                                                                                             \
+        fam##_state_point(&st->fam, base, &s->fam);                                                                \
+    }                                                                                                              \
+    static void fam##_row_state_reset(MixerState* st, const MixerSettings* s) { fam##_state_reset(&st->fam, &s->fam); } \
+    static size_t fam##_row_decode_scratch_floats(const MixerSettings* s, int max_len) {                           \
+        (void)max_len;                                                                                             \
+        return fam##_decode_scratch_floats(&s->fam);                                                               \
+    }                                                                                                              \
+    static void fam##_row_decode_step(float* out, MixerState* st, const LayerParams* p, const float* x,           \
+                                      float* scratch, int t, const MixerSettings* s) {                             \
+        (void)t;                                                                                                   \
+        fam##_decode_step(out, &st->fam, &p->fam, x, scratch, &s->fam);                                            \
+    }                                                                                                              \
+    static const MixerOps ROW = {#fam, fam##_row_build, fam##_row_acts_floats, fam##_row_acts_point,                \
+                                 fam##_row_scratch_floats, fam##_row_forward, fam##_row_backward,                  \
+                                 fam##_row_state_floats, fam##_row_state_point, fam##_row_state_reset,             \
+                                 fam##_row_decode_scratch_floats, fam##_row_decode_step};
+
+RECURRENT_MIXER_ROW(gdn, GDN_ROW)
+RECURRENT_MIXER_ROW(pdn, PDN_ROW)
+RECURRENT_MIXER_ROW(gka, GKA_ROW)
+RECURRENT_MIXER_ROW(kalman, KALMAN_ROW)
+#undef RECURRENT_MIXER_ROW
+
+// indexed by MIXER_* of model.h
+static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
+    &ATTN_ROW,    // attn
+    &GDN_ROW,     // gdn
+    &GDN_ROW,     // kaczmarz
+    &PDN_ROW,     // pdn
+    &PDN_ROW,     // pgdn
+    &PDN_ROW,     // pkda
+    &GKA_ROW,     // gka
+    &KALMAN_ROW,  // kalman
+};
+
+// ----------------------------------------------------------------------------------------------------------
 // the model: parameters, gradients, AdamW state, activations
 
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T): LN1 output = the mixer input
-    float *qkv, *atty, *att;           // attn: (B,T,3C), (B,T,C), (B,NH,T,T)
-    GDNActs gdn;                        // gdn, kaczmarz: what the mixer's backward needs
-    PDNActs pdn;                        // pdn, pgdn, pkda
-    GKAActs gka;                        // gka
-    KalmanActs kalman;                  // kalman
+    MixerActs mixer;                    // what the layer's mixer saves for its backward (its row's member)
     float* residual2;                   // (B,T,C) residual after the mixer
     float *ln2, *ln2_mean, *ln2_rstd;   // NULL without an MLP
     float* fch;                         // (B,T,Hm) or (B,T,2Hm) for SwiGLU: the MLP's fc output
@@ -2898,11 +3129,9 @@ typedef struct {
 
 // the backward's working memory, shared by all layers (llm.c keeps a full mirror of the activations instead)
 typedef struct {
-    float *dresidual, *dln, *dbtc;  // (B,T,C)
+    float *dresidual, *dln;         // (B,T,C)
     float *dfch, *dfch_act;         // like fch and fch_act
-    float* dqkv;                    // (B,T,3C)
-    float* attn;                    // T floats per thread
-    float* gdn;                     // the recurrent mixers' backward scratch, the largest over the layers
+    float* mixer;                   // the mixers' backward scratch, the largest over the layers
 } BackwardScratch;
 
 typedef struct {
@@ -2911,7 +3140,9 @@ typedef struct {
     ParameterTensors params, grads;
     float *params_memory, *grads_memory, *m_memory, *v_memory;
     size_t num_parameters;
-    int chunk;                 // chunk length of the gdn/kaczmarz chunkwise forward
+    int chunk;                 // --chunk: gdn/kaczmarz chunk length, the other recurrent mixers' checkpoint interval
+    const MixerOps* mixer[MAX_LAYERS];   // each layer's row of MIXER_TABLE
+    MixerSettings settings[MAX_LAYERS];  // each layer's mixer settings, built once by model_build
     int B, T;                  // the activations are sized for this batch
     Activations acts;
     BackwardScratch scratch;
@@ -2940,27 +3171,8 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
         la->ln1 = carve(base, &cur, BT * C);
         la->ln1_mean = carve(base, &cur, BT);
         la->ln1_rstd = carve(base, &cur, BT);
-        if (c->mixer[l] == MIXER_ATTN) {
-            la->qkv = carve(base, &cur, BT * 3 * C);
-            la->atty = carve(base, &cur, BT * C);
-            la->att = carve(base, &cur, (size_t)B * c->num_heads * T * T);
-        } else if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            float* g = carve(base, &cur, gdn_acts_floats(B, T, &gc));
-            if (base) { gdn_acts_point(&la->gdn, g, B, T, &gc); }
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            float* g = carve(base, &cur, kalman_acts_floats(B, T, &kc));
-            if (base) { kalman_acts_point(&la->kalman, g, B, T, &kc); }
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            float* g = carve(base, &cur, gka_acts_floats(B, T, &kc));
-            if (base) { gka_acts_point(&la->gka, g, B, T, &kc); }
-        } else {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            float* g = carve(base, &cur, pdn_acts_floats(B, T, &pc));
-            if (base) { pdn_acts_point(&la->pdn, g, B, T, &pc); }
-        }
+        float* mixer_acts = carve(base, &cur, m->mixer[l]->acts_floats(&m->settings[l], B, T));
+        if (base) { m->mixer[l]->acts_point(&la->mixer, mixer_acts, &m->settings[l], B, T); }
         la->residual2 = carve(base, &cur, BT * C);
         if (c->mlp == MLP_NONE) {
             la->residual3 = la->residual2;
@@ -2986,34 +3198,18 @@ static size_t layout_activations(Model* m, float* base, int B, int T) {
 
 static size_t layout_scratch(Model* m, float* base, int B, int T) {
     const Config* c = &m->config;
-    size_t C = c->channels, BT = (size_t)B * T, cur = 0, gdn = 0;
+    size_t C = c->channels, BT = (size_t)B * T, cur = 0, mixer = 0;
     BackwardScratch* s = &m->scratch;
     s->dresidual = carve(base, &cur, BT * C);
     s->dln = carve(base, &cur, BT * C);
-    s->dbtc = carve(base, &cur, BT * C);
     size_t Hm = c->mlp_hidden;
     s->dfch = carve(base, &cur, BT * Hm * (c->mlp == MLP_SWIGLU ? 2 : 1));
     s->dfch_act = carve(base, &cur, BT * Hm);
-    s->dqkv = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? BT * 3 * C : 0);
-    s->attn = carve(base, &cur, config_has_mixer(c, MIXER_ATTN) ? (size_t)max_threads() * T : 0);
     for (int l = 0; l < c->num_layers; l++) {
-        size_t n = 0;
-        if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            n = gdn_scratch_floats(B, T, &gc);
-        } else if (is_pdn_family(c->mixer[l])) {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            n = pdn_scratch_floats(B, T, &pc);
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            n = gka_scratch_floats(B, T, &kc);
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            n = kalman_scratch_floats(B, T, &kc);
-        }
-        if (n > gdn) { gdn = n; }
+        size_t n = m->mixer[l]->scratch_floats(&m->settings[l], B, T);
+        if (n > mixer) { mixer = n; }
     }
-    s->gdn = carve(base, &cur, gdn);
+    s->mixer = carve(base, &cur, mixer);
     return cur;
 }
 
@@ -3022,6 +3218,10 @@ static void model_build(Model* m, const Config* c, int chunk) {
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->chunk = chunk;
+    for (int l = 0; l < c->num_layers; l++) {
+        m->mixer[l] = MIXER_TABLE[c->mixer[l]];
+        m->settings[l] = m->mixer[l]->build(c, l, chunk);
+    }
     build_parameter_layout(c, &m->table, NULL, NULL);
     m->num_parameters = m->table.num_parameters;
     m->params_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
@@ -3131,23 +3331,7 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         LayerActivations* la = &a->layer[l];
         const float* residual = l == 0 ? a->encoded : a->layer[l - 1].residual3;
         norm_forward(c, la->ln1, la->ln1_mean, la->ln1_rstd, residual, lp->ln1w, lp->ln1b, BT);
-        if (c->mixer[l] == MIXER_ATTN) {
-            matmul_forward(la->qkv, la->ln1, lp->qkvw, lp->qkvb, BT, C, 3 * C);
-            attention_forward(la->atty, la->att, la->qkv, B, T, C, c->num_heads);
-            matmul_forward(a->block_out, la->atty, lp->attprojw, lp->attprojb, BT, C, C);
-        } else if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            gdn_forward(a->block_out, &la->gdn, &lp->gdn, la->ln1, B, T, &gc);
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            kalman_forward(a->block_out, &la->kalman, &lp->kalman, la->ln1, B, T, &kc);
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            gka_forward(a->block_out, &la->gka, &lp->gka, la->ln1, B, T, &kc);
-        } else {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            pdn_forward(a->block_out, &la->pdn, &lp->pdn, la->ln1, B, T, &pc);
-        }
+        m->mixer[l]->forward(a->block_out, &la->mixer, lp, la->ln1, B, T, &m->settings[l]);
         residual_forward(la->residual2, residual, a->block_out, (size_t)BT * C);
         if (c->mlp != MLP_NONE) {
             norm_forward(c, la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, lp->ln2w, lp->ln2b, BT);
@@ -3197,25 +3381,7 @@ static void model_backward(Model* m, float loss_scale) {
         }
         // mixer: residual2 = residual + mixer(ln1(residual))
         memset(s->dln, 0, btc);
-        if (c->mixer[l] == MIXER_ATTN) {
-            memset(s->dbtc, 0, btc);
-            matmul_backward(s->dbtc, lg->attprojw, lg->attprojb, s->dresidual, la->atty, lp->attprojw, BT, C, C);
-            memset(s->dqkv, 0, btc * 3);
-            attention_backward(s->dqkv, s->dbtc, la->qkv, la->att, s->attn, B, T, C, c->num_heads);
-            matmul_backward(s->dln, lg->qkvw, lg->qkvb, s->dqkv, la->ln1, lp->qkvw, BT, C, 3 * C);
-        } else if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            gdn_backward(s->dln, &lg->gdn, s->dresidual, &la->gdn, &lp->gdn, la->ln1, s->gdn, B, T, &gc);
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            kalman_backward(s->dln, &lg->kalman, s->dresidual, &la->kalman, &lp->kalman, la->ln1, s->gdn, B, T, &kc);
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            gka_backward(s->dln, &lg->gka, s->dresidual, &la->gka, &lp->gka, la->ln1, s->gdn, B, T, &kc);
-        } else {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            pdn_backward(s->dln, &lg->pdn, s->dresidual, &la->pdn, &lp->pdn, la->ln1, s->gdn, B, T, &pc);
-        }
+        m->mixer[l]->backward(s->dln, lg, s->dresidual, &la->mixer, lp, la->ln1, s->mixer, B, T, &m->settings[l]);
         norm_backward(c, s->dresidual, lg->ln1w, lg->ln1b, s->dln, residual, lp->ln1w, la->ln1_mean, la->ln1_rstd, BT);
     }
     encoder_backward(g->wte, g->wpe, s->dresidual, m->inputs, B, T, C);
@@ -3265,64 +3431,36 @@ static void model_update(Model* m, float lr, float beta1, float beta2, float eps
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// decoding one token at a time: a KV cache for attn, the recurrent state for gdn/kaczmarz (spec 4)
+// decoding one token at a time: each layer's mixer keeps its state (a KV cache for attn, the recurrent state of
+// the others, spec 4 of each), the trunk its per-step vectors
 
 typedef struct {
     int max_len;  // tokens the KV caches hold
     int pos;      // tokens consumed so far
-    float *kcache[MAX_LAYERS], *vcache[MAX_LAYERS];  // attn layers: (max_len, C)
-    GDNState gdn[MAX_LAYERS];                         // gdn/kaczmarz layers
-    PDNState pdn[MAX_LAYERS];                         // pdn/pgdn/pkda layers
-    GKAState gka[MAX_LAYERS];                         // gka layers
-    KalmanState kalman[MAX_LAYERS];                   // kalman layers
-    float *x, *ln, *stats, *y, *hidden, *pre, *qkv, *att, *logits, *gdn_scratch;
+    MixerState layer[MAX_LAYERS];  // each layer's mixer state (its row's member)
+    float *x, *ln, *stats, *y, *hidden, *pre, *logits, *mixer_scratch;
     float* memory;
 } DecodeState;
 
 static size_t layout_decode(const Model* m, DecodeState* d, float* base, int max_len) {
     const Config* c = &m->config;
-    size_t C = c->channels, cur = 0, gdn_scratch = 0;
+    size_t C = c->channels, cur = 0, mixer_scratch = 0;
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->mixer[l] == MIXER_ATTN) {
-            d->kcache[l] = carve(base, &cur, (size_t)max_len * C);
-            d->vcache[l] = carve(base, &cur, (size_t)max_len * C);
-        } else if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            float* s = carve(base, &cur, gdn_state_floats(&gc));
-            if (base) { gdn_state_point(&d->gdn[l], s, &gc); }
-            size_t n = gdn_decode_scratch_floats(&gc);
-            if (n > gdn_scratch) { gdn_scratch = n; }
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            float* s = carve(base, &cur, kalman_state_floats(&kc));
-            if (base) { kalman_state_point(&d->kalman[l], s, &kc); }
-            size_t n = kalman_decode_scratch_floats(&kc);
-            if (n > gdn_scratch) { gdn_scratch = n; }
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            float* s = carve(base, &cur, gka_state_floats(&kc));
-            if (base) { gka_state_point(&d->gka[l], s, &kc); }
-            size_t n = gka_decode_scratch_floats(&kc);
-            if (n > gdn_scratch) { gdn_scratch = n; }
-        } else {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            float* s = carve(base, &cur, pdn_state_floats(&pc));
-            if (base) { pdn_state_point(&d->pdn[l], s, &pc); }
-            size_t n = pdn_decode_scratch_floats(&pc);
-            if (n > gdn_scratch) { gdn_scratch = n; }
-        }
+        const MixerOps* ops = m->mixer[l];
+        float* s = carve(base, &cur, ops->state_floats(&m->settings[l], max_len));
+        if (base) { ops->state_point(&d->layer[l], s, &m->settings[l], max_len); }
+        size_t n = ops->decode_scratch_floats(&m->settings[l], max_len);
+        if (n > mixer_scratch) { mixer_scratch = n; }
     }
     d->x = carve(base, &cur, C);
     d->ln = carve(base, &cur, C);
     d->stats = carve(base, &cur, 2);
     d->y = carve(base, &cur, C);
     size_t Hm = c->mlp_hidden;
-    d->hidden = carve(base, &cur, Hm > C ? Hm : C);  // the attention output, then the MLP's hidden
+    d->hidden = carve(base, &cur, Hm);
     d->pre = carve(base, &cur, 2 * Hm);
-    d->qkv = carve(base, &cur, 3 * C);
-    d->att = carve(base, &cur, (size_t)max_len);
     d->logits = carve(base, &cur, (size_t)c->padded_vocab_size);
-    d->gdn_scratch = carve(base, &cur, gdn_scratch);
+    d->mixer_scratch = carve(base, &cur, mixer_scratch);
     return cur;
 }
 
@@ -3332,21 +3470,7 @@ static void decode_init(DecodeState* d, const Model* m, int max_len) {
     size_t n = layout_decode(m, d, NULL, max_len);
     d->memory = (float*)calloc_or_die(n, sizeof(float));
     layout_decode(m, d, d->memory, max_len);
-    for (int l = 0; l < m->config.num_layers; l++) {
-        if (is_gdn_family(m->config.mixer[l])) {
-            GDNConfig gc = gdn_config(&m->config, l, m->chunk);
-            gdn_state_reset(&d->gdn[l], &gc);
-        } else if (is_pdn_family(m->config.mixer[l])) {
-            PDNConfig pc = pdn_config(&m->config, l, m->chunk);
-            pdn_state_reset(&d->pdn[l], &pc);
-        } else if (m->config.mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(&m->config, m->chunk);
-            gka_state_reset(&d->gka[l], &kc);
-        } else if (m->config.mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(&m->config, m->chunk);
-            kalman_state_reset(&d->kalman[l], &kc);
-        }
-    }
+    for (int l = 0; l < m->config.num_layers; l++) { m->mixer[l]->state_reset(&d->layer[l], &m->settings[l]); }
 }
 
 static void decode_free(DecodeState* d) { free(d->memory); }
@@ -3362,41 +3486,7 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
     for (int l = 0; l < c->num_layers; l++) {
         const LayerParams* lp = &p->layer[l];
         norm_forward(c, d->ln, d->stats, d->stats + 1, d->x, lp->ln1w, lp->ln1b, 1);
-        if (c->mixer[l] == MIXER_ATTN) {
-            int NH = c->num_heads, hs = C / NH;
-            float scale = 1.0f / sqrtf((float)hs);
-            matmul_forward(d->qkv, d->ln, lp->qkvw, lp->qkvb, 1, C, 3 * C);
-            memcpy(d->kcache[l] + (size_t)t * C, d->qkv + C, C * sizeof(float));
-            memcpy(d->vcache[l] + (size_t)t * C, d->qkv + 2 * C, C * sizeof(float));
-            for (int h = 0; h < NH; h++) {
-                const float* q = d->qkv + h * hs;
-                float maxv = -INFINITY, sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    d->att[t2] = dot8(q, d->kcache[l] + (size_t)t2 * C + h * hs, hs) * scale;
-                    if (d->att[t2] > maxv) { maxv = d->att[t2]; }
-                }
-                for (int t2 = 0; t2 <= t; t2++) { d->att[t2] = expf(d->att[t2] - maxv); sum += d->att[t2]; }
-                float* o = d->hidden + h * hs;  // attention output, before the projection
-                for (int i = 0; i < hs; i++) { o[i] = 0.0f; }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    const float* v = d->vcache[l] + (size_t)t2 * C + h * hs;
-                    for (int i = 0; i < hs; i++) { o[i] += d->att[t2] / sum * v[i]; }
-                }
-            }
-            matmul_forward(d->y, d->hidden, lp->attprojw, lp->attprojb, 1, C, C);
-        } else if (is_gdn_family(c->mixer[l])) {
-            GDNConfig gc = gdn_config(c, l, m->chunk);
-            gdn_decode_step(d->y, &d->gdn[l], &lp->gdn, d->ln, d->gdn_scratch, &gc);
-        } else if (c->mixer[l] == MIXER_KALMAN) {
-            KalmanConfig kc = kalman_config(c, m->chunk);
-            kalman_decode_step(d->y, &d->kalman[l], &lp->kalman, d->ln, d->gdn_scratch, &kc);
-        } else if (c->mixer[l] == MIXER_GKA) {
-            GKAConfig kc = gka_config(c, m->chunk);
-            gka_decode_step(d->y, &d->gka[l], &lp->gka, d->ln, d->gdn_scratch, &kc);
-        } else {
-            PDNConfig pc = pdn_config(c, l, m->chunk);
-            pdn_decode_step(d->y, &d->pdn[l], &lp->pdn, d->ln, d->gdn_scratch, &pc);
-        }
+        m->mixer[l]->decode_step(d->y, &d->layer[l], lp, d->ln, d->mixer_scratch, t, &m->settings[l]);
         for (int i = 0; i < C; i++) { d->x[i] += d->y[i]; }
         if (c->mlp != MLP_NONE) {
             norm_forward(c, d->ln, d->stats, d->stats + 1, d->x, lp->ln2w, lp->ln2b, 1);
