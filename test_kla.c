@@ -3109,17 +3109,16 @@ int test_kalman_properties(void) {
 
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "dev/test/ref";
-    // the foundation's four configurations, one per trunk option (RMSNorm, SwiGLU, no MLP), one per pdn-family
-    // mixer, a model that mixes six mixers, gka, a model with seven, kalman in both presets, a model with all eight,
-    // and gka with GQA
-    const char* configs[] = {"attn", "gdn", "kaczmarz", "hybrid", "rmsnorm", "swiglu", "nomlp", "pdn", "pgdn", "pkda", "mixed",
-                             "gka", "mixed7", "kalman", "kalman_mamba", "all8", "gka_gqa"};
-    for (int i = 0; i < 17; i++) {
-        test_parity(dir, configs[i], 64, "chunk 64", &CPU_TOLERANCES);
-        if (i > 0) { test_parity(dir, configs[i], 32, "chunk 32", &CPU_TOLERANCES); }  // a second chunk length: T = 80 is 2.5 chunks of 32
+    // every configuration of the shared list, each at two chunk lengths (T = 80 is 2.5 chunks of 32; attn has none)
+    ParityConfigs configs;
+    read_parity_configs(&configs, "dev/test/parity_configs.txt");
+    for (int i = 0; i < configs.count; i++) {
+        const char* name = configs.name[i];
+        test_parity(dir, name, 64, "chunk 64", &CPU_TOLERANCES);
+        if (strcmp(name, "attn") != 0) { test_parity(dir, name, 32, "chunk 32", &CPU_TOLERANCES); }
         // fp32 round-off of two evaluation orders (chunkwise vs recurrent, batched vs single row)
-        test_decode(dir, configs[i], 16, "fp32", 1e-5);
-        test_checkpoint_round_trip(dir, configs[i]);
+        test_decode(dir, name, 16, "fp32", 1e-5);
+        test_checkpoint_round_trip(dir, name);
     }
     test_schedules();
     test_initialisation();

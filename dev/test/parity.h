@@ -209,4 +209,26 @@ static void test_decode(const char* dir, const char* name, int load_arg, const c
     model_free(&m);
 }
 
+// The names of the parity configurations, in order, from dev/test/parity_configs.txt (the one list that
+// scripts/make_reference.sh, test_kla and test_klacu share): the first word of each line that is not a comment.
+#define MAX_PARITY_CONFIGS 64
+typedef struct {
+    char name[MAX_PARITY_CONFIGS][64];
+    int count;
+} ParityConfigs;
+
+static void read_parity_configs(ParityConfigs* pc, const char* path) {
+    FILE* f = fopen_or_die(path, "r");
+    char line[1024];
+    pc->count = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char name[64];
+        if (line[0] == '#' || sscanf(line, "%63s", name) != 1) { continue; }
+        if (pc->count == MAX_PARITY_CONFIGS) { die("%s: more than %d configurations", path, MAX_PARITY_CONFIGS); }
+        snprintf(pc->name[pc->count++], sizeof(pc->name[0]), "%s", name);
+    }
+    fclose(f);
+    if (pc->count == 0) { die("%s: no configurations", path); }
+}
+
 #endif // TRAIN_KLA_PARITY_H
