@@ -35,6 +35,7 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 #include <type_traits>
 #include <mma.h>
 #include "common.cuh"
+#include "chunk_tiles.cuh"
 
 #define GDN_CHUNK 64            // BT, the chunk length of the CUDA kernels
 #define GDN_THREADS 256         // threads of the per-chunk kernels
@@ -60,8 +61,6 @@ template <typename Tc> struct GdnTile {
     static constexpr int LDF_VO = VO + 4;                  // output kernel: stride of a ... x VO fp32 tile
 };
 
-static inline int gdn_round16(int x) { return (x + 15) / 16 * 16; }
-__device__ __forceinline__ int gdn_round16_dev(int x) { return (x + 15) / 16 * 16; }
 
 // ----------------------------------------------------------------------------------------------------------
 // saved tensors (per layer) and workspace. c = (b*H + h)*NT + n indexes a chunk.
@@ -99,228 +98,7 @@ static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
-// and by the host (base = 0) to size the launch
-
-struct GdnCarver {
-    size_t base, off;
-    __host__ __device__ explicit GdnCarver(size_t b) : base(b), off(0) {}
-    template <typename T> __host__ __device__ T* take(size_t count) {
-        T* p = (T*)(base + off);
-        off += (count * sizeof(T) + 127) & ~(size_t)127;
-        return p;
-    }
-};
-
-// ----------------------------------------------------------------------------------------------------------
-// CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
-
-// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
-// GDN_FILL_BATCH elements before storing any, so that their global loads are in flight together.
-#define GDN_FILL_BATCH 16
-template <typename Ts, typename F>
-__device__ __forceinline__ void gdn_fill(Ts* s, int lds, int rows, int cols, F f) {
-    const int n = rows * cols, stride = blockDim.x;
-    for (int base = threadIdx.x; base < n; base += GDN_FILL_BATCH * stride) {
-        float x[GDN_FILL_BATCH];
-        #pragma unroll
-        for (int u = 0; u < GDN_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
-            x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
-        }
-        #pragma unroll
-        for (int u = 0; u < GDN_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
-            if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
-        }
-    }
-    __syncthreads();
-}
-
-// s[0..7] = scale * x[0..7] in shared memory (16-byte aligned)
-__device__ __forceinline__ void gdn_store8(__nv_bfloat16* s, const float* x, float scale) {
-    uint4 raw;
-    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&raw);
-    #pragma unroll
-    for (int e = 0; e < 4; e++) { h2[e] = __floats2bfloat162_rn(scale * x[2 * e], scale * x[2 * e + 1]); }
-    *reinterpret_cast<uint4*>(s) = raw;
-}
-__device__ __forceinline__ void gdn_store8(float* s, const float* x, float scale) {
-    reinterpret_cast<float4*>(s)[0] = make_float4(scale * x[0], scale * x[1], scale * x[2], scale * x[3]);
-    reinterpret_cast<float4*>(s)[1] = make_float4(scale * x[4], scale * x[5], scale * x[6], scale * x[7]);
-}
-
-// 8 elements of type Tg as raw 16-byte words (one group of a register-staged tile load)
-template <typename Tg> struct GdnRaw8 { uint4 u[sizeof(Tg) / 2]; };
-
-__device__ __forceinline__ void gdn_unpack8(float* x, const GdnRaw8<__nv_bfloat16>& raw) {
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw.u[0]);
-    #pragma unroll
-    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
-}
-__device__ __forceinline__ void gdn_unpack8(float* x, const GdnRaw8<float>& raw) {
-    const float* f = reinterpret_cast<const float*>(&raw.u[0]);
-    #pragma unroll
-    for (int e = 0; e < 8; e++) { x[e] = f[e]; }
-}
-
-// one tile of a batched load from global memory: s[r][c] = mul * rowscale[r] * g[r * ldg + c] for r < rows,
-// c < cols (cols a multiple of 8), with zeros where r >= rv or c >= cv (cv a multiple of 8, so a group of 8 is
-// all in or all out; g 16-byte aligned, ldg a multiple of 8). rowscale == nullptr: the factor is mul alone.
-template <typename Ts, typename Tg> struct GdnTileLoad {
-    typedef GdnRaw8<Tg> Raw;
-    Ts* s;
-    int lds, rows, cols;
-    const Tg* g;
-    size_t ldg;
-    int rv, cv;
-    const float* rowscale;
-    float mul;
-    __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
-    __device__ __forceinline__ void fetch(int idx, GdnRaw8<Tg>& x) const {
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
-        if (idx < groups() && r < rv && c < cv) {
-            const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
-            #pragma unroll
-            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = src[e]; }
-        } else {
-            #pragma unroll
-            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = make_uint4(0u, 0u, 0u, 0u); }
-        }
-    }
-    __device__ __forceinline__ void store(int idx, const GdnRaw8<Tg>& x) const {
-        if (idx >= groups()) { return; }
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
-        float f[8];
-        gdn_unpack8(f, x);
-        gdn_store8(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
-    }
-};
-
-template <typename Ts, typename Tg>
-__device__ __forceinline__ GdnTileLoad<Ts, Tg> gdn_tile(Ts* s, int lds, int rows, int cols, const Tg* g, size_t ldg,
-                                                        int rv, int cv, const float* rowscale = nullptr,
-                                                        float mul = 1.0f) {
-    return GdnTileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul };
-}
-
-// one pass of gdn_load: every tile's N groups of this thread are fetched into registers before any is stored
-template <int N>
-__device__ __forceinline__ void gdn_load_pass(int) {}
-template <int N, typename L, typename... Rest>
-__device__ __forceinline__ void gdn_load_pass(int base, const L& t, const Rest&... rest) {
-    typename L::Raw x[N];
-    #pragma unroll
-    for (int u = 0; u < N; u++) { t.fetch(base + u * blockDim.x, x[u]); }
-    gdn_load_pass<N>(base, rest...);
-    #pragma unroll
-    for (int u = 0; u < N; u++) { t.store(base + u * blockDim.x, x[u]); }
-}
-
-// loads several tiles with all their global loads in flight together (up to N groups of 8 per thread and tile
-// per round trip), so that a kernel step waits for one memory latency instead of one per tile
-template <int N, typename... L>
-__device__ void gdn_load(const L&... t) {
-    int n = 0;
-    ((n = max(n, t.groups())), ...);
-    for (int base = threadIdx.x; base < n; base += N * blockDim.x) { gdn_load_pass<N>(base, t...); }
-    __syncthreads();
-}
-
-// warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions
-// into acc[NS]; the row sums (a fixed shuffle tree: bitwise reproducible) are passed to done(r, acc) on lane 0.
-// Consecutive lanes touch consecutive columns: coalesced global writes, conflict-free shared reads.
-template <int NS, typename F, typename D>
-__device__ __forceinline__ void gdn_rows(int rows, int cols, F f, D done) {
-    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int r = threadIdx.x >> 5; r < rows; r += nw) {
-        float acc[NS];
-        #pragma unroll
-        for (int i = 0; i < NS; i++) { acc[i] = 0.0f; }
-        for (int c = lane; c < cols; c += 32) { f(r, c, acc); }
-        #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) { acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o); }
-        }
-        if (lane == 0) { done(r, acc); }
-    }
-    __syncthreads();
-}
-
-// f(r, c) for every element of a rows x cols index range
-template <typename F>
-__device__ __forceinline__ void gdn_for_each(int rows, int cols, F f) {
-    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
-        const int r = idx / cols, c = idx - r * cols;
-        f(r, c);
-    }
-    __syncthreads();
-}
-
-// C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
-// A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
-// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16. With sync = false the closing __syncthreads()
-// is left out, so that independent products (no output read by another) run back to back.
-// fp32 operands: CUDA-core FMAs, each thread owns 4 x 4 blocks of C (fixed summation order over k).
-template <bool A_T, bool B_T>
-__device__ void gdn_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
-                       int M, int N, int K, bool acc, bool sync = true) {
-    const int nb = N / 4;
-    for (int t = threadIdx.x; t < (M / 4) * nb; t += blockDim.x) {
-        const int m0 = (t / nb) * 4, n0 = (t % nb) * 4;
-        float c[4][4];
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { c[i][j] = acc ? C[(m0 + i) * ldc + n0 + j] : 0.0f; }
-        }
-        for (int k = 0; k < K; k++) {
-            float a[4], b[4];
-            #pragma unroll
-            for (int i = 0; i < 4; i++) { a[i] = A_T ? A[k * lda + m0 + i] : A[(m0 + i) * lda + k]; }
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { b[j] = B_T ? Bm[(n0 + j) * ldb + k] : Bm[k * ldb + n0 + j]; }
-            #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                #pragma unroll
-                for (int j = 0; j < 4; j++) { c[i][j] = fmaf(a[i], b[j], c[i][j]); }
-            }
-        }
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { C[(m0 + i) * ldc + n0 + j] = c[i][j]; }
-        }
-    }
-    if (sync) { __syncthreads(); }
-}
-
-// bf16 operands: tensor cores, one warp per 16 x 16 tile of C, fp32 accumulation.
-// Tile pointers are multiples of 16 elements from 128-byte aligned bases (wmma wants 32-byte alignment).
-template <bool A_T, bool B_T>
-__device__ void gdn_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
-                       int M, int N, int K, bool acc, bool sync = true) {
-    using namespace nvcuda;
-    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
-    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
-    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, nt = N / 16;
-    for (int t = warp; t < (M / 16) * nt; t += nwarps) {
-        const int m0 = (t / nt) * 16, n0 = (t % nt) * 16;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        if (acc) { wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major); }
-        else { wmma::fill_fragment(c, 0.0f); }
-        for (int k = 0; k < K; k += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> a;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> b;
-            wmma::load_matrix_sync(a, A_T ? A + k * lda + m0 : A + m0 * lda + k, lda);
-            wmma::load_matrix_sync(b, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
-            wmma::mma_sync(c, a, b, c);
-        }
-        wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
-    }
-    if (sync) { __syncthreads(); }
-}
+// the chunk's position and inputs
 
 // where a per-chunk CTA works: chunk c = (b*H + h)*NT + n covers tokens t0 .. t0+L-1 (rows row0.. of the inputs)
 struct GdnChunkPos {
@@ -358,19 +136,19 @@ __device__ __forceinline__ void gdn_load_beta(float* bs, const float* beta, cons
 // the tile of a chunk's rows of q, k (width dk), v or dO (width dv) at the head's columns col0 .. col0 + cols - 1,
 // zero outside the sequence or the head's columns
 template <typename Ts, typename Tin>
-__device__ __forceinline__ GdnTileLoad<Ts, Tin> gdn_in_tile(Ts* s, int lds, int cols, const Tin* x, int ld,
+__device__ __forceinline__ TileLoad<Ts, Tin> gdn_in_tile(Ts* s, int lds, int cols, const Tin* x, int ld,
                                                             const GdnChunkPos& p, int width, int col0,
                                                             const float* rowscale = nullptr, float mul = 1.0f) {
-    return gdn_tile(s, lds, GDN_CHUNK, cols, x + p.row0 * ld + (size_t)p.h * width + col0, (size_t)ld, p.L,
+    return make_tile_load(s, lds, GDN_CHUNK, cols, x + p.row0 * ld + (size_t)p.h * width + col0, (size_t)ld, p.L,
                     width - col0, rowscale, mul);
 }
 
 // the tile rows r0.., columns col0.. of a per-chunk row-major [nrows][ncols] matrix (saved or workspace) at m
 template <typename Ts, typename Tg>
-__device__ __forceinline__ GdnTileLoad<Ts, Tg> gdn_mat_tile(Ts* s, int lds, int rows, int cols, const Tg* m,
+__device__ __forceinline__ TileLoad<Ts, Tg> gdn_mat_tile(Ts* s, int lds, int rows, int cols, const Tg* m,
                                                             int nrows, int ncols, int r0, int col0,
                                                             const float* rowscale = nullptr, float mul = 1.0f) {
-    return gdn_tile(s, lds, rows, cols, m + (size_t)r0 * ncols + col0, (size_t)ncols, nrows - r0, ncols - col0,
+    return make_tile_load(s, lds, rows, cols, m + (size_t)r0 * ncols + col0, (size_t)ncols, nrows - r0, ncols - col0,
                     rowscale, mul);
 }
 
@@ -421,7 +199,7 @@ template <typename Tc> struct GdnIntraSmem {
     size_t bytes;
     __host__ __device__ explicit GdnIntraSmem(size_t base) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         X = cv.take<float>(3 * 256);
@@ -444,7 +222,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnIntraSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
 
     // beta and g (0 on padded rows) in one round trip, then G_i = sum_{m<=i} g_m reset at the chunk start
     // (spec 3.1), in place: one thread, fixed order
@@ -468,16 +246,16 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
     // K K^T over dk slabs
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
-        gdn_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
+        cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
     }
     // A_ij = beta_i (k_i.k_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         float* a = sm.A + i * TL::LDF_BT + j;
         *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
     gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         const float t = sm.Tm[i * TL::LDF_BT + j];
         Tm_saved[(p.c * BT + i) * BT + j] = t;
         sm.Tm_op[i * TL::LDT_BT + j] = from_float<Tc>(t);
@@ -485,18 +263,18 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
     // W = Tm diag(beta gam) K, slab by slab of dk
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
-        gdn_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
-        gdn_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
     // U = Tm diag(beta) V, slab by slab of dv
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
-        gdn_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
-        gdn_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { U_work[(p.c * BT + r) * dv + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
@@ -519,7 +297,7 @@ template <typename Tc> struct GdnStateSmem {
     size_t bytes;
     __host__ __device__ GdnStateSmem(size_t base, int dkp) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         S = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         G = cv.take<float>(GDN_CHUNK);
@@ -538,19 +316,19 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    const int dkp = gdn_round16_dev(dk);
+    const int dkp = round16_dev(dk);
     GdnStateSmem<Tc> sm((size_t)gdn_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
     constexpr int N = GdnStateLoad<Tc>::N;
-    gdn_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
+    cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
     for (int n = 0; n < NT; n++) {
         const size_t c = (size_t)bh * NT + n;
         const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
         // G (stored once the tile loads below are in flight); h_n = S (saved for the output kernel and the
         // backward), and S as a matrix operand
         const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
-        gdn_for_each(dkp, BV, [&](int d, int j) {
+        cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.S[d * TL::LDF_BV + j]);
             sm.S_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { h_saved[(c * dk + d) * dv + v0 + j] = x; }
@@ -561,16 +339,16 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
             const int ws = min(SL, dkp - s0);
             const auto w_tile = gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0);
             if (s0 == 0) {
-                gdn_load<(N + 1) / 2>(w_tile, gdn_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
+                tile_load<(N + 1) / 2>(w_tile, gdn_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
             } else {
-                gdn_load<N>(w_tile);
+                tile_load<N>(w_tile);
             }
-            gdn_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
+            cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
         // Vn = U - W S (the true write vectors u_i, spec 3.1); V_op = diag(exp(G_BT - G)) Vn; S <- gam_BT S
         const float G_last = sm.G[BT - 1];
-        gdn_for_each(BT, BV, [&](int r, int j) {
+        cta_for_each(BT, BV, [&](int r, int j) {
             float vn = 0.0f;
             if (v0 + j < dv) {
                 vn = to_float(sm.U[r * TL::LDT_BV + j]) - sm.C[r * TL::LDF_BV + j];
@@ -579,12 +357,12 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
             sm.V_op[r * TL::LDT_BV + j] = from_float<Tc>(vn * expf(G_last - sm.G[r]));
         });
         const float gam_last = expf(G_last);
-        gdn_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
         // S += K^T V_op, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
-            gdn_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
+            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
+            cta_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
     }
@@ -601,7 +379,7 @@ template <typename Tc> struct GdnOutputSmem {
     size_t bytes;
     __host__ __device__ explicit GdnOutputSmem(size_t base) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         O = cv.take<float>(GDN_CHUNK * TL::LDF_VO);
         G = cv.take<float>(GDN_CHUNK);
@@ -624,7 +402,7 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, 
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnOutputSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const int v0 = blockIdx.y * VO, wv = min(VO, dvp - v0);
 
     // Q K^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
@@ -634,21 +412,21 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, 
         const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
         const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT_VO, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
         if (s0 == 0) {
-            gdn_load<N>(q_tile, k_tile, h_tile,
+            tile_load<N>(q_tile, k_tile, h_tile,
                         gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
                         gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
         } else {
-            gdn_load<N>(q_tile, k_tile, h_tile);
+            tile_load<N>(q_tile, k_tile, h_tile);
         }
-        gdn_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
-        gdn_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
+        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
     }
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
-    gdn_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
-    gdn_mm<false, false>(sm.O, TL::LDF_VO, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT_VO, BT, wv, BT, true);
-    gdn_for_each(p.L, wv, [&](int r, int j) {
+    cta_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
+    cta_mm<false, false>(sm.O, TL::LDF_VO, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT_VO, BT, wv, BT, true);
+    cta_for_each(p.L, wv, [&](int r, int j) {
         if (v0 + j < dv) {
             o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF_VO + j]);
         }
@@ -665,7 +443,7 @@ template <typename Tc> struct GdnDvlocalSmem {
     size_t bytes;
     __host__ __device__ explicit GdnDvlocalSmem(size_t base) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
@@ -685,21 +463,21 @@ gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, c
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnDvlocalSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     gdn_load_G(sm.G, G_saved, p.c);
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
-        gdn_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
+        tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
     }
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(j >= i ? scale * sm.P[i * TL::LDF_BT + j] * expf(sm.G[j] - sm.G[i]) : 0.0f);
     });
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_load<2>(gdn_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
-        gdn_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
-        gdn_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
         });
     }
@@ -718,7 +496,7 @@ template <typename Tc> struct GdnBwdStateSmem {
     size_t bytes;
     __host__ __device__ GdnBwdStateSmem(size_t base, int dkp) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         E = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         G = cv.take<float>(GDN_CHUNK);
@@ -739,17 +517,17 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    const int dkp = gdn_round16_dev(dk);
+    const int dkp = round16_dev(dk);
     GdnBwdStateSmem<Tc> sm((size_t)gdn_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
     constexpr int N = GdnStateLoad<Tc>::N;
-    gdn_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
+    cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
     for (int n = NT - 1; n >= 0; n--) {
         const size_t c = (size_t)bh * NT + n;
         const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
         const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
-        gdn_for_each(dkp, BV, [&](int d, int j) {
+        cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.E[d * TL::LDF_BV + j]);
             sm.E_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { dE_work[(c * dk + d) * dv + v0 + j] = x; }
@@ -763,16 +541,16 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
             const int ws = min(SL, dkp - s0);
             const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
             if (s0 == 0) {
-                gdn_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
+                tile_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
                                       gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
             } else {
-                gdn_load<N>(k_tile);
+                tile_load<N>(k_tile);
             }
-            gdn_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
+            cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
         const float G_last = sm.G[BT - 1];
-        gdn_for_each(BT, BV, [&](int r, int j) {
+        cta_for_each(BT, BV, [&](int r, int j) {
             float dvn = 0.0f;
             if (v0 + j < dv) {
                 dvn = sm.dVl[r * TL::LDF_BV + j] + expf(G_last - sm.G[r]) * sm.C[r * TL::LDF_BV + j];
@@ -781,15 +559,15 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
             sm.dVn_op[r * TL::LDT_BV + j] = from_float<Tc>(-dvn);
         });
         const float gam_last = expf(G_last);
-        gdn_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
         // dE += (scale diag(gam) Q)^T dO - W^T dVn, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
-            gdn_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
+            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
+            cta_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
                                 ws, BV, BT, true);
-            gdn_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
-            gdn_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
+            tile_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
+            cta_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
     }
@@ -812,7 +590,7 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 //   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
 // Every step's tiles are loaded in one batch (one memory latency): beta and G together, Tm with the first dv
 // slab of phase 1, a dk slab's q, k and kbg with its first dv slab of phase 2, and phase 4 reads dk back while
-// it loads the K slab. The per-row dot products and the gradient rows are done warp per row (gdn_rows), so
+// it loads the K slab. The per-row dot products and the gradient rows are done warp per row (cta_rows), so
 // the global writes are coalesced.
 
 template <typename Tc> struct GdnBwdChunkSmem {
@@ -825,7 +603,7 @@ template <typename Tc> struct GdnBwdChunkSmem {
     size_t bytes;
     __host__ __device__ explicit GdnBwdChunkSmem(size_t base) {
         typedef GdnTile<Tc> TL;
-        GdnCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         dT = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         KK = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
@@ -867,11 +645,11 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
                      int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
-    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (gdn_load<1>)");
+    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (tile_load<1>)");
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnBwdChunkSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_round16_dev(dk), dvp = gdn_round16_dev(dv);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const size_t c = p.c;
     const int tid = threadIdx.x;
     const float* Tm_c = Tm_saved + c * BT * BT;
@@ -904,21 +682,21 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         const auto v_tile = gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0);
         const auto vb_tile = gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta);
         if (s0 == 0) {
-            gdn_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0), do_tile, vn_tile, dvn_tile, v_tile,
+            tile_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0), do_tile, vn_tile, dvn_tile, v_tile,
                         vb_tile);
         } else {
-            gdn_load<1>(do_tile, vn_tile, dvn_tile, v_tile, vb_tile);
+            tile_load<1>(do_tile, vn_tile, dvn_tile, v_tile, vb_tile);
         }
-        gdn_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
-        gdn_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
-        gdn_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
-        gdn_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
+        cta_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
+        cta_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
             const float dvb = sm.F0[r * LDF + cc];
             acc[0] = fmaf(sm.F1[r * LDF + cc], dvb, acc[0]);
             grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
         }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
     }
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
 
@@ -935,35 +713,35 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
             const auto h_tile = gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0);     // h rows k0.., columns s0..
             const auto de_tile = gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0);   // dE rows k0.., columns s0..
             if (s0 == 0) {
-                gdn_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
+                tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
                             gdn_in_tile(sm.Sq, LDT, wk, q, ld_qkv, p, dk, k0),
                             gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0),
                             gdn_in_tile(sm.Skb, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
             } else {
-                gdn_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile);
+                tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile);
             }
-            gdn_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_rows<1>(wk, ws, [&](int d, int cc, float* acc) {   // <h, dE>_F, accumulated per slab row
+            cta_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_rows<1>(wk, ws, [&](int d, int cc, float* acc) {   // <h, dE>_F, accumulated per slab row
                 acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
             }, [&](int d, const float* acc) { sm.hdE[d] += acc[0]; });
         }
         // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
         // sum_i k_i.dK_int_i
-        gdn_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
+        cta_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
             sm.F0[r * LDF + cc] *= sm.sg[r];
             const float dkint = sm.F1[r * LDF + cc] * sm.eg[r];
             sm.F1[r * LDF + cc] = dkint;
             sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
             acc[0] = fmaf(to_float(sm.Sk[r * LDT + cc]), dkint, acc[0]);
         }, [&](int r, const float* acc) { sm.kdKint[r] += acc[0]; });
-        gdn_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.Sk, LDT, BT, wk, BT, true, false);       // dQ
-        gdn_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.Sq, LDT, BT, wk, BT, true, false);        // dK_a
-        gdn_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
-        gdn_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
-        gdn_mm<false, true>(sm.KK, LDFB, sm.Sk, LDT, sm.Sk, LDT, BT, BT, wk, k0 > 0);               // K K^T
-        gdn_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
+        cta_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.Sk, LDT, BT, wk, BT, true, false);       // dQ
+        cta_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.Sq, LDT, BT, wk, BT, true, false);        // dK_a
+        cta_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
+        cta_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
+        cta_mm<false, true>(sm.KK, LDFB, sm.Sk, LDT, sm.Sk, LDT, BT, BT, wk, k0 > 0);               // K K^T
+        cta_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
             const float qv = to_float(sm.Sq[r * LDT + cc]), kv = to_float(sm.Sk[r * LDT + cc]);
             const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F2[r * LDF + cc];
             acc[0] = fmaf(qv, dq, acc[0]);
@@ -980,17 +758,17 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     }
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT)
-    gdn_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
-    gdn_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
-    gdn_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
-    gdn_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
+    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
+    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
     // dAG = dA (.) Gam, kept in P (strictly lower)
-    gdn_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P[i * LDFB + j] = i > j ? -sm.dT[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
     // dbeta_c_i = sum_j dAG_ij (k_i.k_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
     // dA_ij A_ij = dAG_ij beta_i (k_i.k_j): only the products with the decay already applied are formed
-    gdn_rows<2>(BT, BT, [&](int i, int j, float* acc) {
+    cta_rows<2>(BT, BT, [&](int i, int j, float* acc) {
         if (j < i) { acc[0] = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], acc[0]); }
         if (j > i) { acc[1] = fmaf(sm.P[j * LDFB + i] * sm.beta[j], sm.KK[j * LDFB + i], acc[1]); }
     }, [&](int i, const float* acc) {
@@ -998,7 +776,7 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         sm.dGb[i] += sm.beta[i] * acc[0] - acc[1];
     });
     // Z = diag(beta) dAG + (diag(beta) dAG)^T
-    gdn_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
         return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
     });
 
@@ -1014,8 +792,8 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
             const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols;
             dk_ab[u] = idx < n ? grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + idx - r * cols] : 0.0f;
         }
-        gdn_load<1>(gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
-        gdn_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        tile_load<1>(gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
+        cta_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
         #pragma unroll
         for (int u = 0; u < NK; u++) {
             const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
@@ -1085,7 +863,7 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
     gdn_check_vec8(v, ld_qkv, "v");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_round16(dk), dvp = gdn_round16(dv);
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
     char* sv = (char*)saved;
@@ -1131,7 +909,7 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
     gdn_check_vec8(dO, ld_o, "dO");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_round16(dk);
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
     const char* sv = (const char*)saved;

@@ -14,7 +14,9 @@ trainer's, the float64 CPU reference of the forward recurrence (spec 2.1), trans
 // the previous kernels/gdn_chunk.cuh (gdn_chunk_fwd version 3, gdn_chunk_bwd version 2), verbatim but for the
 // per-kernel timing marks of its launchers (128-thread state kernels, an output kernel per SL columns of dv,
 // more memory round trips in the intra and fused backward chunk kernels), with its names prefixed gdn_prev_ /
-// GdnPrev; it shares the GDN_CHUNK / GDN_THREADS / GDN_BWD_THREADS / GDN_STATE_BV constants of the current header
+// GdnPrev; it shares the GDN_CHUNK / GDN_THREADS / GDN_BWD_THREADS / GDN_STATE_BV constants of the current header,
+// and the parts that have not changed since: the CTA building blocks (kernels/chunk_tiles.cuh), the saved layout,
+// the chunk position and input tiles, the triangular solve and the launch checks
 
 #define GDN_PREV_STATE_THREADS 128   // threads of the sequential state kernels
 
@@ -31,347 +33,6 @@ template <typename Tc> struct GdnPrevTile {
     static constexpr int LDF_BV = GDN_STATE_BV + 4;        // state kernels: stride of a ... x BV fp32 tile
 };
 
-static inline int gdn_prev_round16(int x) { return (x + 15) / 16 * 16; }
-__device__ __forceinline__ int gdn_prev_round16_dev(int x) { return (x + 15) / 16 * 16; }
-
-// ----------------------------------------------------------------------------------------------------------
-// saved tensors (per layer) and workspace. c = (b*H + h)*NT + n indexes a chunk.
-//   saved:     Tm fp32 [c][BT][BT], G fp32 [c][BT], h Tc [c][dk][dv] (chunk-start states), Vn Tc [c][BT][dv],
-//              W Tc [c][BT][dk]
-//   workspace: forward U Tc [c][BT][dv]; backward dVl/dVn fp32 [c][BT][dv] (dVn overwrites dVl in place),
-//              dE Tc [c][dk][dv]
-// The byte counts are for Tc = float (an upper bound; bf16 uses less of the same buffers).
-
-typedef struct { size_t Tm, G, h, Vn, W, total; } GdnPrevSavedLayout;
-
-static size_t gdn_prev_align256(size_t x) { return (x + 255) & ~(size_t)255; }
-
-static GdnPrevSavedLayout gdn_prev_saved_layout(int B, int T, int H, int dk, int dv, size_t tc_bytes) {
-    const size_t BT = GDN_CHUNK, nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
-    GdnPrevSavedLayout l;
-    l.Tm = 0;
-    l.G = l.Tm + gdn_prev_align256(nchunks * BT * BT * sizeof(float));
-    l.h = l.G + gdn_prev_align256(nchunks * BT * sizeof(float));
-    l.Vn = l.h + gdn_prev_align256(nchunks * dk * dv * tc_bytes);
-    l.W = l.Vn + gdn_prev_align256(nchunks * BT * dv * tc_bytes);
-    l.total = l.W + gdn_prev_align256(nchunks * BT * dk * tc_bytes);
-    return l;
-}
-
-// ----------------------------------------------------------------------------------------------------------
-// shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
-// and by the host (base = 0) to size the launch
-
-struct GdnPrevCarver {
-    size_t base, off;
-    __host__ __device__ explicit GdnPrevCarver(size_t b) : base(b), off(0) {}
-    template <typename T> __host__ __device__ T* take(size_t count) {
-        T* p = (T*)(base + off);
-        off += (count * sizeof(T) + 127) & ~(size_t)127;
-        return p;
-    }
-};
-
-// ----------------------------------------------------------------------------------------------------------
-// CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
-
-// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
-// GDN_PREV_FILL_BATCH elements before storing any, so that their global loads are in flight together.
-#define GDN_PREV_FILL_BATCH 16
-template <typename Ts, typename F>
-__device__ __forceinline__ void gdn_prev_fill(Ts* s, int lds, int rows, int cols, F f) {
-    const int n = rows * cols, stride = blockDim.x;
-    for (int base = threadIdx.x; base < n; base += GDN_PREV_FILL_BATCH * stride) {
-        float x[GDN_PREV_FILL_BATCH];
-        #pragma unroll
-        for (int u = 0; u < GDN_PREV_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
-            x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
-        }
-        #pragma unroll
-        for (int u = 0; u < GDN_PREV_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
-            if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
-        }
-    }
-    __syncthreads();
-}
-
-// s[0..7] = scale * x[0..7] in shared memory (16-byte aligned)
-__device__ __forceinline__ void gdn_prev_store8(__nv_bfloat16* s, const float* x, float scale) {
-    uint4 raw;
-    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&raw);
-    #pragma unroll
-    for (int e = 0; e < 4; e++) { h2[e] = __floats2bfloat162_rn(scale * x[2 * e], scale * x[2 * e + 1]); }
-    *reinterpret_cast<uint4*>(s) = raw;
-}
-__device__ __forceinline__ void gdn_prev_store8(float* s, const float* x, float scale) {
-    reinterpret_cast<float4*>(s)[0] = make_float4(scale * x[0], scale * x[1], scale * x[2], scale * x[3]);
-    reinterpret_cast<float4*>(s)[1] = make_float4(scale * x[4], scale * x[5], scale * x[6], scale * x[7]);
-}
-
-// 8 elements of type Tg as raw 16-byte words (one group of a register-staged tile load)
-template <typename Tg> struct GdnPrevRaw8 { uint4 u[sizeof(Tg) / 2]; };
-
-__device__ __forceinline__ void gdn_prev_unpack8(float* x, const GdnPrevRaw8<__nv_bfloat16>& raw) {
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw.u[0]);
-    #pragma unroll
-    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
-}
-__device__ __forceinline__ void gdn_prev_unpack8(float* x, const GdnPrevRaw8<float>& raw) {
-    const float* f = reinterpret_cast<const float*>(&raw.u[0]);
-    #pragma unroll
-    for (int e = 0; e < 8; e++) { x[e] = f[e]; }
-}
-
-// one tile of a batched load from global memory: s[r][c] = mul * rowscale[r] * g[r * ldg + c] for r < rows,
-// c < cols (cols a multiple of 8), with zeros where r >= rv or c >= cv (cv a multiple of 8, so a group of 8 is
-// all in or all out; g 16-byte aligned, ldg a multiple of 8). rowscale == nullptr: the factor is mul alone.
-template <typename Ts, typename Tg> struct GdnPrevTileLoad {
-    typedef GdnPrevRaw8<Tg> Raw;
-    Ts* s;
-    int lds, rows, cols;
-    const Tg* g;
-    size_t ldg;
-    int rv, cv;
-    const float* rowscale;
-    float mul;
-    __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
-    __device__ __forceinline__ void fetch(int idx, GdnPrevRaw8<Tg>& x) const {
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
-        if (idx < groups() && r < rv && c < cv) {
-            const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
-            #pragma unroll
-            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = src[e]; }
-        } else {
-            #pragma unroll
-            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = make_uint4(0u, 0u, 0u, 0u); }
-        }
-    }
-    __device__ __forceinline__ void store(int idx, const GdnPrevRaw8<Tg>& x) const {
-        if (idx >= groups()) { return; }
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
-        float f[8];
-        gdn_prev_unpack8(f, x);
-        gdn_prev_store8(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
-    }
-};
-
-template <typename Ts, typename Tg>
-__device__ __forceinline__ GdnPrevTileLoad<Ts, Tg> gdn_prev_tile(Ts* s, int lds, int rows, int cols, const Tg* g, size_t ldg,
-                                                        int rv, int cv, const float* rowscale = nullptr,
-                                                        float mul = 1.0f) {
-    return GdnPrevTileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul };
-}
-
-// one pass of gdn_prev_load: every tile's N groups of this thread are fetched into registers before any is stored
-template <int N>
-__device__ __forceinline__ void gdn_prev_load_pass(int) {}
-template <int N, typename L, typename... Rest>
-__device__ __forceinline__ void gdn_prev_load_pass(int base, const L& t, const Rest&... rest) {
-    typename L::Raw x[N];
-    #pragma unroll
-    for (int u = 0; u < N; u++) { t.fetch(base + u * blockDim.x, x[u]); }
-    gdn_prev_load_pass<N>(base, rest...);
-    #pragma unroll
-    for (int u = 0; u < N; u++) { t.store(base + u * blockDim.x, x[u]); }
-}
-
-// loads several tiles with all their global loads in flight together (up to N groups of 8 per thread and tile
-// per round trip), so that a kernel step waits for one memory latency instead of one per tile
-template <int N, typename... L>
-__device__ void gdn_prev_load(const L&... t) {
-    int n = 0;
-    ((n = max(n, t.groups())), ...);
-    for (int base = threadIdx.x; base < n; base += N * blockDim.x) { gdn_prev_load_pass<N>(base, t...); }
-    __syncthreads();
-}
-
-// warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions
-// into acc[NS]; the row sums (a fixed shuffle tree: bitwise reproducible) are passed to done(r, acc) on lane 0.
-// Consecutive lanes touch consecutive columns: coalesced global writes, conflict-free shared reads.
-template <int NS, typename F, typename D>
-__device__ __forceinline__ void gdn_prev_rows(int rows, int cols, F f, D done) {
-    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int r = threadIdx.x >> 5; r < rows; r += nw) {
-        float acc[NS];
-        #pragma unroll
-        for (int i = 0; i < NS; i++) { acc[i] = 0.0f; }
-        for (int c = lane; c < cols; c += 32) { f(r, c, acc); }
-        #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) { acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o); }
-        }
-        if (lane == 0) { done(r, acc); }
-    }
-    __syncthreads();
-}
-
-// f(r, c) for every element of a rows x cols index range
-template <typename F>
-__device__ __forceinline__ void gdn_prev_for_each(int rows, int cols, F f) {
-    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
-        const int r = idx / cols, c = idx - r * cols;
-        f(r, c);
-    }
-    __syncthreads();
-}
-
-// C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
-// A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
-// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16. With sync = false the closing __syncthreads()
-// is left out, so that independent products (no output read by another) run back to back.
-// fp32 operands: CUDA-core FMAs, each thread owns 4 x 4 blocks of C (fixed summation order over k).
-template <bool A_T, bool B_T>
-__device__ void gdn_prev_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
-                       int M, int N, int K, bool acc, bool sync = true) {
-    const int nb = N / 4;
-    for (int t = threadIdx.x; t < (M / 4) * nb; t += blockDim.x) {
-        const int m0 = (t / nb) * 4, n0 = (t % nb) * 4;
-        float c[4][4];
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { c[i][j] = acc ? C[(m0 + i) * ldc + n0 + j] : 0.0f; }
-        }
-        for (int k = 0; k < K; k++) {
-            float a[4], b[4];
-            #pragma unroll
-            for (int i = 0; i < 4; i++) { a[i] = A_T ? A[k * lda + m0 + i] : A[(m0 + i) * lda + k]; }
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { b[j] = B_T ? Bm[(n0 + j) * ldb + k] : Bm[k * ldb + n0 + j]; }
-            #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                #pragma unroll
-                for (int j = 0; j < 4; j++) { c[i][j] = fmaf(a[i], b[j], c[i][j]); }
-            }
-        }
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { C[(m0 + i) * ldc + n0 + j] = c[i][j]; }
-        }
-    }
-    if (sync) { __syncthreads(); }
-}
-
-// bf16 operands: tensor cores, one warp per 16 x 16 tile of C, fp32 accumulation.
-// Tile pointers are multiples of 16 elements from 128-byte aligned bases (wmma wants 32-byte alignment).
-template <bool A_T, bool B_T>
-__device__ void gdn_prev_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
-                       int M, int N, int K, bool acc, bool sync = true) {
-    using namespace nvcuda;
-    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
-    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
-    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, nt = N / 16;
-    for (int t = warp; t < (M / 16) * nt; t += nwarps) {
-        const int m0 = (t / nt) * 16, n0 = (t % nt) * 16;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        if (acc) { wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major); }
-        else { wmma::fill_fragment(c, 0.0f); }
-        for (int k = 0; k < K; k += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> a;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> b;
-            wmma::load_matrix_sync(a, A_T ? A + k * lda + m0 : A + m0 * lda + k, lda);
-            wmma::load_matrix_sync(b, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
-            wmma::mma_sync(c, a, b, c);
-        }
-        wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
-    }
-    if (sync) { __syncthreads(); }
-}
-
-// where a per-chunk CTA works: chunk c = (b*H + h)*NT + n covers tokens t0 .. t0+L-1 (rows row0.. of the inputs)
-struct GdnPrevChunkPos {
-    size_t c, row0;
-    int b, h, n, t0, L;
-};
-
-__device__ __forceinline__ GdnPrevChunkPos gdn_prev_chunk_pos(size_t c, int T, int H, int NT) {
-    GdnPrevChunkPos p;
-    p.c = c;
-    const int bh = (int)(c / NT);
-    p.n = (int)(c % NT);
-    p.b = bh / H;
-    p.h = bh % H;
-    p.t0 = p.n * GDN_CHUNK;
-    p.L = min(GDN_CHUNK, T - p.t0);
-    p.row0 = (size_t)p.b * T + p.t0;
-    return p;
-}
-
-// G of chunk c from the saved buffer
-__device__ __forceinline__ void gdn_prev_load_G(float* Gs, const float* G_saved, size_t c) {
-    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) { Gs[r] = G_saved[c * GDN_CHUNK + r]; }
-    __syncthreads();
-}
-
-// beta of a chunk (0 on padded rows)
-__device__ __forceinline__ void gdn_prev_load_beta(float* bs, const float* beta, const GdnPrevChunkPos& p, int H) {
-    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
-        bs[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
-    }
-    __syncthreads();
-}
-
-// the tile of a chunk's rows of q, k (width dk), v or dO (width dv) at the head's columns col0 .. col0 + cols - 1,
-// zero outside the sequence or the head's columns
-template <typename Ts, typename Tin>
-__device__ __forceinline__ GdnPrevTileLoad<Ts, Tin> gdn_prev_in_tile(Ts* s, int lds, int cols, const Tin* x, int ld,
-                                                            const GdnPrevChunkPos& p, int width, int col0,
-                                                            const float* rowscale = nullptr, float mul = 1.0f) {
-    return gdn_prev_tile(s, lds, GDN_CHUNK, cols, x + p.row0 * ld + (size_t)p.h * width + col0, (size_t)ld, p.L,
-                    width - col0, rowscale, mul);
-}
-
-// the tile rows r0.., columns col0.. of a per-chunk row-major [nrows][ncols] matrix (saved or workspace) at m
-template <typename Ts, typename Tg>
-__device__ __forceinline__ GdnPrevTileLoad<Ts, Tg> gdn_prev_mat_tile(Ts* s, int lds, int rows, int cols, const Tg* m,
-                                                            int nrows, int ncols, int r0, int col0,
-                                                            const float* rowscale = nullptr, float mul = 1.0f) {
-    return gdn_prev_tile(s, lds, rows, cols, m + (size_t)r0 * ncols + col0, (size_t)ncols, nrows - r0, ncols - col0,
-                    rowscale, mul);
-}
-
-// ----------------------------------------------------------------------------------------------------------
-// spec 3.2: Tm = (I + A)^-1 for a strictly lower triangular BT x BT matrix A (fp32, stride LDF_BT), by 16 x 16
-// blocks: the 4 diagonal blocks by forward substitution (one thread per column), then the off-diagonal blocks
-// by distance d = I - J: Tm_IJ = -Tm_II sum_{M=J}^{I-1} A_IM Tm_MJ. X: 3*256 floats of scratch.
-
-__device__ void gdn_prev_solve_unit_lower(float* Tm, const float* A, float* X) {
-    constexpr int BT = GDN_CHUNK, LD = GDN_CHUNK + 4, NB = GDN_CHUNK / 16;
-    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) { Tm[(idx / BT) * LD + idx % BT] = 0.0f; }
-    __syncthreads();
-    if (threadIdx.x < BT) {
-        const int j = threadIdx.x, end = (j / 16) * 16 + 16;
-        Tm[j * LD + j] = 1.0f;
-        for (int i = j + 1; i < end; i++) {
-            float s = 0.0f;
-            for (int m = j; m < i; m++) { s = fmaf(A[i * LD + m], Tm[m * LD + j], s); }
-            Tm[i * LD + j] = -s;
-        }
-    }
-    __syncthreads();
-    for (int d = 1; d < NB; d++) {
-        const int n = (NB - d) * 256;
-        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
-            float s = 0.0f;
-            for (int m = 16 * J; m < 16 * I; m++) { s = fmaf(A[(16 * I + r) * LD + m], Tm[m * LD + 16 * J + cc], s); }
-            X[idx] = s;
-        }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
-            float s = 0.0f;
-            for (int m = 0; m <= r; m++) { s = fmaf(Tm[(16 * I + r) * LD + 16 * I + m], X[J * 256 + m * 16 + cc], s); }
-            Tm[(16 * I + r) * LD + 16 * J + cc] = -s;
-        }
-        __syncthreads();
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
 
@@ -381,7 +42,7 @@ template <typename Tc> struct GdnPrevIntraSmem {
     size_t bytes;
     __host__ __device__ explicit GdnPrevIntraSmem(size_t base) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         X = cv.take<float>(3 * 256);
@@ -403,11 +64,11 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
     GdnPrevIntraSmem<Tc> sm((size_t)gdn_prev_smem);
-    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
 
     // beta, and G_i = sum_{m<=i} g_m reset at the chunk start (spec 3.1); one thread, fixed order
-    gdn_prev_load_beta(sm.beta, beta, p, H);
+    gdn_load_beta(sm.beta, beta, p, H);
     if (threadIdx.x == 0) {
         float acc = 0.0f;
         for (int r = 0; r < BT; r++) {
@@ -424,16 +85,16 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
     // K K^T over dk slabs
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
-        gdn_prev_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
+        cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
     }
     // A_ij = beta_i (k_i.k_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         float* a = sm.A + i * TL::LDF_BT + j;
         *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
-    gdn_prev_solve_unit_lower(sm.Tm, sm.A, sm.X);
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    cta_for_each(BT, BT, [&](int i, int j) {
         const float t = sm.Tm[i * TL::LDF_BT + j];
         Tm_saved[(p.c * BT + i) * BT + j] = t;
         sm.Tm_op[i * TL::LDT_BT + j] = from_float<Tc>(t);
@@ -441,18 +102,18 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
     // W = Tm diag(beta gam) K, slab by slab of dk
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
-        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
-        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
     // U = Tm diag(beta) V, slab by slab of dv
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_load<2>(gdn_prev_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
-        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
-        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { U_work[(p.c * BT + r) * dv + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
@@ -475,7 +136,7 @@ template <typename Tc> struct GdnPrevStateSmem {
     size_t bytes;
     __host__ __device__ GdnPrevStateSmem(size_t base, int dkp) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         S = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         G = cv.take<float>(GDN_CHUNK);
@@ -494,19 +155,19 @@ gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const
     typedef GdnPrevTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
-    const int dkp = gdn_prev_round16_dev(dk);
+    const int dkp = round16_dev(dk);
     GdnPrevStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
     constexpr int N = GdnPrevStateLoad<Tc>::N;
-    gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
+    cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] = 0.0f; });   // S_0 = 0
     for (int n = 0; n < NT; n++) {
         const size_t c = (size_t)bh * NT + n;
-        const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
+        const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
         // G (stored once the tile loads below are in flight); h_n = S (saved for the output kernel and the
         // backward), and S as a matrix operand
         const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
-        gdn_prev_for_each(dkp, BV, [&](int d, int j) {
+        cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.S[d * TL::LDF_BV + j]);
             sm.S_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { h_saved[(c * dk + d) * dv + v0 + j] = x; }
@@ -515,18 +176,18 @@ gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const
         // W S, contracting over dk slab by slab; U comes with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            const auto w_tile = gdn_prev_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0);
+            const auto w_tile = gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0);
             if (s0 == 0) {
-                gdn_prev_load<N / 2>(w_tile, gdn_prev_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
+                tile_load<N / 2>(w_tile, gdn_mat_tile(sm.U, TL::LDT_BV, BT, BV, U_work + c * BT * dv, BT, dv, 0, v0));
             } else {
-                gdn_prev_load<N>(w_tile);
+                tile_load<N>(w_tile);
             }
-            gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
+            cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
         // Vn = U - W S (the true write vectors u_i, spec 3.1); V_op = diag(exp(G_BT - G)) Vn; S <- gam_BT S
         const float G_last = sm.G[BT - 1];
-        gdn_prev_for_each(BT, BV, [&](int r, int j) {
+        cta_for_each(BT, BV, [&](int r, int j) {
             float vn = 0.0f;
             if (v0 + j < dv) {
                 vn = to_float(sm.U[r * TL::LDT_BV + j]) - sm.C[r * TL::LDF_BV + j];
@@ -535,12 +196,12 @@ gdn_prev_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const
             sm.V_op[r * TL::LDT_BV + j] = from_float<Tc>(vn * expf(G_last - sm.G[r]));
         });
         const float gam_last = expf(G_last);
-        gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
         // S += K^T V_op, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_load<N>(gdn_prev_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
-            gdn_prev_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
+            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
+            cta_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
     }
@@ -556,7 +217,7 @@ template <typename Tc> struct GdnPrevOutputSmem {
     size_t bytes;
     __host__ __device__ explicit GdnPrevOutputSmem(size_t base) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         O = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
@@ -577,32 +238,32 @@ gdn_prev_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
     GdnPrevOutputSmem<Tc> sm((size_t)gdn_prev_smem);
-    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const int v0 = blockIdx.y * SL, wv = min(SL, dvp - v0);
 
     // Q K^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        const auto q_tile = gdn_prev_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
-        const auto k_tile = gdn_prev_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
-        const auto h_tile = gdn_prev_mat_tile(sm.Hs, TL::LDT, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
+        const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
+        const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
+        const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
         if (s0 == 0) {
-            gdn_prev_load<2>(q_tile, k_tile, h_tile,
-                        gdn_prev_mat_tile(sm.Vn, TL::LDT, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
-                        gdn_prev_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
+            tile_load<2>(q_tile, k_tile, h_tile,
+                        gdn_mat_tile(sm.Vn, TL::LDT, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
+                        gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
         } else {
-            gdn_prev_load<2>(q_tile, k_tile, h_tile);
+            tile_load<2>(q_tile, k_tile, h_tile);
         }
-        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
-        gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.Q, TL::LDT, sm.Hs, TL::LDT, BT, wv, ws, s0 > 0);
+        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<false, false>(sm.O, TL::LDF, sm.Q, TL::LDT, sm.Hs, TL::LDT, BT, wv, ws, s0 > 0);
     }
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
-    gdn_prev_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF + j] *= expf(sm.G[i]); });
-    gdn_prev_mm<false, false>(sm.O, TL::LDF, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT, BT, wv, BT, true);
-    gdn_prev_for_each(p.L, wv, [&](int r, int j) {
+    cta_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF + j] *= expf(sm.G[i]); });
+    cta_mm<false, false>(sm.O, TL::LDF, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT, BT, wv, BT, true);
+    cta_for_each(p.L, wv, [&](int r, int j) {
         if (v0 + j < dv) { o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF + j]); }
     });
 }
@@ -617,7 +278,7 @@ template <typename Tc> struct GdnPrevDvlocalSmem {
     size_t bytes;
     __host__ __device__ explicit GdnPrevDvlocalSmem(size_t base) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
@@ -636,22 +297,22 @@ gdn_prev_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin*
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
     GdnPrevDvlocalSmem<Tc> sm((size_t)gdn_prev_smem);
-    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
-    gdn_prev_load_G(sm.G, G_saved, p.c);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
+    gdn_load_G(sm.G, G_saved, p.c);
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        gdn_prev_load<2>(gdn_prev_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_prev_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
-        gdn_prev_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
+        tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
     }
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(j >= i ? scale * sm.P[i * TL::LDF_BT + j] * expf(sm.G[j] - sm.G[i]) : 0.0f);
     });
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_load<2>(gdn_prev_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
-        gdn_prev_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
-        gdn_prev_for_each(BT, ws, [&](int r, int c) {
+        tile_load<2>(gdn_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
+        cta_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
+        cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
         });
     }
@@ -670,7 +331,7 @@ template <typename Tc> struct GdnPrevBwdStateSmem {
     size_t bytes;
     __host__ __device__ GdnPrevBwdStateSmem(size_t base, int dkp) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         E = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         G = cv.take<float>(GDN_CHUNK);
@@ -691,17 +352,17 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
     typedef GdnPrevTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
-    const int dkp = gdn_prev_round16_dev(dk);
+    const int dkp = round16_dev(dk);
     GdnPrevBwdStateSmem<Tc> sm((size_t)gdn_prev_smem, dkp);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV;
 
     constexpr int N = GdnPrevStateLoad<Tc>::N;
-    gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
+    cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] = 0.0f; });   // dS_T = 0
     for (int n = NT - 1; n >= 0; n--) {
         const size_t c = (size_t)bh * NT + n;
-        const GdnPrevChunkPos p = gdn_prev_chunk_pos(c, T, H, NT);
+        const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
         const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
-        gdn_prev_for_each(dkp, BV, [&](int d, int j) {
+        cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.E[d * TL::LDF_BV + j]);
             sm.E_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { dE_work[(c * dk + d) * dv + v0 + j] = x; }
@@ -713,18 +374,18 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
         // K dE, contracting over dk slab by slab; dO and dVl come with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            const auto k_tile = gdn_prev_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
+            const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
             if (s0 == 0) {
-                gdn_prev_load<N / 2>(k_tile, gdn_prev_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
-                                gdn_prev_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
+                tile_load<N / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
+                                gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
             } else {
-                gdn_prev_load<N>(k_tile);
+                tile_load<N>(k_tile);
             }
-            gdn_prev_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
+            cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
         const float G_last = sm.G[BT - 1];
-        gdn_prev_for_each(BT, BV, [&](int r, int j) {
+        cta_for_each(BT, BV, [&](int r, int j) {
             float dvn = 0.0f;
             if (v0 + j < dv) {
                 dvn = sm.dVl[r * TL::LDF_BV + j] + expf(G_last - sm.G[r]) * sm.C[r * TL::LDF_BV + j];
@@ -733,15 +394,15 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
             sm.dVn_op[r * TL::LDT_BV + j] = from_float<Tc>(-dvn);
         });
         const float gam_last = expf(G_last);
-        gdn_prev_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
         // dE += (scale diag(gam) Q)^T dO - W^T dVn, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            gdn_prev_load<N>(gdn_prev_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
-            gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
+            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
+            cta_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
                                 ws, BV, BT, true);
-            gdn_prev_load<N>(gdn_prev_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
-            gdn_prev_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
+            tile_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
+            cta_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dVn_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
     }
@@ -763,7 +424,7 @@ gdn_prev_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o,
 //   phase 4 (dk slabs)  dk += Z K with Z = diag(beta) dAG + (diag(beta) dAG)^T     (= dK_c)
 //   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
 // Every step's tiles are loaded in one batch (one memory latency); the per-row dot products and the gradient
-// rows are done warp per row (gdn_prev_rows), so the global writes are coalesced.
+// rows are done warp per row (cta_rows), so the global writes are coalesced.
 
 template <typename Tc> struct GdnPrevBwdChunkSmem {
     float *P, *dT, *KK;                 // BT x BT fp32
@@ -774,7 +435,7 @@ template <typename Tc> struct GdnPrevBwdChunkSmem {
     size_t bytes;
     __host__ __device__ explicit GdnPrevBwdChunkSmem(size_t base) {
         typedef GdnPrevTile<Tc> TL;
-        GdnPrevCarver cv(base);
+        SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         dT = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         KK = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
@@ -814,11 +475,11 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
                      int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnPrevTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
-    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (gdn_prev_load<1>)");
+    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (tile_load<1>)");
     extern __shared__ __align__(128) unsigned char gdn_prev_smem[];
     GdnPrevBwdChunkSmem<Tc> sm((size_t)gdn_prev_smem);
-    const GdnPrevChunkPos p = gdn_prev_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = gdn_prev_round16_dev(dk), dvp = gdn_prev_round16_dev(dv);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const size_t c = p.c;
     const int tid = threadIdx.x;
     const float* Tm_c = Tm_saved + c * BT * BT;
@@ -827,7 +488,7 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
     const Tc* Vn_c = Vn_saved + c * BT * dv;
     const float* dVn_c = dVn_work + c * BT * dv;
 
-    gdn_prev_load_beta(sm.beta, beta, p, H);
+    gdn_load_beta(sm.beta, beta, p, H);
     const float G_last = G_saved[c * BT + BT - 1];
     for (int r = tid; r < BT; r += blockDim.x) {
         const float G = G_saved[c * BT + r], gam = expf(G);
@@ -838,26 +499,26 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
         sm.eg[r] = expf(G_last - G);
         sm.dGa[r] = 0.0f; sm.dGb[r] = 0.0f; sm.dbeta[r] = 0.0f; sm.kdKint[r] = 0.0f; sm.hdE[r] = 0.0f;
     }
-    gdn_prev_load<1>(gdn_prev_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0));
+    tile_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0));
 
     // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
-        gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
-                    gdn_prev_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
-                    gdn_prev_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
-                    gdn_prev_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0),
-                    gdn_prev_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
-        gdn_prev_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
-        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
-        gdn_prev_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
-        gdn_prev_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
+        tile_load<1>(gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
+                    gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
+                    gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
+                    gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0),
+                    gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
+        cta_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
+        cta_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
             const float dvb = sm.F0[r * LDF + cc];
             acc[0] = fmaf(sm.F1[r * LDF + cc], dvb, acc[0]);
             grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
         }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
     }
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
 
@@ -867,37 +528,37 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
         // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab
         for (int s0 = 0; s0 < dvp; s0 += SL) {
             const int ws = min(SL, dvp - s0);
-            gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
-                        gdn_prev_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
-                        gdn_prev_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
-                        gdn_prev_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0),     // h rows k0.., columns s0..
-                        gdn_prev_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0));   // dE rows k0.., columns s0..
-            gdn_prev_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_prev_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_prev_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
-            gdn_prev_rows<1>(wk, ws, [&](int d, int cc, float* acc) {   // <h, dE>_F, accumulated per slab row
+            tile_load<1>(gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0),
+                        gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0),
+                        gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0),
+                        gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0),     // h rows k0.., columns s0..
+                        gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0));   // dE rows k0.., columns s0..
+            cta_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_rows<1>(wk, ws, [&](int d, int cc, float* acc) {   // <h, dE>_F, accumulated per slab row
                 acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
             }, [&](int d, const float* acc) { sm.hdE[d] += acc[0]; });
         }
         // this dk slab of q, k and kbg = diag(beta gam) K
-        gdn_prev_load<1>(gdn_prev_in_tile(sm.S0, LDT, wk, q, ld_qkv, p, dk, k0),
-                    gdn_prev_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0),
-                    gdn_prev_in_tile(sm.S2, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
+        tile_load<1>(gdn_in_tile(sm.S0, LDT, wk, q, ld_qkv, p, dk, k0),
+                    gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0),
+                    gdn_in_tile(sm.S2, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg));
         // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
         // sum_i k_i.dK_int_i
-        gdn_prev_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
+        cta_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
             sm.F0[r * LDF + cc] *= sm.sg[r];
             const float dkint = sm.F1[r * LDF + cc] * sm.eg[r];
             sm.F1[r * LDF + cc] = dkint;
             sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
             acc[0] = fmaf(to_float(sm.S1[r * LDT + cc]), dkint, acc[0]);
         }, [&](int r, const float* acc) { sm.kdKint[r] += acc[0]; });
-        gdn_prev_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true, false);       // dQ
-        gdn_prev_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true, false);        // dK_a
-        gdn_prev_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true, false);          // dT += dW kbg^T
-        gdn_prev_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
-        gdn_prev_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);               // K K^T
-        gdn_prev_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
+        cta_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.S1, LDT, BT, wk, BT, true, false);       // dQ
+        cta_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.S0, LDT, BT, wk, BT, true, false);        // dK_a
+        cta_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.S2, LDT, BT, BT, wk, true, false);          // dT += dW kbg^T
+        cta_mm<true, false>(sm.F3, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
+        cta_mm<false, true>(sm.KK, LDFB, sm.S1, LDT, sm.S1, LDT, BT, BT, wk, k0 > 0);               // K K^T
+        cta_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
             const float qv = to_float(sm.S0[r * LDT + cc]), kv = to_float(sm.S1[r * LDT + cc]);
             const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F3[r * LDF + cc];
             acc[0] = fmaf(qv, dq, acc[0]);
@@ -914,17 +575,17 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
     }
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT)
-    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
-    gdn_prev_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
-    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
-    gdn_prev_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
+    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
+    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
     // dAG = dA (.) Gam, kept in P (strictly lower)
-    gdn_prev_for_each(BT, BT, [&](int i, int j) {
+    cta_for_each(BT, BT, [&](int i, int j) {
         sm.P[i * LDFB + j] = i > j ? -sm.dT[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
     // dbeta_c_i = sum_j dAG_ij (k_i.k_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
     // dA_ij A_ij = dAG_ij beta_i (k_i.k_j): only the products with the decay already applied are formed
-    gdn_prev_rows<2>(BT, BT, [&](int i, int j, float* acc) {
+    cta_rows<2>(BT, BT, [&](int i, int j, float* acc) {
         if (j < i) { acc[0] = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], acc[0]); }
         if (j > i) { acc[1] = fmaf(sm.P[j * LDFB + i] * sm.beta[j], sm.KK[j * LDFB + i], acc[1]); }
     }, [&](int i, const float* acc) {
@@ -932,16 +593,16 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
         sm.dGb[i] += sm.beta[i] * acc[0] - acc[1];
     });
     // Z = diag(beta) dAG + (diag(beta) dAG)^T
-    gdn_prev_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
         return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
     });
 
     // phase 4: dk += Z K (dK_c)
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0);
-        gdn_prev_load<1>(gdn_prev_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
-        gdn_prev_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
-        gdn_prev_for_each(p.L, min(wk, dk - k0), [&](int r, int cc) {
+        tile_load<1>(gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
+        cta_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        cta_for_each(p.L, min(wk, dk - k0), [&](int r, int cc) {
             grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] += sm.F0[r * LDF + cc];
         });
     }
@@ -968,49 +629,21 @@ gdn_prev_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d,
     }
 }
 
-// ----------------------------------------------------------------------------------------------------------
-// host launchers. gdn_prev_chunk_forward_impl / gdn_prev_chunk_backward_impl take the operand type Tc explicitly
-// (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version, and time each kernel through
-// marks); the public functions use Tc = Tin.
-
-static void gdn_prev_check_shape(int B, int T, int H, int dk, int dv) {
-    if (B < 1 || T < 1 || H < 1 || dk < 8 || dv < 8 || dk % 8 != 0 || dv % 8 != 0 || dk > 256 || dv > 256) {
-        die("gdn_prev_chunk: unsupported shape B=%d T=%d H=%d dk=%d dv=%d (need dk, dv multiples of 8, <= 256)", B, T, H, dk, dv);
-    }
-}
-
-// the tile loads read 8 contiguous elements at once: row strides multiples of 8, pointers 16-byte aligned
-static void gdn_prev_check_vec8(const void* ptr, int ld, const char* what) {
-    if (ld % 8 != 0 || ((uintptr_t)ptr & 15) != 0) {
-        die("gdn_prev_chunk: %s must be 16-byte aligned with a row stride that is a multiple of 8 (got ld %d)", what, ld);
-    }
-}
-
-// the labs time each kernel: marks (optional) are events recorded after kernel i of a launcher
-static void gdn_prev_mark(cudaEvent_t* marks, int i, cudaStream_t stream) {
-    if (marks) { cudaCheck(cudaEventRecord(marks[i], stream)); }
-}
-
-template <typename K>
-static void gdn_prev_set_smem(K kernel, size_t bytes) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 template <typename Tin, typename Tc>
 static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                    const float* beta, const float* g,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                    cudaEvent_t* marks = nullptr) {
-    gdn_prev_check_shape(B, T, H, dk, dv);
-    gdn_prev_check_vec8(q, ld_qkv, "q");
-    gdn_prev_check_vec8(k, ld_qkv, "k");
-    gdn_prev_check_vec8(v, ld_qkv, "v");
-    gdn_prev_check_vec8(saved, 8, "saved");
-    gdn_prev_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_prev_round16(dk), dvp = gdn_prev_round16(dv);
+    gdn_check_shape(B, T, H, dk, dv);
+    gdn_check_vec8(q, ld_qkv, "q");
+    gdn_check_vec8(k, ld_qkv, "k");
+    gdn_check_vec8(v, ld_qkv, "v");
+    gdn_check_vec8(saved, 8, "saved");
+    gdn_check_vec8(workspace, 8, "workspace");
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnPrevSavedLayout L = gdn_prev_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
     char* sv = (char*)saved;
     float* Tm = (float*)(sv + L.Tm);
     float* G = (float*)(sv + L.G);
@@ -1020,23 +653,23 @@ static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* wor
     Tc* U = (Tc*)workspace;
 
     const size_t s1 = GdnPrevIntraSmem<Tc>(0).bytes;
-    gdn_prev_set_smem(gdn_prev_fwd_intra_kernel<Tin, Tc>, s1);
+    gdn_set_smem(gdn_prev_fwd_intra_kernel<Tin, Tc>, s1);
     gdn_prev_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, beta, g,
                                                                        T, H, NT, dk, dv);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 0, stream);
+    gdn_mark(marks, 0, stream);
     const size_t s2 = GdnPrevStateSmem<Tc>(0, dkp).bytes;
-    gdn_prev_set_smem(gdn_prev_fwd_state_kernel<Tin, Tc>, s2);
+    gdn_set_smem(gdn_prev_fwd_state_kernel<Tin, Tc>, s2);
     gdn_prev_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_PREV_STATE_THREADS, s2, stream>>>(
         h, Vn, G, W, U, k, ld_qkv, T, H, NT, dk, dv);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 1, stream);
+    gdn_mark(marks, 1, stream);
     const size_t s3 = GdnPrevOutputSmem<Tc>(0).bytes;
-    gdn_prev_set_smem(gdn_prev_fwd_output_kernel<Tin, Tc>, s3);
+    gdn_set_smem(gdn_prev_fwd_output_kernel<Tin, Tc>, s3);
     gdn_prev_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnPrevTile<Tc>::SL)), GDN_THREADS, s3, stream>>>(
         o, ld_o, q, k, ld_qkv, G, h, Vn, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 2, stream);
+    gdn_mark(marks, 2, stream);
 }
 
 template <typename Tin, typename Tc>
@@ -1047,16 +680,16 @@ static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* gr
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                     cudaEvent_t* marks = nullptr) {
     (void)g;   // the forward saved G, the chunk cumsum of g
-    gdn_prev_check_shape(B, T, H, dk, dv);
-    gdn_prev_check_vec8(q, ld_qkv, "q");
-    gdn_prev_check_vec8(k, ld_qkv, "k");
-    gdn_prev_check_vec8(v, ld_qkv, "v");
-    gdn_prev_check_vec8(dO, ld_o, "dO");
-    gdn_prev_check_vec8(saved, 8, "saved");
-    gdn_prev_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = gdn_prev_round16(dk);
+    gdn_check_shape(B, T, H, dk, dv);
+    gdn_check_vec8(q, ld_qkv, "q");
+    gdn_check_vec8(k, ld_qkv, "k");
+    gdn_check_vec8(v, ld_qkv, "v");
+    gdn_check_vec8(dO, ld_o, "dO");
+    gdn_check_vec8(saved, 8, "saved");
+    gdn_check_vec8(workspace, 8, "workspace");
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnPrevSavedLayout L = gdn_prev_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
     const char* sv = (const char*)saved;
     const float* Tm = (const float*)(sv + L.Tm);
     const float* G = (const float*)(sv + L.G);
@@ -1064,27 +697,27 @@ static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* gr
     const Tc* Vn = (const Tc*)(sv + L.Vn);
     const Tc* W = (const Tc*)(sv + L.W);
     float* dVn = (float*)workspace;
-    Tc* dE = (Tc*)((char*)workspace + gdn_prev_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
+    Tc* dE = (Tc*)((char*)workspace + gdn_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
 
     const size_t s2 = GdnPrevDvlocalSmem<Tc>(0).bytes;
-    gdn_prev_set_smem(gdn_prev_bwd_dvlocal_kernel<Tin, Tc>, s2);
+    gdn_set_smem(gdn_prev_bwd_dvlocal_kernel<Tin, Tc>, s2);
     gdn_prev_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, k, ld_qkv, G,
                                                                          T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 0, stream);
+    gdn_mark(marks, 0, stream);
     const size_t s3 = GdnPrevBwdStateSmem<Tc>(0, dkp).bytes;
-    gdn_prev_set_smem(gdn_prev_bwd_state_kernel<Tin, Tc>, s3);
+    gdn_set_smem(gdn_prev_bwd_state_kernel<Tin, Tc>, s3);
     gdn_prev_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_PREV_STATE_THREADS, s3, stream>>>(
         dVn, dE, dO, ld_o, q, k, ld_qkv, G, W, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 1, stream);
+    gdn_mark(marks, 1, stream);
     const size_t s4 = GdnPrevBwdChunkSmem<Tc>(0).bytes;
-    gdn_prev_set_smem(gdn_prev_bwd_chunk_kernel<Tin, Tc>, s4);
+    gdn_set_smem(gdn_prev_bwd_chunk_kernel<Tin, Tc>, s4);
     gdn_prev_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
         grad_q, grad_k, grad_v, ld_d, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, beta, Tm, G, h, Vn, dVn, dE,
         T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
-    gdn_prev_mark(marks, 2, stream);
+    gdn_mark(marks, 2, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------

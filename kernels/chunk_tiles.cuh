@@ -1,0 +1,245 @@
+/*
+kernels/chunk_tiles.cuh: the CTA-level building blocks of the chunked kernels (the gdn/kaczmarz chunk kernels of
+kernels/gdn_chunk.cuh; the pdn family's are to share them): shared-memory carving, batched register-staged tile
+loads from global memory, row reductions, and the tile products on tensor cores (bf16 operands, fp32
+accumulation, wmma 16 x 16 x 16) or, for fp32 operands, on CUDA cores with a fixed summation order. Each block
+ends with __syncthreads() unless it says otherwise, so its results are visible to the whole CTA.
+*/
+#ifndef TRAIN_KLA_KERNELS_CHUNK_TILES_CUH
+#define TRAIN_KLA_KERNELS_CHUNK_TILES_CUH
+
+#include <type_traits>
+#include <mma.h>
+#include "common.cuh"
+
+// ----------------------------------------------------------------------------------------------------------
+// rounding of tile extents to the 16 x 16 tensor-core blocks
+
+static inline int round16(int x) { return (x + 15) / 16 * 16; }
+__device__ __forceinline__ int round16_dev(int x) { return (x + 15) / 16 * 16; }
+
+// ----------------------------------------------------------------------------------------------------------
+// shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
+// and by the host (base = 0) to size the launch
+
+struct SmemCarver {
+    size_t base, off;
+    __host__ __device__ explicit SmemCarver(size_t b) : base(b), off(0) {}
+    template <typename T> __host__ __device__ T* take(size_t count) {
+        T* p = (T*)(base + off);
+        off += (count * sizeof(T) + 127) & ~(size_t)127;
+        return p;
+    }
+};
+
+// ----------------------------------------------------------------------------------------------------------
+// CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
+
+// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
+// TILE_FILL_BATCH elements before storing any, so that their global loads are in flight together.
+#define TILE_FILL_BATCH 16
+template <typename Ts, typename F>
+__device__ __forceinline__ void tile_fill(Ts* s, int lds, int rows, int cols, F f) {
+    const int n = rows * cols, stride = blockDim.x;
+    for (int base = threadIdx.x; base < n; base += TILE_FILL_BATCH * stride) {
+        float x[TILE_FILL_BATCH];
+        #pragma unroll
+        for (int u = 0; u < TILE_FILL_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / cols;
+            x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < TILE_FILL_BATCH; u++) {
+            const int idx = base + u * stride, r = idx / cols;
+            if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
+        }
+    }
+    __syncthreads();
+}
+
+// s[0..7] = scale * x[0..7] in shared memory (16-byte aligned)
+__device__ __forceinline__ void store8_scaled(__nv_bfloat16* s, const float* x, float scale) {
+    uint4 raw;
+    __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&raw);
+    #pragma unroll
+    for (int e = 0; e < 4; e++) { h2[e] = __floats2bfloat162_rn(scale * x[2 * e], scale * x[2 * e + 1]); }
+    *reinterpret_cast<uint4*>(s) = raw;
+}
+__device__ __forceinline__ void store8_scaled(float* s, const float* x, float scale) {
+    reinterpret_cast<float4*>(s)[0] = make_float4(scale * x[0], scale * x[1], scale * x[2], scale * x[3]);
+    reinterpret_cast<float4*>(s)[1] = make_float4(scale * x[4], scale * x[5], scale * x[6], scale * x[7]);
+}
+
+// 8 elements of type Tg as raw 16-byte words (one group of a register-staged tile load)
+template <typename Tg> struct Raw8 { uint4 u[sizeof(Tg) / 2]; };
+
+__device__ __forceinline__ void unpack8(float* x, const Raw8<__nv_bfloat16>& raw) {
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw.u[0]);
+    #pragma unroll
+    for (int e = 0; e < 4; e++) { const float2 f = __bfloat1622float2(h2[e]); x[2 * e] = f.x; x[2 * e + 1] = f.y; }
+}
+__device__ __forceinline__ void unpack8(float* x, const Raw8<float>& raw) {
+    const float* f = reinterpret_cast<const float*>(&raw.u[0]);
+    #pragma unroll
+    for (int e = 0; e < 8; e++) { x[e] = f[e]; }
+}
+
+// one tile of a batched load from global memory: s[r][c] = mul * rowscale[r] * g[r * ldg + c] for r < rows,
+// c < cols (cols a multiple of 8), with zeros where r >= rv or c >= cv (cv a multiple of 8, so a group of 8 is
+// all in or all out; g 16-byte aligned, ldg a multiple of 8). rowscale == nullptr: the factor is mul alone.
+template <typename Ts, typename Tg> struct TileLoad {
+    typedef Raw8<Tg> Raw;
+    Ts* s;
+    int lds, rows, cols;
+    const Tg* g;
+    size_t ldg;
+    int rv, cv;
+    const float* rowscale;
+    float mul;
+    __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
+    __device__ __forceinline__ void fetch(int idx, Raw8<Tg>& x) const {
+        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        if (idx < groups() && r < rv && c < cv) {
+            const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
+            #pragma unroll
+            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = src[e]; }
+        } else {
+            #pragma unroll
+            for (int e = 0; e < (int)(sizeof(Tg) / 2); e++) { x.u[e] = make_uint4(0u, 0u, 0u, 0u); }
+        }
+    }
+    __device__ __forceinline__ void store(int idx, const Raw8<Tg>& x) const {
+        if (idx >= groups()) { return; }
+        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        float f[8];
+        unpack8(f, x);
+        store8_scaled(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
+    }
+};
+
+template <typename Ts, typename Tg>
+__device__ __forceinline__ TileLoad<Ts, Tg> make_tile_load(Ts* s, int lds, int rows, int cols, const Tg* g, size_t ldg,
+                                                        int rv, int cv, const float* rowscale = nullptr,
+                                                        float mul = 1.0f) {
+    return TileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul };
+}
+
+// one pass of tile_load: every tile's N groups of this thread are fetched into registers before any is stored
+template <int N>
+__device__ __forceinline__ void tile_load_pass(int) {}
+template <int N, typename L, typename... Rest>
+__device__ __forceinline__ void tile_load_pass(int base, const L& t, const Rest&... rest) {
+    typename L::Raw x[N];
+    #pragma unroll
+    for (int u = 0; u < N; u++) { t.fetch(base + u * blockDim.x, x[u]); }
+    tile_load_pass<N>(base, rest...);
+    #pragma unroll
+    for (int u = 0; u < N; u++) { t.store(base + u * blockDim.x, x[u]); }
+}
+
+// loads several tiles with all their global loads in flight together (up to N groups of 8 per thread and tile
+// per round trip), so that a kernel step waits for one memory latency instead of one per tile
+template <int N, typename... L>
+__device__ void tile_load(const L&... t) {
+    int n = 0;
+    ((n = max(n, t.groups())), ...);
+    for (int base = threadIdx.x; base < n; base += N * blockDim.x) { tile_load_pass<N>(base, t...); }
+    __syncthreads();
+}
+
+// warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions
+// into acc[NS]; the row sums (a fixed shuffle tree: bitwise reproducible) are passed to done(r, acc) on lane 0.
+// Consecutive lanes touch consecutive columns: coalesced global writes, conflict-free shared reads.
+template <int NS, typename F, typename D>
+__device__ __forceinline__ void cta_rows(int rows, int cols, F f, D done) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int r = threadIdx.x >> 5; r < rows; r += nw) {
+        float acc[NS];
+        #pragma unroll
+        for (int i = 0; i < NS; i++) { acc[i] = 0.0f; }
+        for (int c = lane; c < cols; c += 32) { f(r, c, acc); }
+        #pragma unroll
+        for (int i = 0; i < NS; i++) {
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) { acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o); }
+        }
+        if (lane == 0) { done(r, acc); }
+    }
+    __syncthreads();
+}
+
+// f(r, c) for every element of a rows x cols index range
+template <typename F>
+__device__ __forceinline__ void cta_for_each(int rows, int cols, F f) {
+    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+        const int r = idx / cols, c = idx - r * cols;
+        f(r, c);
+    }
+    __syncthreads();
+}
+
+// C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
+// A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
+// stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16. With sync = false the closing __syncthreads()
+// is left out, so that independent products (no output read by another) run back to back.
+// fp32 operands: CUDA-core FMAs, each thread owns 4 x 4 blocks of C (fixed summation order over k).
+template <bool A_T, bool B_T>
+__device__ void cta_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
+                       int M, int N, int K, bool acc, bool sync = true) {
+    const int nb = N / 4;
+    for (int t = threadIdx.x; t < (M / 4) * nb; t += blockDim.x) {
+        const int m0 = (t / nb) * 4, n0 = (t % nb) * 4;
+        float c[4][4];
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { c[i][j] = acc ? C[(m0 + i) * ldc + n0 + j] : 0.0f; }
+        }
+        for (int k = 0; k < K; k++) {
+            float a[4], b[4];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { a[i] = A_T ? A[k * lda + m0 + i] : A[(m0 + i) * lda + k]; }
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { b[j] = B_T ? Bm[(n0 + j) * ldb + k] : Bm[k * ldb + n0 + j]; }
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                #pragma unroll
+                for (int j = 0; j < 4; j++) { c[i][j] = fmaf(a[i], b[j], c[i][j]); }
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            #pragma unroll
+            for (int j = 0; j < 4; j++) { C[(m0 + i) * ldc + n0 + j] = c[i][j]; }
+        }
+    }
+    if (sync) { __syncthreads(); }
+}
+
+// bf16 operands: tensor cores, one warp per 16 x 16 tile of C, fp32 accumulation.
+// Tile pointers are multiples of 16 elements from 128-byte aligned bases (wmma wants 32-byte alignment).
+template <bool A_T, bool B_T>
+__device__ void cta_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
+                       int M, int N, int K, bool acc, bool sync = true) {
+    using namespace nvcuda;
+    typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
+    typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
+    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, nt = N / 16;
+    for (int t = warp; t < (M / 16) * nt; t += nwarps) {
+        const int m0 = (t / nt) * 16, n0 = (t % nt) * 16;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+        if (acc) { wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major); }
+        else { wmma::fill_fragment(c, 0.0f); }
+        for (int k = 0; k < K; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB> b;
+            wmma::load_matrix_sync(a, A_T ? A + k * lda + m0 : A + m0 * lda + k, lda);
+            wmma::load_matrix_sync(b, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
+            wmma::mma_sync(c, a, b, c);
+        }
+        wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+    }
+    if (sync) { __syncthreads(); }
+}
+
+#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH
