@@ -129,11 +129,11 @@ static void gdnt_core_inputs(float* qkv, float* beta, float* g, int B, int T, in
         for (int hh = 0; hh < H; hh++) {
             float* q = row + hh * dk;
             float* k = row + H * dk + hh * dk;
-            float nq = sqrtf(gdn_dot(q, q, dk)), nk = sqrtf(gdn_dot(k, k, dk));
+            float nq = sqrtf(vec_dot(q, q, dk)), nk = sqrtf(vec_dot(k, k, dk));
             float knew = kaczmarz ? (float)(0.05 * exp(gdnt_unif() * log(60.0))) : 1.0f;
             for (int d = 0; d < dk; d++) { q[d] /= nq; k[d] *= knew / nk; }
             float eta = (float)gdnt_unif();
-            beta[r * H + hh] = kaczmarz ? eta / (gdn_dot(k, k, dk) + 1e-6f) : eta;
+            beta[r * H + hh] = kaczmarz ? eta / (vec_dot(k, k, dk) + 1e-6f) : eta;
             g[r * H + hh] = gdnt_unif() < 0.05 ? -50.0f : (float)-exp(-6.0 + 7.0 * gdnt_unif());
         }
     }
@@ -270,7 +270,7 @@ static int gdnt_kaczmarz_exact(void) {
     gdnt_core_inputs(qkv, beta, g, 1, T, H, dk, dv, 1);
     for (int t = 0; t < T * H; t++) {
         const float* k = qkv + (size_t)(t / H) * D + H * dk + (t % H) * dk;
-        beta[t] = 1.0f / gdn_dot(k, k, dk);
+        beta[t] = 1.0f / vec_dot(k, k, dk);
     }
     double err_rec = 0.0, err_chunk = 0.0;
     for (int t = 0; t < T; t++) {
@@ -931,7 +931,7 @@ static void pdnt_core_inputs(float* qkv, float* beta, float* g, float* gP, float
         for (int hh = 0; hh < H; hh++) {
             float* q = row + hh * dk;
             float* k = row + H * dk + hh * dk;
-            const float nq = sqrtf(gdn_dot(q, q, dk)), nk = sqrtf(gdn_dot(k, k, dk));
+            const float nq = sqrtf(vec_dot(q, q, dk)), nk = sqrtf(vec_dot(k, k, dk));
             for (int d = 0; d < dk; d++) { q[d] /= nq; k[d] /= nk; }
             const size_t e = r * H + hh;
             beta[e] = (float)gdnt_unif();

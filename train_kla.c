@@ -458,6 +458,70 @@ static void softmax_crossentropy_backward(float* dlogits, const float* probs, co
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// scalar and vector helpers of the recurrent mixers
+
+static inline float sigmoidf(float u) { return 1.0f / (1.0f + expf(-u)); }
+// softplus with torch's threshold (u above 20 passes through), and its derivative; used by every decay gate
+static inline float softplusf(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
+static inline float dsoftplusf(float u) { return u > 20.0f ? 1.0f : sigmoidf(u); }
+
+// dot product: 16 partial sums in a fixed order: vectorises without -ffast-math, same result for any thread count
+static inline float vec_dot(const float* a, const float* b, int n) {
+    float acc[16] = {0.0f};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int l = 0; l < 16; l++) { acc[l] += a[i + l] * b[i + l]; }
+    }
+    for (; i < n; i++) { acc[0] += a[i] * b[i]; }
+    for (int l = 0; l < 8; l++) { acc[l] += acc[l + 8]; }
+    for (int l = 0; l < 4; l++) { acc[l] += acc[l + 4]; }
+    for (int l = 0; l < 2; l++) { acc[l] += acc[l + 2]; }
+    return acc[0] + acc[1];
+}
+
+// Backward of u_hat = u / n, n = sqrt(||u||^2 + eps) (gdn spec 1.6, pdn spec 2.4): du = (du_hat - u_hat (u_hat . du_hat)) / n,
+// in place on du (gka normalises with eps outside the sqrt and has its own).
+static inline void l2norm_backward(float* du, const float* u_hat, float n, int d) {
+    const float c = vec_dot(u_hat, du, d);
+    for (int i = 0; i < d; i++) { du[i] = (du[i] - u_hat[i] * c) / n; }
+}
+
+// y += alpha * x
+static inline void vec_axpy(float* y, float alpha, const float* x, int n) {
+    for (int i = 0; i < n; i++) { y[i] += alpha * x[i]; }
+}
+
+// y[0:n] += alpha * sum_{k<K} c[k] X[k][0:n] (rows of X ldx apart), the vector-matrix product behind every
+// "row accumulates many scaled rows" step. Slices of y are summed in registers over the whole k loop
+// instead of being re-loaded and re-stored by K axpys (which is store-forwarding latency bound).
+static inline void vec_vecmat(float* y, float alpha, const float* c, const float* X, size_t ldx, int K, int n) {
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+        float acc[32] = {0.0f};
+        for (int k = 0; k < K; k++) {
+            const float ck = c[k];
+            const float* x = X + k * ldx + j;
+            for (int l = 0; l < 32; l++) { acc[l] += ck * x[l]; }
+        }
+        for (int l = 0; l < 32; l++) { y[j + l] += alpha * acc[l]; }
+    }
+    for (; j + 8 <= n; j += 8) {
+        float acc[8] = {0.0f};
+        for (int k = 0; k < K; k++) {
+            const float ck = c[k];
+            const float* x = X + k * ldx + j;
+            for (int l = 0; l < 8; l++) { acc[l] += ck * x[l]; }
+        }
+        for (int l = 0; l < 8; l++) { y[j + l] += alpha * acc[l]; }
+    }
+    for (; j < n; j++) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) { acc += c[k] * X[k * ldx + j]; }
+        y[j] += alpha * acc;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // the gdn / kaczmarz mixer (spec/gdn_kaczmarz.md)
 
 // ----------------------------------------------------------------------------
@@ -502,66 +566,6 @@ static inline int gdn_D(const GDNConfig* c) { return 2 * c->H * c->dk + c->H * c
 static inline int gdn_P(const GDNConfig* c) { return 2 * c->H * c->dk + 2 * c->H * c->dv + 2 * c->H; }
 static inline int gdn_NT(int T, int BT) { return (T + BT - 1) / BT; }
 
-static inline float gdn_sigmoidf(float u) { return 1.0f / (1.0f + expf(-u)); }
-// softplus with torch's threshold (u above 20 passes through), and its derivative; used by every decay gate
-static inline float softplusf(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
-static inline float dsoftplusf(float u) { return u > 20.0f ? 1.0f : gdn_sigmoidf(u); }
-
-// 16 partial sums in a fixed order: vectorises without -ffast-math, same result for any thread count
-static inline float gdn_dot(const float* a, const float* b, int n) {
-    float acc[16] = {0.0f};
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        for (int l = 0; l < 16; l++) { acc[l] += a[i + l] * b[i + l]; }
-    }
-    for (; i < n; i++) { acc[0] += a[i] * b[i]; }
-    for (int l = 0; l < 8; l++) { acc[l] += acc[l + 8]; }
-    for (int l = 0; l < 4; l++) { acc[l] += acc[l + 4]; }
-    for (int l = 0; l < 2; l++) { acc[l] += acc[l + 2]; }
-    return acc[0] + acc[1];
-}
-
-// Backward of u_hat = u / n, n = sqrt(||u||^2 + eps) (gdn spec 1.6, pdn spec 2.4): du = (du_hat - u_hat (u_hat . du_hat)) / n,
-// in place on du (gka normalises with eps outside the sqrt and has its own).
-static inline void l2norm_backward(float* du, const float* u_hat, float n, int d) {
-    const float c = gdn_dot(u_hat, du, d);
-    for (int i = 0; i < d; i++) { du[i] = (du[i] - u_hat[i] * c) / n; }
-}
-
-// y += alpha * x
-static inline void gdn_axpy(float* y, float alpha, const float* x, int n) {
-    for (int i = 0; i < n; i++) { y[i] += alpha * x[i]; }
-}
-
-// y[0:n] += alpha * sum_{k<K} c[k] X[k][0:n] (rows of X ldx apart), the vector-matrix product behind every
-// "row accumulates many scaled rows" step. Slices of y are summed in registers over the whole k loop
-// instead of being re-loaded and re-stored by K axpys (which is store-forwarding latency bound).
-static inline void gdn_vecmat(float* y, float alpha, const float* c, const float* X, size_t ldx, int K, int n) {
-    int j = 0;
-    for (; j + 32 <= n; j += 32) {
-        float acc[32] = {0.0f};
-        for (int k = 0; k < K; k++) {
-            const float ck = c[k];
-            const float* x = X + k * ldx + j;
-            for (int l = 0; l < 32; l++) { acc[l] += ck * x[l]; }
-        }
-        for (int l = 0; l < 32; l++) { y[j + l] += alpha * acc[l]; }
-    }
-    for (; j + 8 <= n; j += 8) {
-        float acc[8] = {0.0f};
-        for (int k = 0; k < K; k++) {
-            const float ck = c[k];
-            const float* x = X + k * ldx + j;
-            for (int l = 0; l < 8; l++) { acc[l] += ck * x[l]; }
-        }
-        for (int l = 0; l < 8; l++) { y[j + l] += alpha * acc[l]; }
-    }
-    for (; j < n; j++) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; k++) { acc += c[k] * X[k * ldx + j]; }
-        y[j] += alpha * acc;
-    }
-}
 
 // ----------------------------------------------------------------------------
 // mixer core: inputs qkv [B,T,D], beta [B,T,H], g [B,T,H]; output o [B,T,H*dv]; scale = dk^-1/2
@@ -571,7 +575,7 @@ static inline void gdn_vecmat(float* y, float alpha, const float* c, const float
 static void gdn_delta_step(float* S, const float* S_prev, const float* k, const float* v,
                            float beta, float alpha, float* r, int dk, int dv) {
     for (int j = 0; j < dv; j++) { r[j] = v[j]; }
-    gdn_vecmat(r, -alpha, k, S_prev, dv, dk, dv);
+    vec_vecmat(r, -alpha, k, S_prev, dv, dk, dv);
     for (int i = 0; i < dk; i++) {
         const float* sp = S_prev + (size_t)i * dv;
         float* s = S + (size_t)i * dv;
@@ -599,7 +603,7 @@ static void gdn_core_recurrent(float* o, float* S, const float* qkv, const float
             gdn_delta_step(Sb, Sb, k, v, beta[r * H + hh], expf(g[r * H + hh]), ot, dk, dv);
             // o_t = S_t^T (scale q_t), read after write
             for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
-            gdn_vecmat(ot, scale, q, Sb, dv, dk, dv);
+            vec_vecmat(ot, scale, q, Sb, dv, dk, dv);
         }
     }
 }
@@ -658,7 +662,7 @@ static void gdn_core_chunk_forward(float* o, float* h, float* S, const float* qk
             for (int i = 0; i < L; i++) {
                 const float bi = beta[(r0 + i) * H + hh];
                 for (int j = 0; j < i; j++) {
-                    A[i * BT + j] = bi * gdn_dot(Kc + (size_t)i * D, Kc + (size_t)j * D, dk) * M[i * BT + j];
+                    A[i * BT + j] = bi * vec_dot(Kc + (size_t)i * D, Kc + (size_t)j * D, dk) * M[i * BT + j];
                 }
             }
             // UT transform (spec 3.1/3.2): W = Tm diag(beta gam) K and U = Tm diag(beta) V with Tm = (I + A)^-1,
@@ -672,21 +676,21 @@ static void gdn_core_chunk_forward(float* o, float* h, float* S, const float* qk
                 const float* vi = Vc + (size_t)i * D;
                 for (int d = 0; d < dk; d++) { wi[d] = bgi * ki[d]; }
                 for (int d = 0; d < dv; d++) { ui[d] = bi * vi[d]; }
-                gdn_vecmat(wi, -1.0f, A + (size_t)i * BT, Wm, dk, i, dk);
-                gdn_vecmat(ui, -1.0f, A + (size_t)i * BT, Vn, dv, i, dv);
+                vec_vecmat(wi, -1.0f, A + (size_t)i * BT, Wm, dk, i, dk);
+                vec_vecmat(ui, -1.0f, A + (size_t)i * BT, Vn, dv, i, dv);
             }
             // Vn = U - W h_n: row i is exactly the write vector u_i of the recurrence (spec 3.1)
-            for (int i = 0; i < L; i++) { gdn_vecmat(Vn + (size_t)i * dv, -1.0f, Wm + (size_t)i * dk, S0, dv, dk, dv); }
+            for (int i = 0; i < L; i++) { vec_vecmat(Vn + (size_t)i * dv, -1.0f, Wm + (size_t)i * dk, S0, dv, dk, dv); }
             // O = scale (diag(gam) Q h_n + P Vn) with P = Q K^T (.) M, M_ij = exp(G_i - G_j) for j <= i (spec 3.1);
             // P overwrites A, which the UT transform no longer needs
             for (int i = 0; i < L; i++) {
                 float* oi = o + ((r0 + i) * H + hh) * dv;
                 const float* qi = Qc + (size_t)i * D;
                 float* Pi = A + (size_t)i * BT;
-                for (int j = 0; j <= i; j++) { Pi[j] = gdn_dot(qi, Kc + (size_t)j * D, dk) * M[i * BT + j]; }
+                for (int j = 0; j <= i; j++) { Pi[j] = vec_dot(qi, Kc + (size_t)j * D, dk) * M[i * BT + j]; }
                 for (int d = 0; d < dv; d++) { oi[d] = 0.0f; }
-                gdn_vecmat(oi, scale * expf((float)G[i]), qi, S0, dv, dk, dv);
-                gdn_vecmat(oi, scale, Pi, Vn, dv, i + 1, dv);
+                vec_vecmat(oi, scale * expf((float)G[i]), qi, S0, dv, dk, dv);
+                vec_vecmat(oi, scale, Pi, Vn, dv, i + 1, dv);
             }
             // S_end = gam_L h_n + K^T diag(exp(G_L - G)) Vn (spec 3.1, state kernel of 3.3); Vn is scaled in place
             if (S1) {
@@ -696,7 +700,7 @@ static void gdn_core_chunk_forward(float* o, float* h, float* S, const float* qk
                     const float ei = expf((float)(G[L - 1] - G[i]));
                     for (int d = 0; d < dv; d++) { Vn[(size_t)i * dv + d] *= ei; }
                 }
-                for (int d = 0; d < dk; d++) { gdn_vecmat(S1 + d * dv, 1.0f, Kt + (size_t)d * BT, Vn, dv, L, dv); }
+                for (int d = 0; d < dk; d++) { vec_vecmat(S1 + d * dv, 1.0f, Kt + (size_t)d * BT, Vn, dv, L, dv); }
             }
         }
     }
@@ -759,21 +763,21 @@ static void gdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dS0, 
                 for (int j = 0; j < dv; j++) { du[j] = 0.0f; }
                 for (int d = 0; d < dk; d++) {
                     float* Dd = Dm + d * dv;
-                    gdn_axpy(Dd, scale * q[d], dOt, dv);
-                    dq[d] = scale * gdn_dot(St + d * dv, dOt, dv);
-                    gdn_axpy(du, k[d], Dd, dv);
-                    dk_[d] = bt * gdn_dot(Dd, rt, dv);
+                    vec_axpy(Dd, scale * q[d], dOt, dv);
+                    dq[d] = scale * vec_dot(St + d * dv, dOt, dv);
+                    vec_axpy(du, k[d], Dd, dv);
+                    dk_[d] = bt * vec_dot(Dd, rt, dv);
                 }
                 // dbeta = du.r; dr = beta du; dv = dr
-                dbeta[r * H + hh] = gdn_dot(du, rt, dv);
+                dbeta[r * H + hh] = vec_dot(du, rt, dv);
                 for (int j = 0; j < dv; j++) { dr[j] = bt * du[j]; }
                 // from r = v - Sbar^T k: dk -= Sbar dr; DSbar = D - k dr^T; dg = <DSbar, Sbar>_F; D <- alpha DSbar
                 float dgs = 0.0f;
                 for (int d = 0; d < dk; d++) {
                     float* Dd = Dm + d * dv;
-                    dk_[d] -= alpha * gdn_dot(Sp + d * dv, dr, dv);
-                    gdn_axpy(Dd, -k[d], dr, dv);
-                    dgs += gdn_dot(Dd, Sp + d * dv, dv);
+                    dk_[d] -= alpha * vec_dot(Sp + d * dv, dr, dv);
+                    vec_axpy(Dd, -k[d], dr, dv);
+                    dgs += vec_dot(Dd, Sp + d * dv, dv);
                     for (int j = 0; j < dv; j++) { Dd[j] *= alpha; }
                 }
                 dg[r * H + hh] = alpha * dgs;
@@ -806,7 +810,7 @@ static void shortconv_silu_backward_row(float* drow, float* yrow, const float* p
                                         int D, int P, int W) {
     shortconv_row(yrow, proj_row, t, conv_w, D, P, W);
     for (int ch = 0; ch < D; ch++) {
-        const float sy = gdn_sigmoidf(yrow[ch]);
+        const float sy = sigmoidf(yrow[ch]);
         drow[ch] *= sy * (1.0f + yrow[ch] * (1.0f - sy));
     }
 }
@@ -851,7 +855,7 @@ static void shortconv_decode_step(float* qkv, float* cache, const float* proj, c
     for (int ch = 0; ch < D; ch++) {
         float acc = conv_w[ch * W + W - 1] * proj[ch];
         for (int j = 0; j < W - 1; j++) { acc += conv_w[ch * W + j] * cache[(size_t)j * D + ch]; }
-        qkv[ch] = acc * gdn_sigmoidf(acc);
+        qkv[ch] = acc * sigmoidf(acc);
     }
     if (W > 1) {
         memmove(cache, cache + D, (size_t)(W - 2) * D * sizeof(float));
@@ -870,11 +874,11 @@ static void gdn_token_features(float* qkv_row, float* qn, float* kn, float* beta
     for (int hh = 0; hh < H; hh++) {
         float* q = qkv_row + hh * dk;
         float* k = qkv_row + H * dk + hh * dk;
-        qn[hh] = sqrtf(gdn_dot(q, q, dk) + c->l2norm_eps);
+        qn[hh] = sqrtf(vec_dot(q, q, dk) + c->l2norm_eps);
         const float qs = 1.0f / qn[hh];
         for (int d = 0; d < dk; d++) { q[d] *= qs; }
-        const float eta = gdn_sigmoidf(b_pre[hh] + p->b_bias[hh]);
-        const float kk = gdn_dot(k, k, dk);
+        const float eta = sigmoidf(b_pre[hh] + p->b_bias[hh]);
+        const float kk = vec_dot(k, k, dk);
         if (c->kaczmarz) {
             kn[hh] = kk + c->kaczmarz_eps;
             beta[hh] = eta / kn[hh];
@@ -890,20 +894,20 @@ static void gdn_token_features(float* qkv_row, float* qn, float* kn, float* beta
 }
 
 // spec 1.2 step 8 for one token: y = o * rstd * onorm_w * SiLU(z) per head, rstd = 1/sqrt(mean(o^2) + eps)
-static void gdn_gated_norm_row(float* y, float* rstd, const float* o, const float* z, const float* w,
+static void gated_norm_row(float* y, float* rstd, const float* o, const float* z, const float* w,
                                int H, int dv, float eps) {
     for (int hh = 0; hh < H; hh++) {
         const float* oh = o + hh * dv;
-        const float rs = 1.0f / sqrtf(gdn_dot(oh, oh, dv) / dv + eps);
+        const float rs = 1.0f / sqrtf(vec_dot(oh, oh, dv) / dv + eps);
         rstd[hh] = rs;
         for (int i = 0; i < dv; i++) {
             const float zi = z[hh * dv + i];
-            y[hh * dv + i] = oh[i] * rs * w[i] * zi * gdn_sigmoidf(zi);
+            y[hh * dv + i] = oh[i] * rs * w[i] * zi * sigmoidf(zi);
         }
     }
 }
 
-// Backward of gdn_gated_norm_row over BT rows (gdn spec 1.6; gka uses the same norm, gka spec 3.3): with
+// Backward of gated_norm_row over BT rows (gdn spec 1.6; gka uses the same norm, gka spec 3.3): with
 // xh = o rstd and s = SiLU(z), z the gate block that starts at column D of each proj row [P]:
 // dz = dy xh w SiLU'(z) is written at the same place of dproj, dw += sum over rows and heads of dy xh s (staged
 // in `stage` [BT, H*dv], then summed in row order), and dyo [BT, H*dv] is replaced in place by
@@ -925,7 +929,7 @@ static void gated_norm_backward(float* dyo, float* dproj, float* donorm_w, float
             float m = 0.0f;
             for (int i = 0; i < dv; i++) {
                 const float xh = oh[i] * rs;
-                const float sz = gdn_sigmoidf(z[i]);
+                const float sz = sigmoidf(z[i]);
                 const float sw = z[i] * sz;
                 tw[i] = dy[i] * xh * sw;
                 dz[i] = dy[i] * xh * onorm_w[i] * sz * (1.0f + z[i] * (1.0f - sz));
@@ -989,7 +993,7 @@ static void gdn_forward(float* out, GDNActs* a, const GDNParams* p, const float*
         float* row = a->qkv + (size_t)r * D;
         const float* prow = a->proj + (size_t)r * P;
         shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
-        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        for (int ch = 0; ch < D; ch++) { row[ch] *= sigmoidf(row[ch]); }
         gdn_token_features(row, a->qn + (size_t)r * H, a->kn + (size_t)r * H, a->beta + (size_t)r * H,
                            a->g + (size_t)r * H, prow, p, c);
     }
@@ -998,7 +1002,7 @@ static void gdn_forward(float* out, GDNActs* a, const GDNParams* p, const float*
     // step 8: gated RMSNorm, output projection
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < BT; r++) {
-        gdn_gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
+        gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
                            a->proj + (size_t)r * P + D, p->onorm_w, H, dv, c->onorm_eps);
     }
     matmul_forward(out, a->y, p->out_proj_w, NULL, BT, H * dv, C);
@@ -1053,7 +1057,7 @@ static void gdn_backward(float* dx, GDNParams* grads, const float* dout, const G
                 deta = dbeta[e];
             }
             // eta = sigmoid(b + b_bias)
-            const float eta = gdn_sigmoidf(prow[D + HV + H + hh] + p->b_bias[hh]);
+            const float eta = sigmoidf(prow[D + HV + H + hh] + p->b_bias[hh]);
             dprow[D + HV + H + hh] = deta * eta * (1.0f - eta);
             // g = -exp(A_log) softplus(a + dt_bias), softplus'(u) = sigmoid(u) (1 above the threshold 20)
             const float u = prow[D + HV + hh] + p->dt_bias[hh];
@@ -1113,7 +1117,7 @@ static void gdn_decode_step(float* out, GDNState* s, const GDNParams* p, const f
     shortconv_decode_step(qkv, s->conv, proj, p->conv_w, D, W);
     gdn_token_features(qkv, qn, kn, beta, g, proj, p, c);
     gdn_core_recurrent(o, s->S, qkv, beta, g, 1, 1, H, c->dk, dv);
-    gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
+    gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
     matmul_forward(out, y, p->out_proj_w, NULL, 1, H * dv, c->C);
 }
 
@@ -1202,7 +1206,7 @@ static inline void pdn_delta_step(float* S, const float* S_prev, const float* k,
                                   const float* m, float beta, float* p, float* ek, int dk, int dv) {
     for (int d = 0; d < dk; d++) { ek[d] = expf(g[d]) * k[d]; }
     for (int j = 0; j < dv; j++) { p[j] = v[j]; }
-    gdn_vecmat(p, -1.0f, ek, S_prev, dv, dk, dv);
+    vec_vecmat(p, -1.0f, ek, S_prev, dv, dk, dv);
     for (int d = 0; d < dk; d++) {
         const float* sp = S_prev + (size_t)d * dv;
         float* s = S + (size_t)d * dv;
@@ -1238,7 +1242,7 @@ static void pdn_core_forward(float* o, float* A, float* m, float* Sck, float* S,
             float* ot = o + e * dv;   // holds p_t until o_t is written
             pdn_delta_step(Sb, Sb, k, v, g + e * dk, mt, beta[e], ot, ek, dk, dv);
             for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
-            gdn_vecmat(ot, qscale, q, Sb, dv, dk, dv);
+            vec_vecmat(ot, qscale, q, Sb, dv, dk, dv);
         }
     }
 }
@@ -1306,21 +1310,21 @@ static void pdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dgP, 
                 for (int j = 0; j < dv; j++) { du[j] = 0.0f; }
                 for (int d = 0; d < dk; d++) {
                     float* Dd = Dm + d * dv;
-                    gdn_axpy(Dd, qscale * q[d], dOt, dv);
-                    dq[d] = qscale * gdn_dot(St + d * dv, dOt, dv);
-                    gdn_axpy(du, mt[d] * k[d], Dd, dv);
-                    ek[d] = bt * gdn_dot(Dd, pt, dv);   // dk~_d (ek reused as workspace)
+                    vec_axpy(Dd, qscale * q[d], dOt, dv);
+                    dq[d] = qscale * vec_dot(St + d * dv, dOt, dv);
+                    vec_axpy(du, mt[d] * k[d], Dd, dv);
+                    ek[d] = bt * vec_dot(Dd, pt, dv);   // dk~_d (ek reused as workspace)
                 }
                 // dbeta = du.p; dv = beta du (du <- beta du below)
-                dbeta[e] = gdn_dot(du, pt, dv);
+                dbeta[e] = vec_dot(du, pt, dv);
                 for (int j = 0; j < dv; j++) { du[j] *= bt; dvv[j] = du[j]; }
                 // read path: dk = -S' (beta du); dS' = Dm - k (beta du)^T; dg = rowsum(S' * dS'); Dm <- exp(g) dS'
                 for (int d = 0; d < dk; d++) {
                     float* Dd = Dm + d * dv;
                     const float al = expf(gt[d]);
-                    dk_[d] = -al * gdn_dot(Sp + d * dv, du, dv);
-                    gdn_axpy(Dd, -k[d], du, dv);
-                    dgt[d] = al * gdn_dot(Dd, Sp + d * dv, dv);
+                    dk_[d] = -al * vec_dot(Sp + d * dv, du, dv);
+                    vec_axpy(Dd, -k[d], du, dv);
+                    dgt[d] = al * vec_dot(Dd, Sp + d * dv, dv);
                     for (int j = 0; j < dv; j++) { Dd[j] *= al; }
                 }
                 // preconditioner (spec 2.3): write-key path, squash, log, then the A recurrence
@@ -1367,13 +1371,13 @@ static void pdn_token_features(float* qkv_row, float* qn, float* kn, float* beta
     for (int hh = 0; hh < H; hh++) {
         float* q = qkv_row + hh * dk;
         float* k = qkv_row + H * dk + hh * dk;
-        qn[hh] = sqrtf(gdn_dot(q, q, dk) + c->l2norm_eps);
-        kn[hh] = sqrtf(gdn_dot(k, k, dk) + c->l2norm_eps);
+        qn[hh] = sqrtf(vec_dot(q, q, dk) + c->l2norm_eps);
+        kn[hh] = sqrtf(vec_dot(k, k, dk) + c->l2norm_eps);
         const float qs = 1.0f / qn[hh], ks = 1.0f / kn[hh];
         for (int d = 0; d < dk; d++) { q[d] *= qs; k[d] *= ks; }
-        beta[hh] = gdn_sigmoidf(b_pre[hh]);
+        beta[hh] = sigmoidf(b_pre[hh]);
         gP[hh] = -expf(p->A_log_P[hh]) * softplusf(aP_pre[hh] + p->dt_bias_P[hh]);
-        bP[hh] = gdn_sigmoidf(bP_pre[hh]);
+        bP[hh] = sigmoidf(bP_pre[hh]);
         float* gh = g + hh * dk;
         if (c->variant == 0) {
             for (int d = 0; d < dk; d++) { gh[d] = 0.0f; }
@@ -1392,10 +1396,10 @@ static void pdn_norm_row(float* y, float* rstd, const float* o, const float* gat
                          int H, int dv, float eps) {
     for (int hh = 0; hh < H; hh++) {
         const float* oh = o + hh * dv;
-        const float rs = 1.0f / sqrtf(gdn_dot(oh, oh, dv) / dv + eps);
+        const float rs = 1.0f / sqrtf(vec_dot(oh, oh, dv) / dv + eps);
         rstd[hh] = rs;
         for (int i = 0; i < dv; i++) {
-            const float sg = gate ? gdn_sigmoidf(gate[hh * dv + i]) : 1.0f;
+            const float sg = gate ? sigmoidf(gate[hh * dv + i]) : 1.0f;
             y[hh * dv + i] = oh[i] * rs * w[i] * sg;
         }
     }
@@ -1475,7 +1479,7 @@ static void pdn_forward(float* out, PDNActs* a, const PDNParams* p, const float*
         float* row = a->qkv + (size_t)r * D;
         const float* prow = a->proj + (size_t)r * P;
         shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
-        for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+        for (int ch = 0; ch < D; ch++) { row[ch] *= sigmoidf(row[ch]); }
         const size_t e = (size_t)r * H;
         pdn_token_features(row, a->qn + e, a->kn + e, a->beta + e, a->gP + e, a->bP + e, a->g + e * dk, prow,
                            c->variant == 2 ? a->fpre + e * dk : NULL, p, c);
@@ -1532,7 +1536,7 @@ static void pdn_backward(float* dx, PDNParams* grads, const float* dout, const P
             float mm = 0.0f;
             for (int i = 0; i < dv; i++) {
                 const float xh = o[i] * rs;
-                const float sg = pk ? gdn_sigmoidf(a->gate[off + i]) : 1.0f;
+                const float sg = pk ? sigmoidf(a->gate[off + i]) : 1.0f;
                 tw[i] = dy[i] * xh * sg;
                 if (pk) { dgate[off + i] = dy[i] * xh * p->onorm_w[i] * sg * (1.0f - sg); }
                 const float ei = dy[i] * p->onorm_w[i] * sg;
@@ -1774,7 +1778,7 @@ static void gka_cheb(float* x, float* xp, float* Ax, const float* Hm, const floa
         const float c1 = (float)(tau * om[it]), c2 = (float)om[it], c3 = (float)(om[it] - 1.0);
         // Ax = Hm x (rows of the symmetric Hm summed as x^T Hm)
         for (int i = 0; i < dk; i++) { Ax[i] = 0.0f; }
-        gdn_vecmat(Ax, 1.0f, x, Hm, dk, dk, dk);
+        vec_vecmat(Ax, 1.0f, x, Hm, dk, dk, dk);
         for (int i = 0; i < dk; i++) {
             const float xn = c2 * x[i] - c1 * (Ax[i] + lam * x[i] - b[i]) - c3 * xp[i];
             xp[i] = x[i];
@@ -1792,7 +1796,7 @@ static float gka_state_step(float* Hm, float* Um, const float* k, const float* v
         const float ki = k[i];
         for (int j = 0; j < dk; j++) { h[j] = gamma * h[j] + ki * k[j]; }
         for (int j = 0; j < dv; j++) { u[j] = gamma * u[j] + ki * v[j]; }
-        ff += (double)gdn_dot(h, h, dk);
+        ff += (double)vec_dot(h, h, dk);
     }
     return (float)sqrt(ff);
 }
@@ -1829,7 +1833,7 @@ static void gka_core_forward(float* o, float* x, float* f, float* Hck, float* Uc
             for (int i = 0; i < dk; i++) { qt[i] = q[i] + al * (xt[i] - q[i]); }
             float* ot = o + e * dv;
             for (int j = 0; j < dv; j++) { ot[j] = 0.0f; }
-            gdn_vecmat(ot, s, qt, Ub, dv, dk, dv);
+            vec_vecmat(ot, s, qt, Ub, dv, dk, dv);
         }
     }
 }
@@ -1903,8 +1907,8 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0,
                 float da = 0.0f;
                 for (int d = 0; d < dk; d++) {
                     qt[d] = q[d] + al * (xt[d] - q[d]);
-                    dqt[d] = s * gdn_dot(Ut + (size_t)d * dv, dOt, dv);
-                    gdn_axpy(DU + (size_t)d * dv, s * qt[d], dOt, dv);
+                    dqt[d] = s * vec_dot(Ut + (size_t)d * dv, dOt, dv);
+                    vec_axpy(DU + (size_t)d * dv, s * qt[d], dOt, dv);
                     da += dqt[d] * (xt[d] - q[d]);
                     dxv[d] = al * dqt[d];
                 }
@@ -1912,7 +1916,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0,
                 // adjoint solve z = CHEB(H_t, f_t, dx); dq_hat = (1 - alpha) dqt + z; w = 2a (x.z)/f
                 gka_cheb(z, xp, Ax, Ht, dxv, ft, om, iters, ridge, dk);
                 for (int d = 0; d < dk; d++) { dq[d] = (1.0f - al) * dqt[d] + z[d]; }
-                const float w = ft > 0.0f ? 2.0f * ridge * gdn_dot(xt, z, dk) / ft : 0.0f;
+                const float w = ft > 0.0f ? 2.0f * ridge * vec_dot(xt, z, dk) / ft : 0.0f;
                 // DH -= z x^T + (w/2) H_t; dk = (DH + DH^T) k + DU v; dv = DU^T k;
                 // dg = gamma (<DH, H_{t-1}> + <DU, U_{t-1}>); DH, DU <- gamma DH, gamma DU
                 for (int d = 0; d < dk; d++) { kcol[d] = 0.0f; }
@@ -1924,10 +1928,10 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* dH0,
                     const float zd = z[d], hw = 0.5f * w;
                     for (int j = 0; j < dk; j++) { Dd[j] -= zd * xt[j] + hw * Hd[j]; }
                     float* DUd = DU + (size_t)d * dv;
-                    dkk[d] = gdn_dot(Dd, k, dk) + gdn_dot(DUd, v, dv);
-                    gdn_axpy(kcol, k[d], Dd, dk);
-                    gdn_axpy(dvv, k[d], DUd, dv);
-                    dgs += (double)gdn_dot(Dd, Hp + (size_t)d * dk, dk) + (double)gdn_dot(DUd, Up + (size_t)d * dv, dv);
+                    dkk[d] = vec_dot(Dd, k, dk) + vec_dot(DUd, v, dv);
+                    vec_axpy(kcol, k[d], Dd, dk);
+                    vec_axpy(dvv, k[d], DUd, dv);
+                    dgs += (double)vec_dot(Dd, Hp + (size_t)d * dk, dk) + (double)vec_dot(DUd, Up + (size_t)d * dv, dv);
                     for (int j = 0; j < dk; j++) { Dd[j] *= gam; }
                     for (int j = 0; j < dv; j++) { DUd[j] *= gam; }
                 }
@@ -1986,14 +1990,14 @@ static void gka_token_features(float* qkv_row, float* qn, float* kn, float* beta
         float* q = qkv_row + hh * dk;
         float* k = qkv_row + H * dk + hh * dk;
         float* v = qkv_row + 2 * H * dk + hh * dv;
-        qn[hh] = sqrtf(gdn_dot(q, q, dk));
-        kn[hh] = sqrtf(gdn_dot(k, k, dk));
-        beta[hh] = gdn_sigmoidf(b_pre[hh] + p->b_bias[hh]);
+        qn[hh] = sqrtf(vec_dot(q, q, dk));
+        kn[hh] = sqrtf(vec_dot(k, k, dk));
+        beta[hh] = sigmoidf(b_pre[hh] + p->b_bias[hh]);
         const float qs = 1.0f / (qn[hh] + GKA_L2_EPS), bs = beta[hh] + GKA_BETA_EPS;
         const float ks = bs / (kn[hh] + GKA_L2_EPS);
         for (int d = 0; d < dk; d++) { q[d] *= qs; k[d] *= ks; }
         for (int d = 0; d < dv; d++) { v[d] *= bs; }
-        alpha[hh] = gdn_sigmoidf(al_pre[hh] + p->alpha_bias[hh]);
+        alpha[hh] = sigmoidf(al_pre[hh] + p->alpha_bias[hh]);
         g[hh] = -expf(p->A_log[hh]) * softplusf(a_pre[hh] + p->dt_bias[hh]);
     }
 }
@@ -2052,11 +2056,11 @@ static void gka_forward(float* out, GKAActs* a, const GKAParams* p, const float*
         const float* prow = a->proj + (size_t)r * P;
         if (G == 1) {   // D == DE: no copies
             shortconv_row(row, prow, r % T, p->conv_w, D, P, c->W);
-            for (int ch = 0; ch < D; ch++) { row[ch] *= gdn_sigmoidf(row[ch]); }
+            for (int ch = 0; ch < D; ch++) { row[ch] *= sigmoidf(row[ch]); }
         } else {
             float u[D];
             shortconv_row(u, prow, r % T, p->conv_w, D, P, c->W);
-            for (int ch = 0; ch < D; ch++) { u[ch] *= gdn_sigmoidf(u[ch]); }
+            for (int ch = 0; ch < D; ch++) { u[ch] *= sigmoidf(u[ch]); }
             gka_expand_row(row, u, c);
         }
         const size_t e = (size_t)r * H;
@@ -2070,7 +2074,7 @@ static void gka_forward(float* out, GKAActs* a, const GKAParams* p, const float*
     // steps 9-10: gated RMSNorm (swish gate, same form as gdn's), output projection
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < BT; r++) {
-        gdn_gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
+        gated_norm_row(a->y + (size_t)r * H * dv, a->rstd + (size_t)r * H, a->o + (size_t)r * H * dv,
                            a->proj + (size_t)r * P + D, p->onorm_w, H, dv, c->onorm_eps);
     }
     matmul_forward(out, a->y, p->out_proj_w, NULL, BT, H * dv, C);
@@ -2117,7 +2121,7 @@ static void gka_backward(float* dx, GKAParams* grads, const float* dout, const G
             // L2 norm y = u/(n + eps): du = dy/(n + eps) - y (y.dy)/n
             const float* qh = row + hh * dk;
             float* dq = drow + hh * dk;
-            const float nq = a->qn[e], cq = gdn_dot(qh, dq, dk);
+            const float nq = a->qn[e], cq = vec_dot(qh, dq, dk);
             const float cq2 = nq > 0.0f ? cq / nq : 0.0f, iq = 1.0f / (nq + GKA_L2_EPS);
             for (int d = 0; d < dk; d++) { dq[d] = dq[d] * iq - qh[d] * cq2; }
             // k = bs k_hat: dbeta = k_hat.dk, dk_hat = bs dk; v = bs v_in: dbeta += v_in.dv, dv_in = bs dv
@@ -2125,11 +2129,11 @@ static void gka_backward(float* dx, GKAParams* grads, const float* dout, const G
             float* dkk = drow + HK + hh * dk;
             const float* vs = row + 2 * HK + hh * dv;   // bs v_in
             float* dvv = drow + 2 * HK + hh * dv;
-            const float dbeta = (gdn_dot(ks, dkk, dk) + gdn_dot(vs, dvv, dv)) / bs;
+            const float dbeta = (vec_dot(ks, dkk, dk) + vec_dot(vs, dvv, dv)) / bs;
             for (int d = 0; d < dv; d++) { dvv[d] *= bs; }
             const float nk = a->kn[e], ik = 1.0f / (nk + GKA_L2_EPS);
             // with y = k_hat = ks / bs and dy = bs dk: y.dy = ks.dk
-            const float ck = gdn_dot(ks, dkk, dk), ck2 = nk > 0.0f ? ck / (bs * nk) : 0.0f;
+            const float ck = vec_dot(ks, dkk, dk), ck2 = nk > 0.0f ? ck / (bs * nk) : 0.0f;
             for (int d = 0; d < dk; d++) { dkk[d] = bs * dkk[d] * ik - ks[d] * ck2; }
             // beta = sigmoid(b + b_bias); alpha = sigmoid(alpha + alpha_bias); g = -exp(A_log) softplus(a + dt_bias)
             dprow[D + HV + H + hh] = dbeta * bt * (1.0f - bt);
@@ -2207,7 +2211,7 @@ static void gka_decode_step(float* out, GKAState* s, const GKAParams* p, const f
     }
     gka_token_features(qkv, qn, kn, beta, alpha, g, proj, p, c);
     gka_core_forward(o, xs, f, NULL, NULL, s->H, s->U, qkv, alpha, g, 1, 1, H, dk, dv, 1, c->iters, c->ridge);
-    gdn_gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
+    gated_norm_row(y, rstd, o, proj + D, p->onorm_w, H, dv, c->onorm_eps);
     matmul_forward(out, y, p->out_proj_w, NULL, 1, H * dv, c->C);
 }
 
@@ -2483,7 +2487,7 @@ static void kalman_sensor_row(float* k, float* q, float* kn, float* qn, float* L
 
 // spec 1.3 (8) for one token: yg = (ys + lambda_skip u) SiLU(gate)
 static void kalman_gate_row(float* yg, const float* ys, const float* u, const float* gate, float lskip, int Dk) {
-    for (int d = 0; d < Dk; d++) { yg[d] = (ys[d] + lskip * u[d]) * gate[d] * gdn_sigmoidf(gate[d]); }
+    for (int d = 0; d < Dk; d++) { yg[d] = (ys[d] + lskip * u[d]) * gate[d] * sigmoidf(gate[d]); }
 }
 
 // ----------------------------------------------------------------------------
@@ -2551,7 +2555,7 @@ static void kalman_forward_carry(float* out, KalmanActs* a, const KalmanParams* 
     for (int r = 0; r < BT; r++) {
         float* zc = a->zc + (size_t)r * Dk;
         kalman_conv_row(zc, a->h + (size_t)r * 2 * Dk, r % T, a->win + (r / T) * wf, p->conv_w, p->conv_b, Dk, K);
-        for (int d = 0; d < Dk; d++) { a->u[(size_t)r * Dk + d] = zc[d] * gdn_sigmoidf(zc[d]); }
+        for (int d = 0; d < Dk; d++) { a->u[(size_t)r * Dk + d] = zc[d] * sigmoidf(zc[d]); }
     }
     // (3) sensor projection; mamba: ls = s[0:R] W_var^T
     matmul_forward(a->s, a->u, p->sensor_w, NULL, BT, Dk, Ws);
@@ -2641,7 +2645,7 @@ static void kalman_backward(float* dx, KalmanParams* grads, const float* dout, c
         const float* ys = a->ys + (size_t)r * Dk;
         float acc = 0.0f;
         for (int d = 0; d < Dk; d++) {
-            const float sg = gdn_sigmoidf(g[d]);
+            const float sg = sigmoidf(g[d]);
             const float y1 = ys[d] + lskip * u[d];
             dg[d] = d1[d] * y1 * sg * (1.0f + g[d] * (1.0f - sg));
             const float dy1 = d1[d] * g[d] * sg;
@@ -2706,7 +2710,7 @@ static void kalman_backward(float* dx, KalmanParams* grads, const float* dout, c
         const float* zc = a->zc + (size_t)r * Dk;
         float* dz = du + (size_t)r * Dk;
         for (int d = 0; d < Dk; d++) {
-            const float sz = gdn_sigmoidf(zc[d]);
+            const float sz = sigmoidf(zc[d]);
             dz[d] *= sz * (1.0f + zc[d] * (1.0f - sz));
         }
     }
@@ -2796,7 +2800,7 @@ static void kalman_decode_step(float* out, KalmanState* s, const KalmanParams* p
         memmove(s->conv, s->conv + Dk, (size_t)(K - 2) * Dk * sizeof(float));
         memcpy(s->conv + (size_t)(K - 2) * Dk, h, (size_t)Dk * sizeof(float));
     }
-    for (int d = 0; d < Dk; d++) { u[d] = zc[d] * gdn_sigmoidf(zc[d]); }
+    for (int d = 0; d < Dk; d++) { u[d] = zc[d] * sigmoidf(zc[d]); }
     matmul_forward(sr, u, p->sensor_w, NULL, 1, Dk, Ws);
     if (c->preset) { matmul_forward(ls, sr, p->var_w, NULL, 1, c->R, Dk); }
     else { memcpy(ls, sr + Dk, (size_t)Dk * sizeof(float)); }

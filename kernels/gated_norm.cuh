@@ -2,7 +2,7 @@
 kernels/gated_norm.cuh: the gated output RMSNorm that the recurrent mixers put after their core (gdn/kaczmarz
 spec/gdn_kaczmarz.md 1.2 step 8, the pdn family and gka likewise): per (token, head),
 y = o * rstd * w * SiLU(z), rstd = 1 / sqrt(mean(o^2) + eps), with w [dv] shared by the heads; and its backward
-(spec 1.6). The CPU version is gdn_gated_norm_row / gated_norm_backward in train_kla.c.
+(spec 1.6). The CPU version is gated_norm_row / gated_norm_backward in train_kla.c.
 */
 #ifndef TRAIN_KLA_KERNELS_GATED_NORM_CUH
 #define TRAIN_KLA_KERNELS_GATED_NORM_CUH
