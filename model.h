@@ -1072,8 +1072,8 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--top-k", FLAG_INT, &o->top_k, "sample among the k most likely tokens (0 = all)", 0},
         {"--samples", FLAG_INT, &o->samples, "samples printed each time (each from the prompt)", 0},
         {"--sample-seed", FLAG_INT, &o->sample_seed, "seed of the sampling (the same seed, the same samples)", 0},
-        {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e and exit (no training)", 0},
-        {"--eval", FLAG_INT, &o->eval, "1: print the loss and perplexity of -e on -j and exit (no training)", 0},
+        {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0},
+        {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0},
         {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
     };
     int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));

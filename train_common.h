@@ -65,7 +65,8 @@ static uint32_t* prepare_prompt(const Options* opt, const Config* cfg, Tokenizer
     }
     if (*prompt_len == 0) { die("--prompt: encodes to zero tokens"); }
     if (config_has_wpe(cfg) && (int)*prompt_len + opt->gen_tokens > cfg->max_seq_len) {
-        die("-g: %zu prompt tokens + %d generated exceed the model's max_seq_len %d", *prompt_len, opt->gen_tokens, cfg->max_seq_len);
+        die("%s: %zu prompt tokens + %d generated exceed the model's max_seq_len %d", opt->generate > 0 ? "--generate" : "-g",
+            *prompt_len, opt->gen_tokens, cfg->max_seq_len);
     }
     return ids;
 }
@@ -94,15 +95,15 @@ static int64_t checkpoint_step(const char* path) {
 static void evaluate_model(Model* m, const Options* opt) {
     const Config* cfg = &m->config;
     if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt->T, cfg->max_seq_len); }
+    DataLoader val;
+    dataloader_init(&val, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
     FILE* log = NULL;
-    if (opt->out_dir) {  // opened first, so a bad -o fails before the evaluation runs
+    if (opt->out_dir) {  // opened after the data is checked and before the evaluation runs
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", opt->out_dir);
         log = fopen(path, "a");
         if (log == NULL) { die("-o %s: cannot append to its main.log (%s)", opt->out_dir, strerror(errno)); }
     }
-    DataLoader val;
-    dataloader_init(&val, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
     int batches = validation_batches(&val, opt->val_batches);
     double loss = validation_loss(m, &val, opt->val_batches);
     size_t tokens = (size_t)batches * opt->B * opt->T;

@@ -212,5 +212,7 @@ expect_error "--generate with -x" "-x" "training" -- ./train_kla --generate 8 -e
 expect_error "--generate with an --eval flag" "-j" "--eval" -- ./train_kla --generate 8 -e "$good" -j "$VAL"
 expect_error "--eval with a --generate flag" "--prompt" "--generate" -- ./train_kla --eval 1 -e "$good" --prompt hi
 expect_error "--eval with a bad -o" "-o" "main.log" -- ./train_kla --eval 1 -e "$good" -o "$tmp/no_such_dir"
-expect_error "--eval on a corrupt shard" "magic_000.bin" -- ./train_kla --eval 1 -e "$good" -j "$tmp/magic_*.bin"
+mkdir -p "$tmp/eval_dir"
+expect_error "--eval on a corrupt shard" "magic_000.bin" -- ./train_kla --eval 1 -e "$good" -j "$tmp/magic_*.bin" -o "$tmp/eval_dir"
+if [ -z "$(ls -A "$tmp/eval_dir")" ]; then pass "--eval that fails writes no main.log"; else fail "--eval that fails" "left $(ls "$tmp/eval_dir")"; fi
 expect_error "--generate flags vs checkpoint" "--width" -- ./train_kla --generate 8 -e "$good" --width 128
