@@ -61,7 +61,7 @@ else
   CUDA_STATUS = nvcc not found: CUDA programs skipped
 endif
 
-.PHONY: all data run test bench bench-gpu cuda-both test-gpu deps clean
+.PHONY: all data run test bench bench-gpu cuda-both test-gpu deps plot clean
 all: $(PROGRAMS) $(CUDA_PROGRAMS)
 	@echo "$(OMP_STATUS)"
 	@echo "$(CUDA_STATUS)"
@@ -132,6 +132,14 @@ bench: $(PROGRAMS)
 	bash scripts/install_deps.sh bench
 	$(MAKE) data
 	bash scripts/bench_cpu.sh
+
+# the loss curves of main.log files (or run directories) as a PNG, by default loss.png beside the first:
+# make plot LOG="log_a log_b" PLOT_FLAGS="-t 512 -o cmp.png" (scripts/plot_log.py -h)
+LOG ?= log_demo
+PLOT_FLAGS ?=
+plot:
+	bash scripts/install_deps.sh plot
+	/usr/bin/python3 scripts/plot_log.py $(PLOT_FLAGS) $(LOG)
 
 clean:
 	rm -f $(PROGRAMS) train_klacu test_klacu *.o dev/cuda/*_bin

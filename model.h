@@ -791,18 +791,44 @@ static inline void delete_old_checkpoints(const char* dir, int keep) {
 }
 
 
-// Sample from softmax(logits[0..V)) / temperature by inverse CDF with a uniform coin in [0, 1).
-static inline int sample_token(const float* logits, int V, float temperature, float coin) {
+// The k-th largest of a[0..n), k in [1, n]: quickselect (Hoare partition, descending) on a copy.
+static inline float kth_largest(const float* a, int n, int k) {
+    float* w = (float*)malloc_or_die((size_t)n * sizeof(float));
+    memcpy(w, a, (size_t)n * sizeof(float));
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = w[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (w[i] > pivot) { i++; }
+            while (w[j] < pivot) { j--; }
+            if (i <= j) { float t = w[i]; w[i] = w[j]; w[j] = t; i++; j--; }
+        }
+        // now w[lo..j] >= pivot >= w[i..hi], and w[j+1..i-1] == pivot
+        if (want <= j) { hi = j; } else if (want >= i) { lo = i; } else { break; }
+    }
+    float kth = w[want];
+    free(w);
+    return kth;
+}
+
+// Sample from softmax(logits[0..V)) / temperature by inverse CDF with a uniform coin in [0, 1). top_k > 0 keeps
+// only the top_k largest logits (and any tied with the k-th), as GPT-2's sampling does; 0 keeps all.
+static inline int sample_token(const float* logits, int V, float temperature, int top_k, float coin) {
+    float cutoff = top_k > 0 && top_k < V ? kth_largest(logits, V, top_k) : -INFINITY;
     float maxv = -INFINITY;
     for (int i = 0; i < V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
     double sum = 0.0;
-    for (int i = 0; i < V; i++) { sum += exp((logits[i] - maxv) / temperature); }
+    for (int i = 0; i < V; i++) { if (logits[i] >= cutoff) { sum += exp((logits[i] - maxv) / temperature); } }
     double cdf = 0.0, target = coin * sum;
+    int last = 0;
     for (int i = 0; i < V; i++) {
+        if (logits[i] < cutoff) { continue; }
         cdf += exp((logits[i] - maxv) / temperature);
+        last = i;
         if (target < cdf) { return i; }
     }
-    return V - 1;
+    return last;  // only when round-off leaves target == sum
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -980,12 +1006,38 @@ typedef struct {
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens, ckpt_every, ckpt_keep;
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
     int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute;
+    int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
     float norm_eps, lr, final_frac, weight_decay, beta1, beta2, adam_eps, grad_clip, temperature;
     int sched;            // SCHED_* of -k
     Config config;        // the model the flags describe (used for a fresh initialisation)
     Flag flags[MAX_FLAGS];  // the table, with `given` set, for check_model_flags
     int num_flags;
 } Options;
+
+// --generate and --eval use the model of -e and exit without training. A flag that only training reads, or only
+// the mode that was not asked for, would be silently ignored, so it is refused. Then -g takes the --generate
+// length, and --eval's -m defaults to the whole split.
+static void check_checkpoint_use_flags(Options* o) {
+    const char* mode = o->generate > 0 ? "--generate" : "--eval";
+    if (o->init_file == NULL) { die("flag %s: needs the model to use (-e model.bin)", mode); }
+    static const char* training[] = {"-i", "-y", "-d", "-x", "-k", "-l", "-u", "-q", "-c", "-v", "-s", "-g", "-n", "-nk",
+                                     "--seed", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r"};
+    static const char* of_eval[] = {"-j", "-m", "-b", "-t", "-o"};
+    static const char* of_generate[] = {"--prompt", "--temperature", "--top-k", "--samples", "--sample-seed", "--tokenizer"};
+    for (size_t i = 0; i < sizeof(training) / sizeof(training[0]); i++) {
+        if (find_flag(o->flags, o->num_flags, training[i])->given) {
+            die("flag %s: a training flag, but %s uses -e without training", training[i], mode);
+        }
+    }
+    for (size_t i = 0; i < sizeof(of_eval) / sizeof(of_eval[0]) && !o->eval; i++) {
+        if (find_flag(o->flags, o->num_flags, of_eval[i])->given) { die("flag %s: only --eval uses it, and --eval is not given", of_eval[i]); }
+    }
+    for (size_t i = 0; i < sizeof(of_generate) / sizeof(of_generate[0]) && o->generate == 0; i++) {
+        if (find_flag(o->flags, o->num_flags, of_generate[i])->given) { die("flag %s: only --generate uses it, and --generate is not given", of_generate[i]); }
+    }
+    o->gen_tokens = o->generate;
+    if (o->eval && !find_flag(o->flags, o->num_flags, "-m")->given) { o->val_batches = -1; }
+}
 
 // Parse and check every flag (one-line error and exit 1 on anything wrong), before anything is read or written.
 static void parse_options(Options* o, int argc, char** argv) {
@@ -1039,6 +1091,11 @@ static void parse_options(Options* o, int argc, char** argv) {
     o->grad_clip = 1.0f;
     o->temperature = 1.0f;
     o->recompute = 0;
+    o->generate = 0;
+    o->eval = 0;
+    o->samples = 1;
+    o->top_k = 0;
+    o->sample_seed = 1337;
     Flag flags[] = {
         {"-i", FLAG_STRING, &o->train_glob, "train token shards (glob)", 0},
         {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 0},
@@ -1057,7 +1114,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"-v", FLAG_INT, &o->val_every, "validation loss every N steps (0 = only at the end)", 0},
         {"-m", FLAG_INT, &o->val_batches, "validation batches (-1 = the whole val split)", 0},
         {"-s", FLAG_INT, &o->sample_every, "print a sample every N steps (0 = only at the end)", 0},
-        {"-g", FLAG_INT, &o->gen_tokens, "tokens to generate per sample (0 = no samples)", 0},
+        {"-g", FLAG_INT, &o->gen_tokens, "tokens per sample during training (0 = no samples)", 0},
         {"-n", FLAG_INT, &o->ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 0},
         {"-nk", FLAG_INT, &o->ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 0},
         {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern: one name for every layer (gdn), or counts (attn:2,gdn:1,kaczmarz:1)", 0},
@@ -1088,6 +1145,11 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--chunk", FLAG_INT, &o->chunk, "gdn/kaczmarz chunk length; the other recurrent mixers' state-checkpoint interval", 0},
         {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 0},
         {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 0},
+        {"--top-k", FLAG_INT, &o->top_k, "sample among the k most likely tokens (0 = all)", 0},
+        {"--samples", FLAG_INT, &o->samples, "samples printed each time (each from the prompt)", 0},
+        {"--sample-seed", FLAG_INT, &o->sample_seed, "seed of the sampling (the same seed, the same samples)", 0},
+        {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0},
+        {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0},
         {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
     };
     int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -1126,6 +1188,11 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->recompute == 0 || o->recompute == 1, "-r", "must be 0 or 1");
     require(o->chunk >= 1 && o->chunk <= 256, "--chunk", "must be in [1, 256]");
     require(o->temperature > 0.0f, "--temperature", "must be > 0");
+    require(o->top_k >= 0, "--top-k", "must be >= 0");
+    require(o->samples >= 1, "--samples", "must be >= 1");
+    require(o->generate >= 0, "--generate", "must be >= 0");
+    require(o->eval == 0 || o->eval == 1, "--eval", "must be 0 or 1");
+    if (o->generate > 0 || o->eval) { check_checkpoint_use_flags(o); }
     require(o->depth >= 1 && o->depth <= MAX_LAYERS, "--depth", "must be in [1, 128]");
     require(o->width >= 1, "--width", "must be >= 1");
     require(o->heads >= 1 && o->width % o->heads == 0, "--heads", "must be >= 1 and divide --width");

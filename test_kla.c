@@ -767,11 +767,36 @@ static void test_flop_count(void) {
 
 static void test_sampling(void) {
     float logits[5] = {0.0f, 0.0f, 50.0f, 0.0f, 0.0f};
-    int ok = sample_token(logits, 5, 1.0f, 0.5f) == 2 && sample_token(logits, 5, 1.0f, 0.999f) == 2;
+    int ok = sample_token(logits, 5, 1.0f, 0, 0.5f) == 2 && sample_token(logits, 5, 1.0f, 0, 0.999f) == 2;
     float uniform[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    ok &= sample_token(uniform, 4, 1.0f, 0.1f) == 0 && sample_token(uniform, 4, 1.0f, 0.3f) == 1 &&
-          sample_token(uniform, 4, 1.0f, 0.99f) == 3;
+    ok &= sample_token(uniform, 4, 1.0f, 0, 0.1f) == 0 && sample_token(uniform, 4, 1.0f, 0, 0.3f) == 1 &&
+          sample_token(uniform, 4, 1.0f, 0, 0.99f) == 3;
     report(ok, "sampling: inverse CDF of the softmax", "%s", ok ? "" : "wrong token");
+    // top-k: k = 3 keeps the three largest logits (indices 0, 2, 4, equal), each with probability 1/3 after
+    // renormalising, so coins in the thirds of [0, 1) pick them in index order. Negative control: without top-k
+    // (k = 0) the coin 0 lands on token 0 of an ascending row, not on its argmax.
+    float mixed[6] = {5.0f, 1.0f, 5.0f, 2.0f, 5.0f, 3.0f};
+    int topk_ok = sample_token(mixed, 6, 1.0f, 3, 0.0f) == 0 && sample_token(mixed, 6, 1.0f, 3, 0.34f) == 2 &&
+                  sample_token(mixed, 6, 1.0f, 3, 0.67f) == 4 && sample_token(mixed, 6, 1.0f, 3, 0.999f) == 4;
+    float ascending[6] = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+    int k1 = 1;  // k = 1 is greedy: the argmax for any coin
+    for (int i = 0; i < 10; i++) { k1 &= sample_token(ascending, 6, 1.0f, 1, i / 10.0f) == 5; }
+    int control = sample_token(ascending, 6, 1.0f, 0, 0.0f) != 5;
+    report(topk_ok && k1 && control, "sampling: --top-k keeps the k largest logits (k = 1 is greedy)",
+           "top-3 %d, greedy %d, control %d", topk_ok, k1, control);
+    // kth_largest against sorting, on random arrays with ties
+    uint64_t rng = 7;
+    int kth_ok = 1;
+    for (int trial = 0; trial < 200; trial++) {
+        float a[37], sorted[37];
+        int n = 1 + trial % 37;
+        for (int i = 0; i < n; i++) { a[i] = sorted[i] = (float)(int)(8.0f * rng_uniform(&rng)); }
+        for (int i = 1; i < n; i++) {  // insertion sort, descending
+            for (int j = i; j > 0 && sorted[j] > sorted[j - 1]; j--) { float t = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = t; }
+        }
+        for (int k = 1; k <= n; k++) { kth_ok &= kth_largest(a, n, k) == sorted[k - 1]; }
+    }
+    report(kth_ok, "sampling: kth_largest == the k-th of a sorted copy (200 arrays with ties)", "%s", kth_ok ? "" : "mismatch");
 }
 
 // write_checkpoint + find_latest_checkpoint + read_state_file + delete_old_checkpoints in a temp dir

@@ -3512,6 +3512,14 @@ int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
     require(opt.recompute == 0, "-r", "activation recomputation is an option of train_kla.cu (the CPU trainer keeps every activation)");
+    if (opt.generate > 0 || opt.eval) {  // --generate, --eval: use the model of -e and exit, no training
+        Model model;
+        model_load(&model, opt.init_file, opt.chunk);
+        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
+        use_model_without_training(&model, &opt);
+        model_free(&model);
+        return 0;
+    }
     if (opt.out_dir) { prepare_output_dir(opt.out_dir); }
 
     // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
@@ -3583,7 +3591,7 @@ int main(int argc, char** argv) {
             if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
         }
         if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
-            generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, opt.temperature);
+            generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, &opt);
         }
         if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
             state.step = step;

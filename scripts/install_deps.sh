@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what `make run` (argument: run), `make test` (test) or `make bench` (bench) needs and is missing,
-# from Debian's packages. Data preparation (scripts/prepare_data.sh) installs its own npm packages.
+# Installs what `make run` (argument: run), `make test` (test), `make bench` (bench) or `make plot` (plot) needs
+# and is missing, from Debian's packages. Data preparation (scripts/prepare_data.sh) installs its own npm packages.
 set -euo pipefail
 need=()
 command -v node > /dev/null || need+=(nodejs)
@@ -8,6 +8,10 @@ command -v npm > /dev/null || need+=(npm)
 if [ "${1:-run}" = test ] || [ "${1:-run}" = bench ]; then
     # the PyTorch reference needs Debian's torch in the system interpreter
     /usr/bin/python3 -c 'import torch' > /dev/null 2>&1 || need+=(python3-torch)
+fi
+if [ "${1:-run}" = test ] || [ "${1:-run}" = plot ]; then
+    # scripts/plot_log.py draws with Debian's matplotlib in the system interpreter
+    /usr/bin/python3 -c 'import matplotlib' > /dev/null 2>&1 || need+=(python3-matplotlib)
 fi
 if [ "${1:-run}" = bench ]; then
     # PyTorch at its best on CPU: Debian's torch uses the system BLAS, which is the slow reference BLAS

@@ -20,6 +20,8 @@ run ./test_kla dev/test/ref
 run ./test_dataloader
 run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
+run bash dev/test/test_encode_shards.sh
+run bash dev/test/test_plot_log.sh
 run bash dev/test/test_cuda_build.sh
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Process-level tests of ./train_kla: every bad input of the foundation issue gives a one-line error naming
 # the file or flag and exit code 1, with nothing left behind; resume continues bit for bit; an incomplete
-# checkpoint is never used; a diverged run stops and keeps its last good checkpoint; sampling with a prompt.
+# checkpoint is never used; a diverged run stops and keeps its last good checkpoint; sampling with a prompt;
+# --generate and --eval from a checkpoint, and their bad inputs.
 # Needs the demo data (make data). Prints PASS/FAIL lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,29 +13,7 @@ VAL=data/demo/demo_val_*.bin
 # a tiny hybrid model that takes a fraction of a second per step
 SMALL=(--mixer attn:1,gdn:1,kaczmarz:1 --width 64 --heads 4 --lin-heads 2 --dk 16 --dv 16 -b 2 -t 32 -v 0 -m 2 -g 0)
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
-
-# expect_error NAME SUBSTRING... -- COMMAND...: exit 1, exactly one line on stderr, starting "error:" and
-# containing every SUBSTRING
-expect_error() {
-    local name=$1; shift
-    local subs=()
-    while [ "$1" != "--" ]; do subs+=("$1"); shift; done
-    shift
-    "$@" > "$tmp/out" 2> "$tmp/err"
-    local rc=$? lines
-    lines=$(wc -l < "$tmp/err")
-    local msg
-    msg=$(head -c 300 "$tmp/err")
-    if [ $rc -ne 1 ]; then fail "$name" "exit code $rc, expected 1 ($msg)"; return; fi
-    if [ "$lines" -ne 1 ]; then fail "$name" "$lines lines on stderr, expected 1 ($msg)"; return; fi
-    case "$msg" in error:*) ;; *) fail "$name" "message does not start with 'error:' ($msg)"; return;; esac
-    for s in "${subs[@]}"; do
-        case "$msg" in *"$s"*) ;; *) fail "$name" "message lacks '$s' ($msg)"; return;; esac
-    done
-    pass "$name  [$msg]"
-}
+source dev/test/expect_error.sh
 
 # ---- flags
 expect_error "unknown flag" "--bogus" -- ./train_kla --bogus 1
@@ -194,3 +173,66 @@ if echo "$out" | grep -q "^step    2/2 | val loss" && echo "$out" | grep -q "^We
 else
     fail "pdn family run" "$(echo "$out" | tail -2)"
 fi
+
+# ---- --generate and --eval: use a checkpoint without training (the base run's step-2 model)
+# Nothing is written: the checkpoint's directory is the same before and after, and the working directory holds
+# no new file. A seed gives the same samples; --samples 2 starts with the --samples 1 sample (one coin stream);
+# another seed gives other samples (the negative control of the two equalities); --top-k 1 is greedy, so its
+# samples agree whatever the seed.
+gen() { ./train_kla -e "$good" --generate 12 --prompt "The President said" "$@" 2>&1; }
+before=$(ls -l --time-style=full-iso "$tmp/base"; md5sum "$tmp/base"/*)
+touch "$tmp/marker"
+one=$(gen --sample-seed 5)
+two=$(gen --sample-seed 5 --samples 2)
+other=$(gen --sample-seed 6)
+greedy=$(gen --top-k 1 --samples 2 --sample-seed 5; gen --top-k 1 --sample-seed 6)
+first_of_two=$(echo "$two" | sed -n 1,4p)  # generating:, ---, the sample, ---
+after=$(ls -l --time-style=full-iso "$tmp/base"; md5sum "$tmp/base"/*)
+new_files=$(find . "$tmp" -newer "$tmp/marker" -type f -not -path './.git/*' | head -3)
+if [ "$(echo "$one" | grep -c '^The President said')" = 1 ] && [ "$(echo "$two" | grep -c '^The President said')" = 2 ] &&
+   [ "$one" = "$first_of_two" ] && [ "$one" != "$other" ]; then
+    pass "--generate: samples continue the prompt; a seed repeats them, --samples 2 extends --samples 1, another seed differs"
+else
+    fail "--generate samples" "$(echo "$one" | tr '\n' '|') vs $(echo "$two" | tr '\n' '|') vs $(echo "$other" | tr '\n' '|')"
+fi
+if [ "$(echo "$greedy" | grep '^The President said' | sort -u | wc -l)" = 1 ]; then
+    pass "--generate --top-k 1: greedy, the same continuation for every sample and seed"
+else
+    fail "--generate --top-k 1" "greedy samples differ: $(echo "$greedy" | grep '^The President said' | tr '\n' '|')"
+fi
+if [ "$before" = "$after" ] && [ -z "$new_files" ]; then pass "--generate writes nothing"; else fail "--generate writes nothing" "changed: $new_files"; fi
+
+# --eval on the data the run validated on, with its batch shape and -m: the same loss the run logged at that step
+# (the same model, windows and order; main.log keeps 4 decimals). The perplexity is exp(loss), the line appended
+# to main.log is `s:2 evl:<loss> ...` (step from the checkpoint's name). Negative control: another -m gives
+# another loss, so the equality is not a constant.
+cp "$tmp/base/main.log" "$tmp/base_log_before"
+out=$(./train_kla -e "$good" --eval 1 -b 2 -t 32 -m 2 -o "$tmp/base" 2>&1)
+logged=$(grep -o '^s:2 tel:[0-9.]*' "$tmp/base_log_before" | cut -d: -f3)
+loss=$(echo "$out" | sed -n 's/.*| loss \([0-9.]*\) | perplexity \([0-9.]*\)$/\1/p')
+ppl=$(echo "$out" | sed -n 's/.*| loss \([0-9.]*\) | perplexity \([0-9.]*\)$/\2/p')
+control=$(./train_kla -e "$good" --eval 1 -b 2 -t 32 -m 7 2>&1 | sed -n 's/.*| loss \([0-9.]*\) |.*/\1/p')
+appended=$(diff "$tmp/base_log_before" "$tmp/base/main.log" | sed -n 's/^> //p')
+if [ -n "$loss" ] && [ -n "$logged" ] && [ "$(printf '%.4f' "$loss")" = "$logged" ] &&
+   awk -v l="$loss" -v p="$ppl" 'BEGIN { exit !(p > 0 && (p - exp(l)) / p < 1e-5 && (exp(l) - p) / p < 1e-5) }' &&
+   [ "$appended" = "s:2 evl:$logged ppl:$ppl tok:128" ] && [ -n "$control" ] && [ "$control" != "$loss" ]; then
+    pass "--eval: loss == the run's logged val loss at step 2 ($loss), perplexity == exp(loss), one line appended to main.log; -m 7 differs ($control)"
+else
+    fail "--eval" "loss '$loss' vs logged '$logged', ppl '$ppl', appended '$appended', control '$control'"
+fi
+# without -m, --eval reads every batch of -j: (5000 - 1) / (2 * 32) = 78 windows of the 5000-token good shard
+out=$(./train_kla -e "$good" --eval 1 -b 2 -t 32 -j "$tmp/good_*.bin" 2>&1)
+if echo "$out" | grep -q "| 78 batches of 2 x 32 = 4992 tokens |"; then pass "--eval without -m: the whole split (78 batches)"; else fail "--eval whole split" "$out"; fi
+
+expect_error "--generate without -e" "--generate" "-e" -- ./train_kla --generate 8
+expect_error "--generate with a missing checkpoint" "missing.bin" -- ./train_kla --generate 8 -e "$tmp/missing.bin"
+expect_error "--eval with a missing checkpoint" "missing.bin" -- ./train_kla --eval 1 -e "$tmp/missing.bin"
+expect_error "--generate with a training flag" "-l" "training" -- ./train_kla --generate 8 -e "$good" -l 1e-3
+expect_error "--generate with -x" "-x" "training" -- ./train_kla --generate 8 -e "$good" -x 5
+expect_error "--generate with an --eval flag" "-j" "--eval" -- ./train_kla --generate 8 -e "$good" -j "$VAL"
+expect_error "--eval with a --generate flag" "--prompt" "--generate" -- ./train_kla --eval 1 -e "$good" --prompt hi
+expect_error "--eval with a bad -o" "-o" "main.log" -- ./train_kla --eval 1 -e "$good" -o "$tmp/no_such_dir"
+mkdir -p "$tmp/eval_dir"
+expect_error "--eval on a corrupt shard" "magic_000.bin" -- ./train_kla --eval 1 -e "$good" -j "$tmp/magic_*.bin" -o "$tmp/eval_dir"
+if [ -z "$(ls -A "$tmp/eval_dir")" ]; then pass "--eval that fails writes no main.log"; else fail "--eval that fails" "left $(ls "$tmp/eval_dir")"; fi
+expect_error "--generate flags vs checkpoint" "--width" -- ./train_kla --generate 8 -e "$good" --width 128
