@@ -29,8 +29,6 @@ enum { MIXER_ATTN, MIXER_GDN, MIXER_KACZMARZ, MIXER_PDN, MIXER_PGDN, MIXER_PKDA,
 static const char* MIXER_NAMES[NUM_MIXERS] = {"attn", "gdn", "kaczmarz", "pdn", "pgdn", "pkda", "gka", "kalman"};
 enum { KALMAN_PLAIN = 0, KALMAN_MAMBA = 1, NUM_KALMAN_PRESETS = 2 };
 static const char* KALMAN_PRESET_NAMES[NUM_KALMAN_PRESETS] = {"plain", "mamba"};
-// gdn and kaczmarz share one implementation (and one parameter layout)
-static inline int is_gdn_family(int mixer) { return mixer == MIXER_GDN || mixer == MIXER_KACZMARZ; }
 // trunk options (FORMATS.md header slots 20-22)
 enum { NORM_LAYERNORM = 0, NORM_RMSNORM = 1, NUM_NORMS = 2 };
 static const char* NORM_NAMES[NUM_NORMS] = {"layernorm", "rmsnorm"};
@@ -255,89 +253,142 @@ static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const 
 // Lay out every tensor of the model in FORMATS.md order, each starting at a multiple of `align` floats (1: the
 // contiguous layout of the files; train_kla.cu aligns its device copy). Fills the table and, when base is not
 // NULL, points the ParameterTensors at base (used for the parameters and, with the same layout, their gradients).
+// Each mixer lays out its own tensors (MIXER_PARAMETER_LAYOUT); the trunk does the rest.
+
+// what a mixer's layout function works with: the table being built, the block its pointers point into (NULL: the
+// table only), the layer, GPT-2's init scales and a name buffer
+typedef struct {
+    TensorTable* tt;
+    float* base;
+    float* unused;   // the pointer slot written when there is no LayerParams to point
+    int layer;
+    float std, std_resid;
+    char name[96];
+} LayoutContext;
+
+#define T2(slot, nm, decay, init, sd, d0, d1) add_tensor(k->tt, lp ? &(slot) : &k->unused, k->base, nm, decay, init, sd, 2, d0, d1)
+#define T1(slot, nm, init, d0) add_tensor(k->tt, lp ? &(slot) : &k->unused, k->base, nm, 0, init, 0.0f, 1, d0, 0)
+#define MNAME(suffix) (snprintf(k->name, sizeof(k->name), "h%d.%s.%s", k->layer, MIXER_NAMES[c->mixer[k->layer]], suffix), k->name)
+
+static void attn_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
+    int C = c->channels;
+    float std = k->std, std_resid = k->std_resid;
+    T2(lp->qkvw, MNAME("qkv.w"), 1, INIT_NORMAL, std, 3 * C, C);
+    T1(lp->qkvb, MNAME("qkv.b"), INIT_ZERO, 3 * C);
+    T2(lp->attprojw, MNAME("proj.w"), 1, INIT_NORMAL, std_resid, C, C);
+    T1(lp->attprojb, MNAME("proj.b"), INIT_ZERO, C);
+}
+
+static void gdn_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
+    int C = c->channels;
+    float std = k->std, std_resid = k->std_resid;
+    int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
+    int P = 2 * H * dk + 2 * H * dv + 2 * H, D = 2 * H * dk + H * dv;
+    T2(lp->gdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+    T2(lp->gdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+    T1(lp->gdn.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+    T1(lp->gdn.A_log, MNAME("A_log"), INIT_A_LOG, H);
+    T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+    T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+    T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+}
+
+// kalman spec 1.2; FORMATS.md
+static void kalman_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
+    int C = c->channels;
+    float std = k->std, std_resid = k->std_resid;
+    int Dk = c->kalman_expand * C, N = c->kalman_n, R = c->kalman_rank;
+    int Ws = c->kalman_preset == KALMAN_MAMBA ? R + 2 * N : 2 * Dk + 2 * N;
+    T2(lp->kalman.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, 2 * Dk, C);
+    T2(lp->kalman.conv_w, MNAME("conv.w"), 0, INIT_CONV_UNIFORM, 0.0f, Dk, c->conv_size);  // 1-D group: no decay
+    T1(lp->kalman.conv_b, MNAME("conv.b"), INIT_ZERO, Dk);
+    T2(lp->kalman.sensor_w, MNAME("sensor.w"), 1, INIT_NORMAL, std, Ws, Dk);
+    if (c->kalman_preset == KALMAN_MAMBA) { T2(lp->kalman.var_w, MNAME("var.w"), 1, INIT_NORMAL, std, Dk, R); }
+    T2(lp->kalman.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, Dk);
+    // the state-space parameters: 0.1x learning rate, no weight decay (FORMATS.md "Learning-rate groups")
+    T2(lp->kalman.delta_raw, MNAME("delta_raw"), 0, INIT_DT_BIAS, 0.0f, Dk, N);
+    k->tt->t[k->tt->num_tensors - 1].lr_scale = 0.1f;
+    T2(lp->kalman.lambda_log, MNAME("lambda_log"), 0, INIT_ZERO, 0.0f, Dk, N);
+    k->tt->t[k->tt->num_tensors - 1].lr_scale = 0.1f;
+    T2(lp->kalman.p_raw, MNAME("p_raw"), 0, INIT_P_RAW, 0.0f, Dk, N);
+    k->tt->t[k->tt->num_tensors - 1].lr_scale = 0.1f;
+    T1(lp->kalman.lambda_skip, MNAME("lambda_skip"), INIT_LAMBDA_SKIP, 1);
+    k->tt->t[k->tt->num_tensors - 1].lr_scale = 0.1f;
+}
+
+// in_proj rows [q (H) | k (Hkv) | v (Hkv) | gate | a | b | alpha]
+static void gka_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
+    int C = c->channels;
+    float std = k->std, std_resid = k->std_resid;
+    int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, Hkv = c->gka_kv_heads;
+    int D = H * dk + Hkv * (dk + dv), P = D + H * dv + 3 * H;
+    T2(lp->gka.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+    T2(lp->gka.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+    T1(lp->gka.b_bias, MNAME("b_bias"), INIT_ZERO, H);
+    T1(lp->gka.alpha_bias, MNAME("alpha_bias"), INIT_ZERO, H);
+    T1(lp->gka.A_log, MNAME("A_log"), INIT_A_LOG, H);
+    T1(lp->gka.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
+    T1(lp->gka.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+    T2(lp->gka.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+}
+
+// pdn family (FORMATS.md): in_proj rows [q | k | v | b | aP | bP] then pgdn [a], pkda [f1 | g1]
+static void pdn_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
+    int C = c->channels;
+    float std = k->std, std_resid = k->std_resid;
+    int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, D = 2 * H * dk + H * dv, mixer = c->mixer[k->layer];
+    int P = D + 3 * H + (mixer == MIXER_PGDN ? H : mixer == MIXER_PKDA ? 2 * dv : 0);
+    T2(lp->pdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
+    T2(lp->pdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
+    if (mixer != MIXER_PDN) {
+        T1(lp->pdn.A_log, MNAME("A_log"), INIT_A_LOG_1_16, H);
+        T1(lp->pdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, mixer == MIXER_PKDA ? H * dk : H);
+    }
+    if (mixer == MIXER_PKDA) {
+        T2(lp->pdn.f2_w, MNAME("f2.w"), 1, INIT_NORMAL, std, H * dk, dv);
+        T2(lp->pdn.g2_w, MNAME("g2.w"), 1, INIT_NORMAL, std, H * dv, dv);
+        T1(lp->pdn.g2_b, MNAME("g2.b"), INIT_ZERO, H * dv);
+    }
+    T1(lp->pdn.A_log_P, MNAME("A_log_P"), INIT_A_LOG_1_16, H);
+    T1(lp->pdn.dt_bias_P, MNAME("dt_bias_P"), INIT_DT_BIAS, H);
+    T1(lp->pdn.log_scale, MNAME("log_scale"), INIT_LOG_SCALE, H);
+    T1(lp->pdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
+    T2(lp->pdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
+}
+#undef MNAME
+
+// indexed by MIXER_*: each mixer's tensors of one layer
+typedef void (*MixerParameterLayout)(LayoutContext* k, LayerParams* lp, const Config* c);
+static const MixerParameterLayout MIXER_PARAMETER_LAYOUT[NUM_MIXERS] = {
+    attn_parameter_layout,    // attn
+    gdn_parameter_layout,     // gdn
+    gdn_parameter_layout,     // kaczmarz
+    pdn_parameter_layout,     // pdn
+    pdn_parameter_layout,     // pgdn
+    pdn_parameter_layout,     // pkda
+    gka_parameter_layout,     // gka
+    kalman_parameter_layout,  // kalman
+};
+
 static void build_parameter_layout_aligned(const Config* c, TensorTable* tt, ParameterTensors* p, float* base,
                                            size_t align) {
     int C = c->channels, L = c->num_layers;
-    float std = 0.02f, std_resid = 0.02f / sqrtf(2.0f * L);  // GPT-2: residual projections scaled by 1/sqrt(2L)
-    char name[96];
-    float* unused;
+    LayoutContext ctx = {tt, base, NULL, 0, 0.02f, 0.02f / sqrtf(2.0f * L), ""};  // GPT-2: residual projections / sqrt(2L)
+    LayoutContext* k = &ctx;
+    float std = ctx.std, std_resid = ctx.std_resid;
     memset(tt, 0, sizeof(*tt));
     tt->align = align;
     if (p != NULL) { memset(p, 0, sizeof(*p)); }
-#define T2(slot, nm, decay, init, sd, d0, d1) add_tensor(tt, p ? &(slot) : &unused, base, nm, decay, init, sd, 2, d0, d1)
-#define T1(slot, nm, init, d0) add_tensor(tt, p ? &(slot) : &unused, base, nm, 0, init, 0.0f, 1, d0, 0)
-#define LNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s", l, suffix), name)
-#define MNAME(suffix) (snprintf(name, sizeof(name), "h%d.%s.%s", l, MIXER_NAMES[c->mixer[l]], suffix), name)
+#define LNAME(suffix) (snprintf(k->name, sizeof(k->name), "h%d.%s", l, suffix), k->name)
+    LayerParams* lp = p ? &p->layer[0] : NULL;  // non-NULL exactly when p is: T1/T2 then fill the slots
     T2(p->wte, "wte", 0, INIT_NORMAL, std, c->padded_vocab_size, C);
     if (config_has_wpe(c)) { T2(p->wpe, "wpe", 0, INIT_NORMAL, std, c->max_seq_len, C); }
     for (int l = 0; l < L; l++) {
-        LayerParams* lp = p ? &p->layer[l] : NULL;
+        lp = p ? &p->layer[l] : NULL;
+        k->layer = l;
         T1(lp->ln1w, LNAME("ln1.w"), INIT_ONE, C);
         if (c->norm == NORM_LAYERNORM) { T1(lp->ln1b, LNAME("ln1.b"), INIT_ZERO, C); }
-        if (c->mixer[l] == MIXER_ATTN) {
-            T2(lp->qkvw, LNAME("attn.qkv.w"), 1, INIT_NORMAL, std, 3 * C, C);
-            T1(lp->qkvb, LNAME("attn.qkv.b"), INIT_ZERO, 3 * C);
-            T2(lp->attprojw, LNAME("attn.proj.w"), 1, INIT_NORMAL, std_resid, C, C);
-            T1(lp->attprojb, LNAME("attn.proj.b"), INIT_ZERO, C);
-        } else if (is_gdn_family(c->mixer[l])) {
-            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv;
-            int P = 2 * H * dk + 2 * H * dv + 2 * H, D = 2 * H * dk + H * dv;
-            T2(lp->gdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
-            T2(lp->gdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
-            T1(lp->gdn.b_bias, MNAME("b_bias"), INIT_ZERO, H);
-            T1(lp->gdn.A_log, MNAME("A_log"), INIT_A_LOG, H);
-            T1(lp->gdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
-            T1(lp->gdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
-            T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
-        } else if (c->mixer[l] == MIXER_KALMAN) {  // kalman spec 1.2; FORMATS.md
-            int Dk = c->kalman_expand * C, N = c->kalman_n, R = c->kalman_rank;
-            int Ws = c->kalman_preset == KALMAN_MAMBA ? R + 2 * N : 2 * Dk + 2 * N;
-            T2(lp->kalman.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, 2 * Dk, C);
-            T2(lp->kalman.conv_w, MNAME("conv.w"), 0, INIT_CONV_UNIFORM, 0.0f, Dk, c->conv_size);  // 1-D group: no decay
-            T1(lp->kalman.conv_b, MNAME("conv.b"), INIT_ZERO, Dk);
-            T2(lp->kalman.sensor_w, MNAME("sensor.w"), 1, INIT_NORMAL, std, Ws, Dk);
-            if (c->kalman_preset == KALMAN_MAMBA) { T2(lp->kalman.var_w, MNAME("var.w"), 1, INIT_NORMAL, std, Dk, R); }
-            T2(lp->kalman.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, Dk);
-            // the state-space parameters: 0.1x learning rate, no weight decay (FORMATS.md "Learning-rate groups")
-            T2(lp->kalman.delta_raw, MNAME("delta_raw"), 0, INIT_DT_BIAS, 0.0f, Dk, N);
-            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
-            T2(lp->kalman.lambda_log, MNAME("lambda_log"), 0, INIT_ZERO, 0.0f, Dk, N);
-            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
-            T2(lp->kalman.p_raw, MNAME("p_raw"), 0, INIT_P_RAW, 0.0f, Dk, N);
-            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
-            T1(lp->kalman.lambda_skip, MNAME("lambda_skip"), INIT_LAMBDA_SKIP, 1);
-            tt->t[tt->num_tensors - 1].lr_scale = 0.1f;
-        } else if (c->mixer[l] == MIXER_GKA) {  // in_proj rows [q (H) | k (Hkv) | v (Hkv) | gate | a | b | alpha]
-            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, Hkv = c->gka_kv_heads;
-            int D = H * dk + Hkv * (dk + dv), P = D + H * dv + 3 * H;
-            T2(lp->gka.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
-            T2(lp->gka.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
-            T1(lp->gka.b_bias, MNAME("b_bias"), INIT_ZERO, H);
-            T1(lp->gka.alpha_bias, MNAME("alpha_bias"), INIT_ZERO, H);
-            T1(lp->gka.A_log, MNAME("A_log"), INIT_A_LOG, H);
-            T1(lp->gka.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, H);
-            T1(lp->gka.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
-            T2(lp->gka.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
-        } else {  // pdn family (FORMATS.md): in_proj rows [q | k | v | b | aP | bP] then pgdn [a], pkda [f1 | g1]
-            int H = c->lin_heads, dk = c->lin_dk, dv = c->lin_dv, D = 2 * H * dk + H * dv, mixer = c->mixer[l];
-            int P = D + 3 * H + (mixer == MIXER_PGDN ? H : mixer == MIXER_PKDA ? 2 * dv : 0);
-            T2(lp->pdn.in_proj_w, MNAME("in_proj.w"), 1, INIT_NORMAL, std, P, C);
-            T2(lp->pdn.conv_w, MNAME("conv.w"), 1, INIT_NORMAL, std, D, c->conv_size);
-            if (mixer != MIXER_PDN) {
-                T1(lp->pdn.A_log, MNAME("A_log"), INIT_A_LOG_1_16, H);
-                T1(lp->pdn.dt_bias, MNAME("dt_bias"), INIT_DT_BIAS, mixer == MIXER_PKDA ? H * dk : H);
-            }
-            if (mixer == MIXER_PKDA) {
-                T2(lp->pdn.f2_w, MNAME("f2.w"), 1, INIT_NORMAL, std, H * dk, dv);
-                T2(lp->pdn.g2_w, MNAME("g2.w"), 1, INIT_NORMAL, std, H * dv, dv);
-                T1(lp->pdn.g2_b, MNAME("g2.b"), INIT_ZERO, H * dv);
-            }
-            T1(lp->pdn.A_log_P, MNAME("A_log_P"), INIT_A_LOG_1_16, H);
-            T1(lp->pdn.dt_bias_P, MNAME("dt_bias_P"), INIT_DT_BIAS, H);
-            T1(lp->pdn.log_scale, MNAME("log_scale"), INIT_LOG_SCALE, H);
-            T1(lp->pdn.onorm_w, MNAME("onorm.w"), INIT_ONE, dv);
-            T2(lp->pdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
-        }
+        MIXER_PARAMETER_LAYOUT[c->mixer[l]](k, lp, c);
         if (c->mlp == MLP_NONE) { continue; }
         int Hm = c->mlp_hidden;
         T1(lp->ln2w, LNAME("ln2.w"), INIT_ONE, C);
@@ -357,7 +408,6 @@ static void build_parameter_layout_aligned(const Config* c, TensorTable* tt, Par
 #undef T2
 #undef T1
 #undef LNAME
-#undef MNAME
 }
 
 // the contiguous layout of the checkpoint files and of train_kla.c
