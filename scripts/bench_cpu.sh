@@ -26,3 +26,11 @@ for m in "${models[@]}"; do
     awk -v p="$pattern" -v t="$threads" -v c="$ms_c" -v y="$ms_py" 'BEGIN { printf "%-12s %-8s %14s %14s %9.2fx\n", p, t, c, y, y / c }'
 done
 echo "ratio = pytorch ms / train_kla ms (above 1: train_kla is faster). B=$B T=$T, vocab 50257, $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+# every mixer, train_kla only: the same step (4 layers of width 256; the head-based mixers 2 heads of dk = dv = 128,
+# kalman plain with N = 16, expand 1)
+printf "%-12s %14s\n" "mixer" "train_kla ms"
+for m in attn gdn kaczmarz pdn pgdn pkda gka kalman; do
+    ms_c=$(OMP_NUM_THREADS=$threads ./train_kla --mixer "$m" --depth 4 --width 256 --heads 4 --lin-heads 2 --dk 128 --dv 128 \
+           -b $B -t $T -x $((STEPS + 2)) -v 0 -m 1 -g 0 | grep -o '| [0-9.]* ms |' | awk 'NR > 2 { s += $2; n++ } END { printf "%.1f", s / n }')
+    printf "%-12s %14s\n" "$m" "$ms_c"
+done
