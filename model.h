@@ -990,7 +990,7 @@ static void parse_task_flags(Options* o) {
 
 // A model read from a file (-e, -y 1) keeps its task: --task and the --task-* flags given must agree with the
 // checkpoint's, and a checkpoint that names a task makes the run use it (a file without one holds an LM).
-static void use_checkpoint_task(Options* o, const Config* c, const char* path) {
+static inline void use_checkpoint_task(Options* o, const Config* c, const char* path) {
     const Task* t = &c->task;
     if (o->task.kind != t->kind && o->task.kind != TASK_NONE) {
         die("%s: the checkpoint was trained on %s but --task asks for %s", path,
