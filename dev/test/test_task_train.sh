@@ -91,14 +91,15 @@ fi
 expect_error "-e with another task" "--task" "stack" "mqar" -- ./train_kla -e "$tmp/full/model_00000008.bin" --task mqar -x 1
 expect_error "-e with another task length" "--task-len" "24" -- ./train_kla -e "$tmp/full/model_00000008.bin" --task stack --task-len 30 -x 1
 
-# ---- a tiny model learns a short task: stack at length 30 (10 operations), 300 steps. The labels are the 26
-# stack values, so a model that cannot read the stacks scores about 1/26 = 0.04; we ask for 0.2 on the test split.
+# ---- a tiny model learns a short task: stack at length 30 (10 operations), 500 steps. The labels are the 26
+# stack values, so a model that cannot read the stacks scores about 1/26 = 0.04; we ask for 0.2 on the test split
+# (seeds 1, 3, 7 reached 0.35, 0.65, 0.62; at 300 steps seed 1 was still at 0.10).
 start=$(date +%s)
-./train_kla --task stack --task-len 30 "${TINY[@]}" -x 300 -v 0 --seed 7 -o "$tmp/learn" > "$tmp/learn.out" 2>&1
+./train_kla --task stack --task-len 30 "${TINY[@]}" -x 500 -v 0 --seed 7 -o "$tmp/learn" > "$tmp/learn.out" 2>&1
 secs=$(( $(date +%s) - start ))
-acc=$(sed -n 's/^s:300 test_len:30 loss:[0-9.]* acc:\([0-9.]*\)$/\1/p' "$tmp/learn/main.log")
+acc=$(sed -n 's/^s:500 test_len:30 loss:[0-9.]* acc:\([0-9.]*\)$/\1/p' "$tmp/learn/main.log")
 if [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.2) }'; then
-    pass "tiny gdn model learns stack (length 30) in 300 steps: test accuracy $acc > 0.2 (chance 0.04), ${secs}s"
+    pass "tiny gdn model learns stack (length 30) in 500 steps: test accuracy $acc > 0.2 (chance 0.04), ${secs}s"
 else
-    fail "tiny gdn model learns stack (length 30) in 300 steps" "test accuracy '${acc}' (chance 0.04), ${secs}s: $(tail -2 "$tmp/learn.out")"
+    fail "tiny gdn model learns stack (length 30) in 500 steps" "test accuracy '${acc}' (chance 0.04), ${secs}s: $(tail -2 "$tmp/learn.out")"
 fi
