@@ -19,8 +19,8 @@ ifndef NO_OMP
   endif
 endif
 
-PROGRAMS = train_kla test_kla test_tokenizer test_dataloader encode_shards
-COMMON = utils.h tokenizer.h dataloader.h model.h train_common.h
+PROGRAMS = train_kla test_kla test_tasks test_tokenizer test_dataloader encode_shards
+COMMON = utils.h tokenizer.h dataloader.h model.h tasks.h train_common.h
 
 # CUDA programs (train_klacu, test_klacu), built whenever nvcc is found, GPU or not.
 # PRECISION=BF16 (default) or FP32; GPU_COMPUTE_CAPABILITY=90 (H100/H200) by default.
@@ -99,6 +99,9 @@ train_kla: train_kla.c $(COMMON)
 
 test_kla: test_kla.c train_kla.c $(COMMON)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+test_tasks: dev/test/test_tasks.c train_kla.c $(COMMON)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
 test_tokenizer: dev/test/test_tokenizer.c $(COMMON)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)

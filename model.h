@@ -21,6 +21,7 @@ checkpoint written by either program is read by the other.
 
 #include "utils.h"
 #include "dataloader.h"
+#include "tasks.h"
 
 // ----------------------------------------------------------------------------------------------------------
 // model configuration and the mixer pattern
@@ -65,6 +66,7 @@ typedef struct {
     int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
     int kalman_rank;        // kalman: R = ceil(C/8) of the mamba preset's variance path, 0 for plain
     int mixer[MAX_LAYERS];  // MIXER_* per layer
+    Task task;              // the synthetic task the model is trained on (kind TASK_NONE: token shards)
 } Config;
 
 // Parse a pattern `name[:count],...` into per-layer mixer ids; returns the number of layers.
@@ -479,14 +481,8 @@ static inline double model_flops_per_token(const Config* c, int T, double* core_
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// random numbers: splitmix64 (init and sampling); the state is one uint64
+// random numbers: splitmix64 (init and sampling; rng_next is in utils.h); the state is one uint64
 
-static uint64_t rng_next(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 // uniform in [0, 1) with 24 random bits
 static float rng_uniform(uint64_t* state) { return (float)(rng_next(state) >> 40) / 16777216.0f; }
 // standard normal by Box-Muller (one value per call; simple and plenty for initialisation)
@@ -610,6 +606,9 @@ static void write_model_file(const Config* c, const TensorTable* tt, const float
     header[31] = c->kalman_preset;
     header[32] = c->kalman_rank;
     header[33] = c->gka_kv_heads;
+    header[34] = c->task.kind;
+    header[35] = c->task.len;
+    header[36] = c->task.pairs;
     format_mixer_pattern(c, (char*)header + 512, 512);
     AtomicFile af;
     atomic_open(&af, path);
@@ -665,6 +664,16 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->kalman_preset = header[31];
     c->kalman_rank = header[32];
     c->gka_kv_heads = header[33];
+    // the task (slots 34-36; zero in files written before tasks existed = token shards)
+    c->task.kind = header[34];
+    c->task.len = header[35];
+    c->task.pairs = header[36];
+    c->task.vocab = c->task.kind != TASK_NONE ? c->vocab_size : 0;
+    if (c->task.kind < 0 || c->task.kind >= NUM_TASKS) { die("%s: unknown task id %d in the header", path, c->task.kind); }
+    if (c->task.kind == TASK_NONE ? c->task.len != 0 || c->task.pairs != 0 : !task_is_valid(&c->task)) {
+        die("%s: invalid %s task (vocab %d, length %d, pairs %d) in the header", path, TASK_NAMES[c->task.kind],
+            c->task.vocab, c->task.len, c->task.pairs);
+    }
     if (c->gka_kv_heads < 1 || c->lin_heads % c->gka_kv_heads != 0) {
         die("%s: gka key/value heads %d do not divide the %d heads", path, c->gka_kv_heads, c->lin_heads);
     }
@@ -1048,6 +1057,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
 }
 
 #define MAX_FLAGS 64
+#define MAX_EVAL_LENS 16
 
 // Everything the command line sets (defaults in parse_options), and the model config the flags describe.
 typedef struct {
@@ -1057,6 +1067,11 @@ typedef struct {
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
     int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute;
     int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
+    const char *task_name, *task_eval;      // --task, --task-eval
+    int task_vocab, task_len, task_pairs;   // --task-vocab, --task-len, --task-pairs (0 = the task's default)
+    Task task;                              // the task the run trains on (kind TASK_NONE: token shards)
+    int eval_lens[MAX_EVAL_LENS];           // --task-eval: extra evaluation lengths (task length parameter)
+    int num_eval_lens;
     float norm_eps, lr, final_frac, weight_decay, beta1, beta2, adam_eps, grad_clip, temperature;
     int sched;            // SCHED_* of -k
     Config config;        // the model the flags describe (used for a fresh initialisation)
@@ -1087,6 +1102,88 @@ static void check_checkpoint_use_flags(Options* o) {
     }
     o->gen_tokens = o->generate;
     if (o->eval && !find_flag(o->flags, o->num_flags, "-m")->given) { o->val_batches = -1; }
+}
+
+// With a task the data come from its generator (tasks.h): the sequence length and the vocabulary are the task's,
+// and the flags about token shards and GPT-2 text are errors. Used for --task, and for a checkpoint whose header
+// names a task (use_checkpoint_task).
+static void options_use_task(Options* o, const Task* t) {
+    const char* shard_flags[] = {"-i", "-j", "-t", "--vocab-size", "--shuffle", "--prompt", "--tokenizer"};
+    for (size_t i = 0; i < sizeof(shard_flags) / sizeof(shard_flags[0]); i++) {
+        if (find_flag(o->flags, o->num_flags, shard_flags[i])->given) {
+            die("flag %s: not used with a task (%s generates its data; the length is --task-len, the vocabulary --task-vocab)",
+                shard_flags[i], TASK_NAMES[t->kind]);
+        }
+    }
+    if (find_flag(o->flags, o->num_flags, "-g")->given && o->gen_tokens > 0) {
+        die("flag -g: a task is scored by accuracy, not by GPT-2 samples (leave -g out or set 0)");
+    }
+    require(o->max_steps != -1, "-x", "a task has no epochs: give the number of steps");
+    char why[160];
+    for (int i = 0; i < o->num_eval_lens; i++) {
+        if (task_length_problem(t, o->eval_lens[i], why, sizeof(why))) { die("flag --task-eval: %s: %s", TASK_NAMES[t->kind], why); }
+    }
+    o->task = *t;
+    o->T = task_seq_len(t, t->len);
+    o->vocab_size = t->vocab;
+    o->gen_tokens = 0;
+    if (!find_flag(o->flags, o->num_flags, "-d")->given) { o->total_batch = o->B * o->T; }
+    if (o->total_batch % (o->B * o->T) != 0) { die("flag -d: %d is not a multiple of B*T = %d*%d (T: the task's sequence length)", o->total_batch, o->B, o->T); }
+}
+
+// --task and its parameters; the --task-* flags without --task are errors.
+static void parse_task_flags(Options* o) {
+    const char* task_flags[] = {"--task-vocab", "--task-len", "--task-pairs", "--task-eval"};
+    if (o->task_name == NULL) {
+        for (size_t i = 0; i < sizeof(task_flags) / sizeof(task_flags[0]); i++) {
+            if (find_flag(o->flags, o->num_flags, task_flags[i])->given) { die("flag %s: needs --task", task_flags[i]); }
+        }
+        return;
+    }
+    for (const char* p = o->task_eval; p && *p;) {  // a comma-separated list of positive lengths
+        char* end;
+        long len = strtol(p, &end, 10);
+        if (end == p || len < 1 || len > 1 << 24 || (*end != ',' && *end != '\0') || (*end == ',' && end[1] == '\0')) {
+            die("flag --task-eval: '%s' is not a comma-separated list of lengths >= 1", o->task_eval);
+        }
+        if (o->num_eval_lens == MAX_EVAL_LENS) { die("flag --task-eval: more than %d lengths", MAX_EVAL_LENS); }
+        o->eval_lens[o->num_eval_lens++] = (int)len;
+        p = *end == ',' ? end + 1 : end;
+    }
+    Task t = {0};
+    t.kind = 1 + parse_choice(o->task_name, TASK_NAMES + 1, NUM_TASKS - 1, "--task");
+    require(o->task_vocab >= 0 && o->task_vocab <= 1 << 24, "--task-vocab", "must be in [0, 2^24] (0 = the task's default)");
+    require(o->task_len >= 0, "--task-len", "must be >= 0 (0 = the task's default)");
+    require(o->task_pairs >= 0, "--task-pairs", "must be >= 0 (0 = the task's default)");
+    task_defaults(t.kind, &t.vocab, &t.len, &t.pairs);
+    if (o->task_vocab != 0) { t.vocab = o->task_vocab; }
+    if (o->task_len != 0) { t.len = o->task_len; }
+    if (o->task_pairs != 0) { t.pairs = o->task_pairs; }
+    char why[160];
+    if (task_vocab_problem(&t, why, sizeof(why))) { die("flag --task-vocab: %s: %s", TASK_NAMES[t.kind], why); }
+    if (task_pairs_problem(&t, why, sizeof(why))) { die("flag --task-pairs: %s: %s", TASK_NAMES[t.kind], why); }
+    if (task_length_problem(&t, t.len, why, sizeof(why))) { die("flag --task-len: %s: %s", TASK_NAMES[t.kind], why); }
+    options_use_task(o, &t);
+}
+
+// A model read from a file (-e, -y 1) keeps its task: --task and the --task-* flags given must agree with the
+// checkpoint's, and a checkpoint that names a task makes the run use it (a file without one holds an LM).
+static inline void use_checkpoint_task(Options* o, const Config* c, const char* path) {
+    const Task* t = &c->task;
+    if (o->task.kind != t->kind && o->task.kind != TASK_NONE) {
+        die("%s: the checkpoint was trained on %s but --task asks for %s", path,
+            t->kind == TASK_NONE ? "token shards (no task)" : TASK_NAMES[t->kind], TASK_NAMES[o->task.kind]);
+    }
+    if (t->kind == TASK_NONE) { return; }
+    struct { const char* flag; int have; int want; } fields[] = {
+        {"--task-vocab", t->vocab, o->task_vocab}, {"--task-len", t->len, o->task_len}, {"--task-pairs", t->pairs, o->task_pairs},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (find_flag(o->flags, o->num_flags, fields[i].flag)->given && fields[i].want != fields[i].have) {
+            die("%s: the checkpoint's task has %s %d but the flags ask for %d", path, fields[i].flag, fields[i].have, fields[i].want);
+        }
+    }
+    options_use_task(o, t);
 }
 
 // Parse and check every flag (one-line error and exit 1 on anything wrong), before anything is read or written.
@@ -1201,6 +1298,11 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0},
         {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0},
         {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
+        {"--task", FLAG_STRING, &o->task_name, "synthetic task instead of shards: mqar, mqar-zoology, sniah, palindrome, stack, a5", 0},
+        {"--task-vocab", FLAG_INT, &o->task_vocab, "task vocabulary (0 = the task's: 8192 mqar/sniah, 128 palindrome)", 0},
+        {"--task-len", FLAG_INT, &o->task_len, "task length: tokens per sequence, palindrome: source tokens (0 = spec's)", 0},
+        {"--task-pairs", FLAG_INT, &o->task_pairs, "key-value pairs of mqar and mqar-zoology (0 = 32)", 0},
+        {"--task-eval", FLAG_STRING, &o->task_eval, "more accuracy lengths besides --task-len, e.g. 512,1024,2048", 0},
     };
     int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
     if (num_flags > MAX_FLAGS) { die("internal: more than %d flags", MAX_FLAGS); }
@@ -1212,6 +1314,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->B >= 1, "-b", "must be >= 1");
     require(o->T >= 1, "-t", "must be >= 1");
     require(o->total_batch >= 0, "-d", "must be >= 0");
+    parse_task_flags(o);
     if (o->total_batch == 0) { o->total_batch = o->B * o->T; }
     require(o->total_batch % (o->B * o->T) == 0, "-d", "must be a multiple of B*T");
     require(o->max_steps >= -1 && o->max_steps != 0, "-x", "must be >= 1, or -1 for one epoch");
@@ -1258,6 +1361,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->dk >= 1, "--dk", "must be >= 1");
     require(o->dv >= 1, "--dv", "must be >= 1");
     fc->vocab_size = o->vocab_size;
+    fc->task = o->task;
     fc->padded_vocab_size = (o->vocab_size + 127) / 128 * 128;
     fc->max_seq_len = o->max_seq_len;
     fc->num_layers = o->depth;
@@ -1321,9 +1425,15 @@ static void print_run_table(const Config* cfg, size_t num_parameters, const Opti
     double cores, total = model_flops_per_token(cfg, o->T, &cores);
     snprintf(flops, sizeof(flops), "%.4g, mixer cores %.4g (T = %d)", total, cores, o->T);
     printf("| %-21s | %-50s |\n", "train FLOPs per token", flops);
-    printf("| %-21s | %-50s |\n", "train data", o->train_glob);
-    printf("| %-21s | %-50zu |\n", "train tokens", train_tokens);
-    printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);
+    if (o->task.kind != TASK_NONE) {  // generated on the fly: no token counts
+        char task[64];
+        snprintf(task, sizeof(task), "%s, vocab %d, length %d, pairs %d", TASK_NAMES[o->task.kind], o->task.vocab, o->task.len, o->task.pairs);
+        printf("| %-21s | %-50s |\n", "task", task);
+    } else {
+        printf("| %-21s | %-50s |\n", "train data", o->train_glob);
+        printf("| %-21s | %-50zu |\n", "train tokens", train_tokens);
+        printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);
+    }
     printf("| %-21s | %-50s |\n", "init", resumed ? "resume" : o->init_file ? o->init_file : "random");
     printf("| %-21s | B %d, T %d, grad accum %d = %-27d |\n", "batch", o->B, o->T, grad_accum, o->total_batch);
     printf("| %-21s | %-50d |\n", "steps", max_steps);

@@ -426,7 +426,7 @@ static void residual_forward(float* out, const float* a, const float* b, size_t 
 }
 
 // probs = softmax over the first V of Vp logits (padding probabilities set to 0);
-// losses[bt] = -log probs[target] when targets is not NULL
+// losses[bt] = -log probs[target] when targets is not NULL, 0 where the target is negative (ignored: tasks.h)
 static void softmax_crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets,
                                          int BT, int V, int Vp) {
 #pragma omp parallel for
@@ -440,20 +440,22 @@ static void softmax_crossentropy_forward(float* probs, float* losses, const floa
         float inv = (float)(1.0 / sum);
         for (int i = 0; i < V; i++) { p[i] *= inv; }
         for (int i = V; i < Vp; i++) { p[i] = 0.0f; }
-        if (targets) { losses[bt] = -logf(p[targets[bt]]); }
+        if (targets) { losses[bt] = targets[bt] < 0 ? 0.0f : -logf(p[targets[bt]]); }
     }
 }
 
-// dlogits = (probs - onehot(target)) * dloss, written over the first V columns, padding 0
+// dlogits = (probs - onehot(target)) * dloss, written over the first V columns, padding 0; all 0 for a row whose
+// target is negative (ignored)
 static void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss,
                                           int BT, int V, int Vp) {
 #pragma omp parallel for
     for (int bt = 0; bt < BT; bt++) {
         const float* p = probs + (size_t)bt * Vp;
         float* d = dlogits + (size_t)bt * Vp;
-        for (int i = 0; i < V; i++) { d[i] = p[i] * dloss; }
+        float scale = targets[bt] < 0 ? 0.0f : dloss;
+        for (int i = 0; i < V; i++) { d[i] = p[i] * scale; }
         for (int i = V; i < Vp; i++) { d[i] = 0.0f; }
-        d[targets[bt]] -= dloss;
+        if (targets[bt] >= 0) { d[targets[bt]] -= dloss; }
     }
 }
 
@@ -3153,7 +3155,8 @@ typedef struct {
     float *acts_memory, *scratch_memory;
     const int* inputs;         // of the last forward
     const int* targets;
-    float mean_loss;           // of the last forward with targets
+    float mean_loss;           // of the last forward with targets: the mean over its labelled positions
+    int num_labelled;          // positions of the last forward whose target is >= 0 (negative = ignored)
 } Model;
 
 
@@ -3313,13 +3316,14 @@ static void mlp_backward(const Config* c, float* dinp, LayerParams* lg, const fl
     matmul_backward(dinp, lg->fcw, lg->fcb, dpre, inp, lp->fcw, N, C, P);
 }
 
-// Forward pass. With targets, m->mean_loss is the mean cross-entropy over the B*T positions.
+// Forward pass. With targets, m->mean_loss is the mean cross-entropy over the labelled positions: all B*T for
+// token shards; a task's targets mark the positions that cost nothing with a negative id (TASK_IGNORE, tasks.h).
 static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
     const Config* c = &m->config;
     int C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, BT = B * T;
     for (int i = 0; i < BT; i++) {
         if (inputs[i] < 0 || inputs[i] >= V) { die("input token %d at position %d is outside [0, %d)", inputs[i], i, V); }
-        if (targets && (targets[i] < 0 || targets[i] >= V)) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
+        if (targets && targets[i] >= V) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
     }
     if (config_has_wpe(c) && T > c->max_seq_len) {
         die("sequence length %d exceeds the model's max_seq_len %d", T, c->max_seq_len);
@@ -3349,15 +3353,18 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     softmax_crossentropy_forward(a->probs, a->losses, a->logits, targets, BT, V, Vp);
     if (targets) {
         double sum = 0.0;
-        for (int i = 0; i < BT; i++) { sum += a->losses[i]; }
-        m->mean_loss = (float)(sum / BT);
+        int n = 0;
+        for (int i = 0; i < BT; i++) { sum += a->losses[i]; n += targets[i] >= 0; }
+        m->num_labelled = n;
+        m->mean_loss = n > 0 ? (float)(sum / n) : 0.0f;  // a batch without labels costs nothing
     }
 }
 
 static void model_zero_grad(Model* m) { memset(m->grads_memory, 0, m->num_parameters * sizeof(float)); }
 
 // Backward of the last forward (which must have had targets). Gradients accumulate into m->grads, scaled so
-// that `loss_scale` = 1/(number of micro-batches) gives the gradient of the mean loss over all of them.
+// that `loss_scale` = 1/(number of micro-batches) gives the gradient of the mean of the micro-batches' mean
+// losses (each a mean over its labelled positions).
 static void model_backward(Model* m, float loss_scale) {
     const Config* c = &m->config;
     int B = m->B, T = m->T, C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size, BT = B * T;
@@ -3367,7 +3374,7 @@ static void model_backward(Model* m, float loss_scale) {
     BackwardScratch* s = &m->scratch;
     size_t btc = (size_t)BT * C * sizeof(float);
     // classifier: dlogits overwrite the logits; dlnf -> dresidual
-    softmax_crossentropy_backward(a->logits, a->probs, m->targets, loss_scale / BT, BT, V, Vp);
+    softmax_crossentropy_backward(a->logits, a->probs, m->targets, m->num_labelled > 0 ? loss_scale / m->num_labelled : 0.0f, BT, V, Vp);
     memset(s->dln, 0, btc);
     matmul_backward(s->dln, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vp);
     memset(s->dresidual, 0, btc);
@@ -3508,6 +3515,54 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
 #ifndef TESTING
 #include "train_common.h"
 
+// Loss and token accuracy over the labelled positions of n_batches batches of B generated examples of `split`
+// at length parameter len. The examples are the same at every call, so numbers compare across steps.
+static void task_evaluate(Model* m, const Task* t, int len, int split, uint64_t seed, int B, int n_batches,
+                          float* loss, float* accuracy) {
+    int T = task_seq_len(t, len);
+    int* inputs = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    int* targets = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    double loss_sum = 0.0;
+    long labelled = 0, correct = 0;
+    for (int i = 0; i < n_batches; i++) {
+        task_batch(t, len, split, seed, (uint64_t)i * B, B, inputs, targets);
+        model_forward(m, inputs, targets, B, T);
+        loss_sum += (double)m->mean_loss * m->num_labelled;
+        task_count_correct(m->acts.logits, targets, B * T, m->config.vocab_size, m->config.padded_vocab_size, &labelled, &correct);
+    }
+    *loss = labelled > 0 ? (float)(loss_sum / labelled) : 0.0f;
+    *accuracy = labelled > 0 ? (float)correct / labelled : 0.0f;
+    free(inputs);
+    free(targets);
+}
+
+// The task's evaluation at the training length and at each --task-eval length: one line per length on stdout
+// and in main.log. An all-attn model has a learned position embedding of max_seq_len rows and cannot run longer
+// sequences: those lengths are skipped with a note (the recurrent mixers have no position embedding).
+static void task_report(Model* m, const Options* opt, int split, int step, FILE* log) {
+    int lens[MAX_EVAL_LENS + 1], n = 0;
+    lens[n++] = opt->task.len;
+    for (int i = 0; i < opt->num_eval_lens; i++) { if (opt->eval_lens[i] != opt->task.len) { lens[n++] = opt->eval_lens[i]; } }
+    int batches = opt->val_batches > 0 ? opt->val_batches : (2000 + opt->B - 1) / opt->B;  // -1: the spec's 2000 sequences
+    const char* name = split == SPLIT_TEST ? "test" : "val";
+    for (int i = 0; i < n; i++) {
+        int T = task_seq_len(&opt->task, lens[i]);
+        if (config_has_wpe(&m->config) && T > m->config.max_seq_len) {
+            printf("step %4d/%d | %s len %d | skipped: %d tokens exceed attn's learned position embedding (max_seq_len %d)\n",
+                   step, opt->max_steps, name, lens[i], T, m->config.max_seq_len);
+            continue;
+        }
+        float loss, accuracy;
+        task_evaluate(m, &opt->task, lens[i], split, (uint64_t)opt->seed, opt->B, batches, &loss, &accuracy);
+        printf("step %4d/%d | %s len %d | loss %.6f | accuracy %.4f\n", step, opt->max_steps, name, lens[i], loss, accuracy);
+        if (log) {
+            if (split == SPLIT_VAL && i == 0) { fprintf(log, "s:%d tel:%.4f\n", step, loss); }
+            fprintf(log, "s:%d %s_len:%d loss:%.4f acc:%.4f\n", step, name, lens[i], loss, accuracy);
+            fflush(log);
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
@@ -3531,24 +3586,35 @@ int main(int argc, char** argv) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
         model_load(&model, path, opt.chunk);
         check_model_flags(&model.config, opt.flags, opt.num_flags, path);
+        use_checkpoint_task(&opt, &model.config, path);
         printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
     } else if (opt.init_file) {
         model_load(&model, opt.init_file, opt.chunk);
         check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
+        use_checkpoint_task(&opt, &model.config, opt.init_file);
     } else {
         model_build(&model, &opt.config, opt.chunk);
         init_parameters(model.params_memory, &model.config, &model.table, (uint64_t)opt.seed);
     }
     if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
     const Config* cfg = &model.config;
-    if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt.T, cfg->max_seq_len); }
+    int task = opt.task.kind != TASK_NONE;  // the data come from tasks.h's generator (spec-defined synthetic tasks)
+    if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) {
+        die("flag %s: sequence length %d exceeds the model's max_seq_len %d", task ? "--task-len" : "-t", opt.T, cfg->max_seq_len);
+    }
 
-    // ---- data and tokenizer
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
-    // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
-    // representative sample of the whole split (documents are stored grouped by source)
-    dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
+    // ---- data (token shards, or a task's generator: one micro-batch of inputs and targets) and tokenizer
+    DataLoader train_loader = {0}, val_loader = {0};
+    int *task_inputs = NULL, *task_targets = NULL;
+    if (task) {
+        task_inputs = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
+        task_targets = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
+    } else {
+        dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
+        // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
+        // representative sample of the whole split (documents are stored grouped by source)
+        dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
+    }
     int grad_accum = opt.total_batch / (opt.B * opt.T);
     if (opt.max_steps == -1) {
         opt.max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
@@ -3565,7 +3631,7 @@ int main(int argc, char** argv) {
         }
         read_state_file(&state, model.num_parameters, model.m_memory, model.v_memory, path);
         if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
-        dataloader_set_state(&train_loader, &state.loader);
+        if (!task) { dataloader_set_state(&train_loader, &state.loader); }  // a task's stream is a function of the step
     }
 
     // ---- the parameter table
@@ -3585,7 +3651,10 @@ int main(int argc, char** argv) {
     double ema_ms = 0.0;
     for (int step = start; step <= opt.max_steps; step++) {
         int last = step == opt.max_steps;
-        if ((opt.val_every > 0 && step % opt.val_every == 0) || last) {
+        if (((opt.val_every > 0 && step % opt.val_every == 0) || last) && task) {
+            task_report(&model, &opt, SPLIT_VAL, step, log);
+            if (last) { task_report(&model, &opt, SPLIT_TEST, step, log); }  // the held-out numbers to report
+        } else if ((opt.val_every > 0 && step % opt.val_every == 0) || last) {
             float vl = validation_loss(&model, &val_loader, opt.val_batches);
             printf("step %4d/%d | val loss %.6f\n", step, opt.max_steps, vl);
             if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
@@ -3595,7 +3664,7 @@ int main(int argc, char** argv) {
         }
         if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
             state.step = step;
-            dataloader_get_state(&train_loader, &state.loader);
+            if (!task) { dataloader_get_state(&train_loader, &state.loader); }
             write_checkpoint(&model.config, &model.table, model.params_memory, model.m_memory, model.v_memory, &state, opt.out_dir);
             delete_old_checkpoints(opt.out_dir, opt.ckpt_keep);
             printf("wrote checkpoint %s/model_%08d.bin\n", opt.out_dir, step);
@@ -3606,8 +3675,14 @@ int main(int argc, char** argv) {
         model_zero_grad(&model);
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
-            dataloader_next_batch(&train_loader);
-            model_forward(&model, train_loader.inputs, train_loader.targets, opt.B, opt.T);
+            if (task) {  // micro-batch number step*grad_accum+micro of the training stream: resumes with no state
+                uint64_t first = ((uint64_t)step * grad_accum + micro) * opt.B;
+                task_batch(&opt.task, opt.task.len, SPLIT_TRAIN, (uint64_t)opt.seed, first, opt.B, task_inputs, task_targets);
+                model_forward(&model, task_inputs, task_targets, opt.B, opt.T);
+            } else {
+                dataloader_next_batch(&train_loader);
+                model_forward(&model, train_loader.inputs, train_loader.targets, opt.B, opt.T);
+            }
             model_backward(&model, 1.0f / grad_accum);
             loss += model.mean_loss / grad_accum;
         }
@@ -3628,8 +3703,12 @@ int main(int argc, char** argv) {
     if (log) { fclose(log); }
     if (opt.gen_tokens > 0) { tokenizer_free(&tokenizer); }
     free(prompt_ids);
-    dataloader_free(&train_loader);
-    dataloader_free(&val_loader);
+    if (!task) {
+        dataloader_free(&train_loader);
+        dataloader_free(&val_loader);
+    }
+    free(task_inputs);
+    free(task_targets);
     model_free(&model);
     return 0;
 }

@@ -750,6 +750,7 @@ static void profile_print(int steps) {
 int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
+    require(opt.task.kind == TASK_NONE, "--task", "the synthetic tasks run in the CPU trainer ./train_kla only (train_kla.cu does not have them yet)");
     require(opt.chunk == GDN_CHUNK, "--chunk", "train_kla.cu's gdn/kaczmarz kernels use chunks of 64 tokens");
     int num_devices = 0;
     if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) {
@@ -790,6 +791,10 @@ int main(int argc, char** argv) {
     }
     if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
     const Config* cfg = &model.config;
+    if (cfg->task.kind != TASK_NONE) {
+        die("%s: the model was trained on the %s task, which only the CPU trainer ./train_kla runs so far",
+            resume_step >= 0 ? path : opt.init_file, TASK_NAMES[cfg->task.kind]);
+    }
     if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt.T, cfg->max_seq_len); }
     profile_init(model.stream);
 

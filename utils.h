@@ -62,4 +62,12 @@ static inline void fwrite_or_die(const void* buf, size_t n, FILE* f, const char*
 static inline int32_t f32_to_slot(float x) { int32_t i; memcpy(&i, &x, 4); return i; }
 static inline float slot_to_f32(int32_t i) { float x; memcpy(&x, &i, 4); return x; }
 
+// splitmix64: the random numbers of initialisation, sampling and the synthetic tasks; the state is one uint64
+static inline uint64_t rng_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 #endif // TRAIN_KLA_UTILS_H

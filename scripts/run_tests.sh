@@ -18,6 +18,8 @@ run() {
 run bash scripts/make_reference.sh
 run ./test_kla dev/test/ref
 run ./test_dataloader
+run ./test_tasks
+run bash dev/test/test_task_train.sh
 run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
 run bash dev/test/test_encode_shards.sh
