@@ -185,6 +185,14 @@ static void exit_if_nothing_to_do(int64_t resume_step, int max_steps, const char
     exit(0);
 }
 
+// A warmup as long as the run leaves the schedule no steps at the peak and none of decay: say so (-u defaults to
+// 20 steps, what `make run`'s 400 steps are tuned for).
+static void note_if_all_warmup(const Options* o, int max_steps) {
+    if (o->sched != SCHED_CONSTANT && o->warmup >= max_steps) {
+        printf("note: the lr warmup (-u %d) spans all %d steps of the run; a smaller -u leaves steps for the schedule\n", o->warmup, max_steps);
+    }
+}
+
 // The lines an interrupted run wrote to main.log after its checkpoint at `start` go (the resumed run writes those
 // steps again), so no step is logged twice. Returns whether the log keeps the validation loss of step `start`,
 // which the resumed run then does not compute again (the same weights give the same loss).

@@ -3450,6 +3450,7 @@ int main(int argc, char** argv) {
         if (opt.max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
     }
     exit_if_nothing_to_do(resume_step, opt.max_steps, opt.out_dir);
+    note_if_all_warmup(&opt, opt.max_steps);
     Tokenizer tokenizer;
     size_t prompt_len;
     uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);

@@ -1003,6 +1003,7 @@ int main(int argc, char** argv) {
         if (max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
     }
     exit_if_nothing_to_do(resume_step, max_steps, opt.out_dir);
+    note_if_all_warmup(&opt, max_steps);
     Tokenizer tokenizer;
     size_t prompt_len;
     uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
