@@ -2,6 +2,8 @@
 # Process-level tests of ./train_kla: every bad input of the foundation issue gives a one-line error naming
 # the file or flag and exit code 1, with nothing left behind; resume continues bit for bit; an incomplete
 # checkpoint is never used; a diverged run stops and keeps its last good checkpoint; sampling with a prompt.
+# Run directories and resume (issue 18, README "Run directories"): no two runs in one -o, no silent no-op, the
+# run's flags kept across -y 1, a log without duplicates, the ETA, the README's flag table, the error hints.
 # Needs the demo data (make data). Prints PASS/FAIL lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
