@@ -118,11 +118,13 @@ data: encode_shards
 
 # quick start 1: install what is missing, prepare the data, build, train the default model, print samples.
 # RUN_FLAGS picks another model, e.g. make run RUN_FLAGS="--mixer attn:2,kalman:1,gka:1"
+# Each `make run` is a fresh demo run: --overwrite 1 deletes the log and checkpoints of the previous one in log_demo
+# (resume that one with ./train_kla -o log_demo -y 1 instead).
 RUN_FLAGS ?=
 run: $(PROGRAMS)
 	bash scripts/install_deps.sh run
 	$(MAKE) data
-	./train_kla -o log_demo -x 400 -v 50 -m 40 -s 200 $(RUN_FLAGS)
+	./train_kla -o log_demo --overwrite 1 -x 400 -v 50 -m 40 -s 200 $(RUN_FLAGS)
 
 # quick start 2: install the test dependencies, then every test; ends with "N passed, M failed"
 test: all

@@ -168,6 +168,18 @@ static inline uint32_t dl_le32_(const unsigned char* p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+// The tail of the error for a file that is not a shard: a file of text (a .txt given to -i, whose first bytes hold
+// no control characters but tab, newline, carriage return and form feed) gets a pointer to the tool that makes
+// shards from text; anything else gets nothing. A shard header never passes: its magic holds the byte 0x01.
+static inline const char* dl_text_hint_(const unsigned char* bytes, size_t n) {
+    if (n == 0) { return ""; }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = bytes[i];
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f') { return ""; }
+    }
+    return "; it looks like text: token shards are made from text files by ./encode_shards (README \"Data\")";
+}
+
 // open a shard and check its header against its size; returns the open file (positioned anywhere)
 static inline FILE* dl_open_shard_(const char* path, size_t* ntok_out, int* token_bytes_out) {
     FILE* f = fopen_or_die(path, "rb");
@@ -176,10 +188,12 @@ static inline FILE* dl_open_shard_(const char* path, size_t* ntok_out, int* toke
     if (fstat(fileno(f), &st) != 0) { die("%s: cannot stat (%s)", path, strerror(errno)); }
     if (!S_ISREG(st.st_mode)) { die("%s: not a regular file", path); }
     long long file_size = (long long)st.st_size;
-    if (file_size < DL_HEADER_BYTES) {
-        die("%s: file is %lld bytes, too small for the %d-byte shard header", path, file_size, DL_HEADER_BYTES);
-    }
     unsigned char header[DL_HEADER_BYTES];
+    if (file_size < DL_HEADER_BYTES) {
+        fread_or_die(header, (size_t)file_size, f, path);
+        die("%s: file is %lld bytes, too small for the %d-byte shard header%s", path, file_size, DL_HEADER_BYTES,
+            dl_text_hint_(header, (size_t)file_size));
+    }
     fread_or_die(header, DL_HEADER_BYTES, f, path);
     uint32_t magic = dl_le32_(header + 0);
     uint32_t version = dl_le32_(header + 4);
@@ -198,7 +212,8 @@ static inline FILE* dl_open_shard_(const char* path, size_t* ntok_out, int* toke
         }
         token_bytes = 4;
     } else {
-        die("%s: bad magic %u, expected %d (uint16 shard) or %d (uint32 shard)", path, magic, DL_MAGIC_U16, DL_MAGIC_U32);
+        die("%s: bad magic %u, expected %d (uint16 shard) or %d (uint32 shard)%s", path, magic, DL_MAGIC_U16, DL_MAGIC_U32,
+            dl_text_hint_(header, DL_HEADER_BYTES));
     }
     long long expected = (long long)DL_HEADER_BYTES + (long long)ntok * token_bytes;
     if (file_size < expected) {

@@ -237,7 +237,7 @@ static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const 
                           float std, int ndim, int d0, int d1) {
     TensorInfo* t = &tt->t[tt->num_tensors++];
     memset(t, 0, sizeof(*t));
-    snprintf(t->name, sizeof(t->name), "%s", name);
+    snprintf(t->name, sizeof(t->name), "%.*s", (int)sizeof(t->name) - 1, name);  // names are shorter (FORMATS.md)
     t->ndim = ndim;
     t->shape[0] = d0;
     t->shape[1] = ndim > 1 ? d1 : 0;
@@ -540,7 +540,8 @@ static inline void init_parameters(float* params, const Config* c, const TensorT
 #define MODEL_MAGIC 20251121
 #define MODEL_VERSION 1
 #define STATE_MAGIC 20251123
-#define STATE_VERSION 1
+#define STATE_VERSION 2      // 2: the run's flags follow the dataloader state (version 1 files are read without them)
+#define RUN_FLAGS_BYTES 8192  // the most bytes the run's flags take in a state file
 #define TENSOR_ENTRY_BYTES 128
 
 typedef struct {
@@ -742,6 +743,9 @@ static void read_model_payload(FILE* f, const char* path, float* params, size_t 
 typedef struct {
     int64_t step;       // optimizer updates done
     DataLoaderState loader;
+    // the run's flags (FORMATS.md "State file"): name and value of each, every one a NUL-terminated string
+    char run_flags[RUN_FLAGS_BYTES];
+    int32_t run_flags_bytes;
 } TrainState;
 
 // m and v: AdamW's moments (num_parameters floats each), or NULL before the first update.
@@ -755,10 +759,12 @@ static void write_state_file(const TrainState* s, size_t num_parameters, const f
     header[5] = (int32_t)((uint64_t)num_parameters >> 32);
     header[6] = (int32_t)sizeof(DataLoaderState);
     header[7] = m != NULL;
+    header[8] = s->run_flags_bytes;
     AtomicFile af;
     atomic_open(&af, path);
     fwrite_or_die(header, sizeof(header), af.f, af.tmp);
     fwrite_or_die(&s->loader, sizeof(DataLoaderState), af.f, af.tmp);
+    fwrite_or_die(s->run_flags, (size_t)s->run_flags_bytes, af.f, af.tmp);
     if (m) {
         fwrite_or_die(m, num_parameters * sizeof(float), af.f, af.tmp);
         fwrite_or_die(v, num_parameters * sizeof(float), af.f, af.tmp);
@@ -766,19 +772,32 @@ static void write_state_file(const TrainState* s, size_t num_parameters, const f
     atomic_commit(&af);
 }
 
+// Open a state file and read everything before AdamW's moments into s; header receives the file's header. A
+// version-1 file (written before the run's flags were kept) reads with no flags (run_flags_bytes 0).
+static FILE* open_state_file(TrainState* s, int32_t header[256], const char* path) {
+    FILE* f = fopen_or_die(path, "rb");
+    fread_or_die(header, 256 * sizeof(int32_t), f, path);
+    if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
+    if (header[1] != 1 && header[1] != STATE_VERSION) { die("%s: state file version %d, this program reads versions 1 and %d", path, header[1], STATE_VERSION); }
+    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }
+    fread_or_die(&s->loader, sizeof(DataLoaderState), f, path);
+    s->run_flags_bytes = header[1] == 1 ? 0 : header[8];
+    if (s->run_flags_bytes < 0 || s->run_flags_bytes > RUN_FLAGS_BYTES) {
+        die("%s: run flags of %d bytes, expected 0 to %d", path, s->run_flags_bytes, RUN_FLAGS_BYTES);
+    }
+    fread_or_die(s->run_flags, (size_t)s->run_flags_bytes, f, path);
+    if (s->run_flags_bytes > 0 && s->run_flags[s->run_flags_bytes - 1] != '\0') { die("%s: the run's flags do not end with a NUL", path); }
+    return f;
+}
+
 // Reads AdamW's moments into m and v (num_parameters floats each, allocated by the caller) when the file holds
 // them; returns whether it did.
 static int read_state_file(TrainState* s, size_t num_parameters, float* m, float* v, const char* path) {
-    FILE* f = fopen_or_die(path, "rb");
     int32_t header[256];
-    fread_or_die(header, sizeof(header), f, path);
-    if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
-    if (header[1] != STATE_VERSION) { die("%s: state file version %d, expected %d", path, header[1], STATE_VERSION); }
-    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    FILE* f = open_state_file(s, header, path);
     uint64_t np = (uint64_t)(uint32_t)header[4] | ((uint64_t)(uint32_t)header[5] << 32);
     if (np != num_parameters) { die("%s: state is for %llu parameters, the model has %zu", path, (unsigned long long)np, num_parameters); }
-    if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }
-    fread_or_die(&s->loader, sizeof(DataLoaderState), f, path);
     if (header[7]) {
         fread_or_die(m, num_parameters * sizeof(float), f, path);
         fread_or_die(v, num_parameters * sizeof(float), f, path);
@@ -925,7 +944,9 @@ typedef struct {
     FlagType type;
     void* value;
     const char* help;
-    int given;  // set by the parser when the flag is on the command line
+    int run_flag;  // 1: a setting of the training run (not of the model or the output dir), kept in the state file
+                   // and taken back by -y 1 (FORMATS.md "State file")
+    int given;     // set by the parser when the flag is on the command line
 } Flag;
 
 static double now_seconds(void) {
@@ -934,16 +955,49 @@ static double now_seconds(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+// The flag's value as text: a string as it is ("(none)" when unset), a number in the shortest %g form that reads
+// back as the same value (so the state file keeps it exactly, and -h shows 0.003 rather than 0.00300000003).
+static const char* flag_value_text(const Flag* f, char* buf, size_t size) {
+    if (f->type == FLAG_STRING) { return *(char**)f->value ? *(char**)f->value : "(none)"; }
+    if (f->type == FLAG_INT) { snprintf(buf, size, "%d", *(int*)f->value); return buf; }
+    float x = *(float*)f->value;
+    for (int digits = 6; digits <= 9; digits++) {  // 9 significant digits always read back a float exactly
+        snprintf(buf, size, "%.*g", digits, x);
+        if (strtof(buf, NULL) == x) { break; }
+    }
+    return buf;
+}
+
+// The README's flag table is tested against this output (dev/test/test_train.sh): keep the form "name help
+// default: value".
 static void print_usage(const Flag* flags, int n) {
     printf("usage: ./train_kla [flags]   (each flag takes one value)\n");
     for (int i = 0; i < n; i++) {
-        const Flag* f = &flags[i];
-        char def[64];
-        if (f->type == FLAG_INT) { snprintf(def, sizeof(def), "%d", *(int*)f->value); }
-        else if (f->type == FLAG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)f->value); }
-        else { snprintf(def, sizeof(def), "%s", *(char**)f->value ? *(char**)f->value : "(none)"); }
-        printf("  %-14s %-62s default: %s\n", f->name, f->help, def);
+        char buf[64];
+        printf("  %-14s %-62s default: %s\n", flags[i].name, flags[i].help, flag_value_text(&flags[i], buf, sizeof(buf)));
     }
+}
+
+// Levenshtein distance (insertions, deletions, substitutions of one character), for the "did you mean" of an
+// unknown flag. b is a flag name (shorter than 64 characters); a may be anything the user typed.
+static int edit_distance(const char* a, const char* b) {
+    size_t nb = strlen(b);
+    int row[64];
+    if (nb >= 64) { die("internal: flag name %s is too long", b); }
+    for (size_t j = 0; j <= nb; j++) { row[j] = (int)j; }
+    for (size_t i = 1; a[i - 1] != '\0'; i++) {
+        int diag = row[0];  // the distance of a[0..i-1) to b[0..j-1) from the row above
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) { best = up + 1; }
+            if (row[j - 1] + 1 < best) { best = row[j - 1] + 1; }
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
 }
 
 static void parse_flags(Flag* flags, int n, int argc, char** argv) {
@@ -951,7 +1005,18 @@ static void parse_flags(Flag* flags, int n, int argc, char** argv) {
         if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) { print_usage(flags, n); exit(0); }
         Flag* f = NULL;
         for (int i = 0; i < n; i++) { if (strcmp(argv[a], flags[i].name) == 0) { f = &flags[i]; } }
-        if (f == NULL) { die("unknown flag '%s' (./train_kla -h lists them)", argv[a]); }
+        if (f == NULL) {
+            // suggest the nearest flag (the first of equals, in table order) when at most half the typed
+            // characters would have to change: --mixr gives --mixer, a word far from every flag gives nothing
+            const Flag* nearest = NULL;
+            int best = 0;
+            for (int i = 0; i < n; i++) {
+                int d = edit_distance(argv[a], flags[i].name);
+                if (nearest == NULL || d < best) { nearest = &flags[i]; best = d; }
+            }
+            if (2 * best <= (int)strlen(argv[a])) { die("unknown flag '%s': did you mean %s? (./train_kla -h lists them)", argv[a], nearest->name); }
+            die("unknown flag '%s' (./train_kla -h lists them)", argv[a]);
+        }
         if (a + 1 >= argc) { die("flag %s needs a value", argv[a]); }
         const char* v = argv[a + 1];
         char* end = NULL;
@@ -1065,7 +1130,7 @@ typedef struct {
     const char *kalman_preset, *norm, *mlp;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens, ckpt_every, ckpt_keep;
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
-    int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute;
+    int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute, overwrite;
     int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
     const char *task_name, *task_eval;      // --task, --task-eval
     int task_vocab, task_len, task_pairs;   // --task-vocab, --task-len, --task-pairs (0 = the task's default)
@@ -1077,6 +1142,8 @@ typedef struct {
     Config config;        // the model the flags describe (used for a fresh initialisation)
     Flag flags[MAX_FLAGS];  // the table, with `given` set, for check_model_flags
     int num_flags;
+    char run_flags[RUN_FLAGS_BYTES];  // the run flags as given or defaulted, as the state file keeps them
+    int run_flags_bytes;
 } Options;
 
 // --generate and --eval use the model of -e and exit without training. A flag that only training reads, or only
@@ -1186,17 +1253,22 @@ static inline void use_checkpoint_task(Options* o, const Config* c, const char* 
     options_use_task(o, t);
 }
 
+// the data and tokenizer `make data` writes, the defaults of -i, -j and --tokenizer
+#define DEFAULT_TRAIN_GLOB "data/demo/demo_train_*.bin"
+#define DEFAULT_VAL_GLOB "data/demo/demo_val_*.bin"
+#define DEFAULT_TOKENIZER "data/tokenizer.bin"
+
 // Parse and check every flag (one-line error and exit 1 on anything wrong), before anything is read or written.
 static void parse_options(Options* o, int argc, char** argv) {
     memset(o, 0, sizeof(*o));
-    o->train_glob = "data/demo/demo_train_*.bin";
-    o->val_glob = "data/demo/demo_val_*.bin";
+    o->train_glob = DEFAULT_TRAIN_GLOB;
+    o->val_glob = DEFAULT_VAL_GLOB;
     o->out_dir = NULL;
     o->init_file = NULL;
     o->mixer = "gdn";
     o->schedule = "cosine";
     o->prompt = NULL;
-    o->tokenizer_path = "data/tokenizer.bin";
+    o->tokenizer_path = DEFAULT_TOKENIZER;
     o->B = 8;
     o->T = 64;
     o->total_batch = 0;
@@ -1243,72 +1315,89 @@ static void parse_options(Options* o, int argc, char** argv) {
     o->samples = 1;
     o->top_k = 0;
     o->sample_seed = 1337;
+    o->overwrite = 0;
+    // the 1 after the help marks a run flag (Flag.run_flag): kept in the state file, taken back by -y 1; then `given`
     Flag flags[] = {
-        {"-i", FLAG_STRING, &o->train_glob, "train token shards (glob)", 0},
-        {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 0},
-        {"-o", FLAG_STRING, &o->out_dir, "output dir for main.log and checkpoints", 0},
-        {"-e", FLAG_STRING, &o->init_file, "initialise from this model file (else random init)", 0},
-        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest complete checkpoint in -o", 0},
-        {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 0},
-        {"-t", FLAG_INT, &o->T, "sequence length", 0},
-        {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 0},
-        {"-x", FLAG_INT, &o->max_steps, "optimizer steps (-1 = one epoch of the train shards)", 0},
-        {"-k", FLAG_STRING, &o->schedule, "lr schedule: cosine, linear, constant, wsd", 0},
-        {"-l", FLAG_FLOAT, &o->lr, "peak learning rate", 0},
-        {"-u", FLAG_INT, &o->warmup, "warmup steps", 0},
-        {"-q", FLAG_FLOAT, &o->final_frac, "final lr as a fraction of the peak", 0},
-        {"-c", FLAG_FLOAT, &o->weight_decay, "AdamW weight decay (matrices only)", 0},
-        {"-v", FLAG_INT, &o->val_every, "validation loss every N steps (0 = only at the end)", 0},
-        {"-m", FLAG_INT, &o->val_batches, "validation batches (-1 = the whole val split)", 0},
-        {"-s", FLAG_INT, &o->sample_every, "print a sample every N steps (0 = only at the end)", 0},
-        {"-g", FLAG_INT, &o->gen_tokens, "tokens per sample during training (0 = no samples)", 0},
-        {"-n", FLAG_INT, &o->ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 0},
-        {"-nk", FLAG_INT, &o->ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 0},
-        {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern: one name for every layer (gdn), or counts (attn:2,gdn:1,kaczmarz:1)", 0},
-        {"--depth", FLAG_INT, &o->depth, "layers: a one-name pattern is repeated to it; a pattern with counts must match it", 0},
-        {"--width", FLAG_INT, &o->width, "model width C", 0},
-        {"--heads", FLAG_INT, &o->heads, "attention heads (head size C/heads)", 0},
-        {"--lin-heads", FLAG_INT, &o->lin_heads, "heads of gdn, kaczmarz, pdn, pgdn, pkda, gka (0 = heads/2)", 0},
-        {"--dk", FLAG_INT, &o->dk, "their key head dim (0 = 2*C/heads)", 0},
-        {"--dv", FLAG_INT, &o->dv, "their value head dim (0 = dk)", 0},
-        {"--norm", FLAG_STRING, &o->norm, "block norms: layernorm (GPT-2) or rmsnorm", 0},
-        {"--norm-eps", FLAG_FLOAT, &o->norm_eps, "eps of the block norms", 0},
-        {"--mlp", FLAG_STRING, &o->mlp, "block MLP: gelu (GPT-2), swiglu or none", 0},
-        {"--mlp-hidden", FLAG_INT, &o->mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0},
-        {"--gka-iters", FLAG_INT, &o->gka_iters, "Chebyshev iterations of gka's solve", 0},
-        {"--gka-kv-heads", FLAG_INT, &o->gka_kv_heads, "gka key/value heads, GQA when below --lin-heads (0 = all)", 0},
-        {"--kalman-expand", FLAG_INT, &o->kalman_expand, "kalman inner width = expand * C", 0},
-        {"--kalman-n", FLAG_INT, &o->kalman_n, "kalman states per channel (N)", 0},
-        {"--kalman-preset", FLAG_STRING, &o->kalman_preset, "kalman sensor map: plain or mamba", 0},
-        {"--max-seq-len", FLAG_INT, &o->max_seq_len, "position-embedding rows (all-attn models)", 0},
-        {"--vocab-size", FLAG_INT, &o->vocab_size, "vocabulary size of a new model", 0},
-        {"--seed", FLAG_INT, &o->seed, "seed of the initialisation and of the data shuffling", 0},
-        {"--shuffle", FLAG_INT, &o->shuffle, "1 = shuffle shards and windows every epoch", 0},
-        {"--beta1", FLAG_FLOAT, &o->beta1, "AdamW beta1", 0},
-        {"--beta2", FLAG_FLOAT, &o->beta2, "AdamW beta2", 0},
-        {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 0},
-        {"--grad-clip", FLAG_FLOAT, &o->grad_clip, "clip the global gradient norm to this (0 = off)", 0},
-        {"-r", FLAG_INT, &o->recompute, "train_kla.cu: recompute activations in the backward to save memory (0 = off, 1 = on)", 0},
-        {"--chunk", FLAG_INT, &o->chunk, "gdn/kaczmarz chunk length; the other recurrent mixers' state-checkpoint interval", 0},
-        {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 0},
-        {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 0},
-        {"--top-k", FLAG_INT, &o->top_k, "sample among the k most likely tokens (0 = all)", 0},
-        {"--samples", FLAG_INT, &o->samples, "samples printed each time (each from the prompt)", 0},
-        {"--sample-seed", FLAG_INT, &o->sample_seed, "seed of the sampling (the same seed, the same samples)", 0},
-        {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0},
-        {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0},
-        {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 0},
-        {"--task", FLAG_STRING, &o->task_name, "synthetic task instead of shards: mqar, mqar-zoology, sniah, palindrome, stack, a5", 0},
-        {"--task-vocab", FLAG_INT, &o->task_vocab, "task vocabulary (0 = the task's: 8192 mqar/sniah, 128 palindrome)", 0},
-        {"--task-len", FLAG_INT, &o->task_len, "task length: tokens per sequence, palindrome: source tokens (0 = spec's)", 0},
-        {"--task-pairs", FLAG_INT, &o->task_pairs, "key-value pairs of mqar and mqar-zoology (0 = 32)", 0},
-        {"--task-eval", FLAG_STRING, &o->task_eval, "more accuracy lengths besides --task-len, e.g. 512,1024,2048", 0},
+        {"-i", FLAG_STRING, &o->train_glob, "train token shards (glob)", 1, 0},
+        {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 1, 0},
+        {"-o", FLAG_STRING, &o->out_dir, "output dir for main.log and checkpoints", 0, 0},
+        {"-e", FLAG_STRING, &o->init_file, "initialise from this model file (else random init)", 0, 0},
+        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest complete checkpoint in -o", 0, 0},
+        {"--overwrite", FLAG_INT, &o->overwrite, "1 = first delete the log and checkpoints of a run in -o", 0, 0},
+        {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 1, 0},
+        {"-t", FLAG_INT, &o->T, "sequence length", 1, 0},
+        {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 1, 0},
+        {"-x", FLAG_INT, &o->max_steps, "optimizer steps (-1 = one epoch of the train shards)", 1, 0},
+        {"-k", FLAG_STRING, &o->schedule, "lr schedule: cosine, linear, constant, wsd", 1, 0},
+        {"-l", FLAG_FLOAT, &o->lr, "peak learning rate", 1, 0},
+        {"-u", FLAG_INT, &o->warmup, "warmup steps", 1, 0},
+        {"-q", FLAG_FLOAT, &o->final_frac, "final lr as a fraction of the peak", 1, 0},
+        {"-c", FLAG_FLOAT, &o->weight_decay, "AdamW weight decay (matrices only)", 1, 0},
+        {"-v", FLAG_INT, &o->val_every, "validation loss every N steps (0 = only at the end)", 1, 0},
+        {"-m", FLAG_INT, &o->val_batches, "validation batches (-1 = the whole val split)", 1, 0},
+        {"-s", FLAG_INT, &o->sample_every, "print a sample every N steps (0 = only at the end)", 1, 0},
+        {"-g", FLAG_INT, &o->gen_tokens, "tokens per sample during training (0 = no samples)", 1, 0},
+        {"-n", FLAG_INT, &o->ckpt_every, "checkpoint every N steps (0 = only at the end; needs -o)", 1, 0},
+        {"-nk", FLAG_INT, &o->ckpt_keep, "keep only the newest N checkpoints (0 = keep all)", 1, 0},
+        {"--mixer", FLAG_STRING, &o->mixer, "mixer pattern: one name for every layer (gdn), or counts (attn:2,gdn:1,kaczmarz:1)", 0, 0},
+        {"--depth", FLAG_INT, &o->depth, "layers: a one-name pattern is repeated to it; a pattern with counts must match it", 0, 0},
+        {"--width", FLAG_INT, &o->width, "model width C", 0, 0},
+        {"--heads", FLAG_INT, &o->heads, "attention heads (head size C/heads)", 0, 0},
+        {"--lin-heads", FLAG_INT, &o->lin_heads, "heads of gdn, kaczmarz, pdn, pgdn, pkda, gka (0 = heads/2)", 0, 0},
+        {"--dk", FLAG_INT, &o->dk, "their key head dim (0 = 2*C/heads)", 0, 0},
+        {"--dv", FLAG_INT, &o->dv, "their value head dim (0 = dk)", 0, 0},
+        {"--norm", FLAG_STRING, &o->norm, "block norms: layernorm (GPT-2) or rmsnorm", 0, 0},
+        {"--norm-eps", FLAG_FLOAT, &o->norm_eps, "eps of the block norms", 0, 0},
+        {"--mlp", FLAG_STRING, &o->mlp, "block MLP: gelu (GPT-2), swiglu or none", 0, 0},
+        {"--mlp-hidden", FLAG_INT, &o->mlp_hidden, "MLP hidden width (0 = 4C for gelu, FLA's 8C/3 rule for swiglu)", 0, 0},
+        {"--gka-iters", FLAG_INT, &o->gka_iters, "Chebyshev iterations of gka's solve", 0, 0},
+        {"--gka-kv-heads", FLAG_INT, &o->gka_kv_heads, "gka key/value heads, GQA when below --lin-heads (0 = all)", 0, 0},
+        {"--kalman-expand", FLAG_INT, &o->kalman_expand, "kalman inner width = expand * C", 0, 0},
+        {"--kalman-n", FLAG_INT, &o->kalman_n, "kalman states per channel (N)", 0, 0},
+        {"--kalman-preset", FLAG_STRING, &o->kalman_preset, "kalman sensor map: plain or mamba", 0, 0},
+        {"--max-seq-len", FLAG_INT, &o->max_seq_len, "position-embedding rows (all-attn models)", 0, 0},
+        {"--vocab-size", FLAG_INT, &o->vocab_size, "vocabulary size of a new model", 0, 0},
+        {"--seed", FLAG_INT, &o->seed, "seed of the initialisation and of the data shuffling", 1, 0},
+        {"--shuffle", FLAG_INT, &o->shuffle, "1 = shuffle shards and windows every epoch", 1, 0},
+        {"--beta1", FLAG_FLOAT, &o->beta1, "AdamW beta1", 1, 0},
+        {"--beta2", FLAG_FLOAT, &o->beta2, "AdamW beta2", 1, 0},
+        {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 1, 0},
+        {"--grad-clip", FLAG_FLOAT, &o->grad_clip, "clip the global gradient norm to this (0 = off)", 1, 0},
+        {"-r", FLAG_INT, &o->recompute, "train_kla.cu: recompute activations in the backward to save memory (0 = off, 1 = on)", 0, 0},
+        {"--chunk", FLAG_INT, &o->chunk, "gdn/kaczmarz chunk length; the other recurrent mixers' state-checkpoint interval", 0, 0},
+        {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 1, 0},
+        {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 1, 0},
+        {"--top-k", FLAG_INT, &o->top_k, "sample among the k most likely tokens (0 = all)", 1, 0},
+        {"--samples", FLAG_INT, &o->samples, "samples printed each time (each from the prompt)", 1, 0},
+        {"--sample-seed", FLAG_INT, &o->sample_seed, "seed of the sampling (the same seed, the same samples)", 1, 0},
+        {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0, 0},
+        {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0, 0},
+        {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 1, 0},
+        {"--task", FLAG_STRING, &o->task_name, "synthetic task instead of shards: mqar, mqar-zoology, sniah, palindrome, stack, a5", 0, 0},
+        {"--task-vocab", FLAG_INT, &o->task_vocab, "task vocabulary (0 = the task's: 8192 mqar/sniah, 128 palindrome)", 0, 0},
+        {"--task-len", FLAG_INT, &o->task_len, "task length: tokens per sequence, palindrome: source tokens (0 = spec's)", 0, 0},
+        {"--task-pairs", FLAG_INT, &o->task_pairs, "key-value pairs of mqar and mqar-zoology (0 = 32)", 0, 0},
+        {"--task-eval", FLAG_STRING, &o->task_eval, "more accuracy lengths besides --task-len, e.g. 512,1024,2048", 0, 0},
     };
     int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
     if (num_flags > MAX_FLAGS) { die("internal: more than %d flags", MAX_FLAGS); }
     parse_flags(flags, num_flags, argc, argv);
     memcpy(o->flags, flags, sizeof(flags));
     o->num_flags = num_flags;
+    // the run flags as given or defaulted, before any value is derived from them (-d 0 stays 0): name, value,
+    // each NUL-terminated (FORMATS.md "State file"); an unset string (no --prompt) is left out
+    o->run_flags_bytes = 0;
+    for (int i = 0; i < num_flags; i++) {
+        char buf[64];
+        if (!flags[i].run_flag || (flags[i].type == FLAG_STRING && *(char**)flags[i].value == NULL)) { continue; }
+        const char* parts[2] = {flags[i].name, flag_value_text(&flags[i], buf, sizeof(buf))};
+        for (int k = 0; k < 2; k++) {
+            size_t len = strlen(parts[k]) + 1;
+            if (o->run_flags_bytes + len > RUN_FLAGS_BYTES) { die("flag %s: the run's flags take more than %d bytes", flags[i].name, RUN_FLAGS_BYTES); }
+            memcpy(o->run_flags + o->run_flags_bytes, parts[k], len);
+            o->run_flags_bytes += (int)len;
+        }
+    }
 
     // ---- check every value before anything is read or written
     require(o->B >= 1, "-b", "must be >= 1");
@@ -1331,8 +1420,13 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->gen_tokens >= 0, "-g", "must be >= 0");
     require(o->ckpt_every >= 0, "-n", "must be >= 0");
     require(o->ckpt_keep >= 0, "-nk", "must be >= 0");
+    require(o->ckpt_every == 0 || o->out_dir != NULL, "-n", "checkpoints need an output dir (-o)");
+    require(o->ckpt_keep == 0 || o->out_dir != NULL, "-nk", "checkpoints need an output dir (-o)");
     require(o->resume == 0 || o->resume == 1, "-y", "must be 0 or 1");
     require(o->resume == 0 || o->out_dir != NULL, "-y", "resuming needs an output dir (-o)");
+    require(o->overwrite == 0 || o->overwrite == 1, "--overwrite", "must be 0 or 1");
+    require(o->overwrite == 0 || o->out_dir != NULL, "--overwrite", "needs an output dir (-o)");
+    require(o->overwrite == 0 || o->resume == 0, "--overwrite", "deletes the run that -y 1 would resume; give one of them");
     require(o->shuffle == 0 || o->shuffle == 1, "--shuffle", "must be 0 or 1");
     require(o->beta1 >= 0.0f && o->beta1 < 1.0f, "--beta1", "must be in [0, 1)");
     require(o->beta2 >= 0.0f && o->beta2 < 1.0f, "--beta2", "must be in [0, 1)");

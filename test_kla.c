@@ -809,8 +809,11 @@ static void test_checkpoint_dir(const char* ref_dir) {
     m.m_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
     m.v_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
     for (size_t i = 0; i < m.num_parameters; i++) { m.m_memory[i] = (float)i; m.v_memory[i] = 1.0f / (1.0f + i); }
-    TrainState s;
+    static TrainState s;  // static: its run-flag block stays off the stack
     memset(&s, 0, sizeof(s));
+    const char run_flags[] = "-b\0" "2\0" "--prompt\0" "two\nlines\0";  // a value may hold any byte but NUL
+    memcpy(s.run_flags, run_flags, sizeof(run_flags));
+    s.run_flags_bytes = (int32_t)sizeof(run_flags) - 1;  // the literal's own final NUL is not part of the block
     for (int step = 1; step <= 4; step++) {
         s.step = step;
         s.loader.epoch = (uint64_t)step * 10;
@@ -821,17 +824,18 @@ static void test_checkpoint_dir(const char* ref_dir) {
     checkpoint_path(path, sizeof(path), dir, "model", 2);
     int kept_ok = latest == 4 && access(path, F_OK) != 0;  // steps 1 and 2 deleted
     Model r;
-    TrainState rs;
+    static TrainState rs;
     checkpoint_path(path, sizeof(path), dir, "model", 4);
     model_load(&r, path, 64);
     checkpoint_path(path, sizeof(path), dir, "state", 4);
     r.m_memory = (float*)calloc_or_die(r.num_parameters, sizeof(float));
     r.v_memory = (float*)calloc_or_die(r.num_parameters, sizeof(float));
     int has_adam = read_state_file(&rs, r.num_parameters, r.m_memory, r.v_memory, path);
-    int same = has_adam && rs.step == 4 && rs.loader.epoch == 40 &&
+    int same = has_adam && rs.step == 4 && rs.loader.epoch == 40 && rs.run_flags_bytes == s.run_flags_bytes &&
+               memcmp(rs.run_flags, s.run_flags, (size_t)s.run_flags_bytes) == 0 &&
                memcmp(r.m_memory, m.m_memory, m.num_parameters * sizeof(float)) == 0 &&
                memcmp(r.v_memory, m.v_memory, m.num_parameters * sizeof(float)) == 0;
-    report(kept_ok && same, "checkpoint dir: newest found, -nk 2 keeps two, state round trip", "latest %lld, state ok %d", (long long)latest, same);
+    report(kept_ok && same, "checkpoint dir: newest found, -nk 2 keeps two, state round trip (moments, dataloader, run flags)", "latest %lld, state ok %d", (long long)latest, same);
     for (int step = 3; step <= 4; step++) {
         const char* kinds[3] = {"DONE", "model", "state"};
         for (int k = 0; k < 3; k++) { checkpoint_path(path, sizeof(path), dir, kinds[k], step); remove(path); }

@@ -3575,12 +3575,12 @@ int main(int argc, char** argv) {
         model_free(&model);
         return 0;
     }
-    if (opt.out_dir) { prepare_output_dir(opt.out_dir); }
+    int64_t resume_step = prepare_run_dir(&opt, argc, argv);
+    if (opt.task.kind == TASK_NONE) { check_default_data(&opt); }
 
     // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
     Model model;
-    TrainState state = {0};
-    int64_t resume_step = opt.resume ? find_latest_checkpoint(opt.out_dir) : -1;
+    static TrainState state;  // static: zeroed, and its flag block stays off the stack
     char path[4096];
     if (resume_step >= 0) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
@@ -3596,7 +3596,6 @@ int main(int argc, char** argv) {
         model_build(&model, &opt.config, opt.chunk);
         init_parameters(model.params_memory, &model.config, &model.table, (uint64_t)opt.seed);
     }
-    if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
     const Config* cfg = &model.config;
     int task = opt.task.kind != TASK_NONE;  // the data come from tasks.h's generator (spec-defined synthetic tasks)
     if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) {
@@ -3620,6 +3619,8 @@ int main(int argc, char** argv) {
         opt.max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
         if (opt.max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
     }
+    exit_if_nothing_to_do(resume_step, opt.max_steps, opt.out_dir);
+    note_if_all_warmup(&opt, opt.max_steps);
     Tokenizer tokenizer;
     size_t prompt_len;
     uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
@@ -3633,6 +3634,9 @@ int main(int argc, char** argv) {
         if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
         if (!task) { dataloader_set_state(&train_loader, &state.loader); }  // a task's stream is a function of the step
     }
+    // the checkpoints keep the flags of this run (the command line over those of a resumed run)
+    memcpy(state.run_flags, opt.run_flags, (size_t)opt.run_flags_bytes);
+    state.run_flags_bytes = opt.run_flags_bytes;
 
     // ---- the parameter table
     char compute[64];
@@ -3641,26 +3645,37 @@ int main(int argc, char** argv) {
                     grad_accum, opt.max_steps, compute);
 
     FILE* log = NULL;
+    int start = (int)state.step;
+    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt.out_dir, start);
     if (opt.out_dir) {
         snprintf(path, sizeof(path), "%s/main.log", opt.out_dir);
         log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
     }
 
     // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
-    int start = (int)state.step;
     double ema_ms = 0.0;
+    EvalTimes eval = {0};
     for (int step = start; step <= opt.max_steps; step++) {
         int last = step == opt.max_steps;
-        if (((opt.val_every > 0 && step % opt.val_every == 0) || last) && task) {
+        int evaluate = ((opt.val_every > 0 && step % opt.val_every == 0) || last) && !(step == start && val_logged_at_start);
+        double t_eval = now_seconds();
+        if (evaluate && task) {
             task_report(&model, &opt, SPLIT_VAL, step, log);
             if (last) { task_report(&model, &opt, SPLIT_TEST, step, log); }  // the held-out numbers to report
-        } else if ((opt.val_every > 0 && step % opt.val_every == 0) || last) {
+        } else if (evaluate) {
             float vl = validation_loss(&model, &val_loader, opt.val_batches);
             printf("step %4d/%d | val loss %.6f\n", step, opt.max_steps, vl);
             if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
         }
+        if (evaluate) {
+            eval.val_s += now_seconds() - t_eval;
+            eval.vals++;
+        }
         if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
+            double t0 = now_seconds();
             generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, &opt);
+            eval.sample_s += now_seconds() - t0;
+            eval.samples++;
         }
         if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
             state.step = step;
@@ -3693,7 +3708,7 @@ int main(int argc, char** argv) {
         model_update(&model, step_lr, opt.beta1, opt.beta2, opt.adam_eps, opt.weight_decay, grad_scale, step + 1);
         double ms = (now_seconds() - t0) * 1000.0;
         ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
-        double eta = ema_ms * (opt.max_steps - step - 1) / 1000.0;
+        double eta = eta_seconds(&opt, &eval, step, opt.max_steps, ema_ms);
         printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %dm%02ds\n", step + 1, opt.max_steps,
                loss, step_lr, norm, ms, opt.total_batch / (ms / 1000.0), (int)(eta / 60), (int)eta % 60);
         fflush(stdout);

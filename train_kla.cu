@@ -768,13 +768,12 @@ int main(int argc, char** argv) {
         model_free(&model);
         return 0;
     }
-    if (opt.out_dir) { prepare_output_dir(opt.out_dir); }
+    int64_t resume_step = prepare_run_dir(&opt, argc, argv);
+    check_default_data(&opt);
 
     // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
     Model model;
-    TrainState state;
-    memset(&state, 0, sizeof(state));
-    int64_t resume_step = opt.resume ? find_latest_checkpoint(opt.out_dir) : -1;
+    static TrainState state;  // static: zeroed, and its flag block stays off the stack
     char path[4096];
     if (resume_step >= 0) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
@@ -789,7 +788,6 @@ int main(int argc, char** argv) {
         init_parameters(model.host_params, &model.config, &model.table, (uint64_t)opt.seed);
         model_upload_parameters(&model);
     }
-    if (opt.resume && resume_step < 0) { printf("no complete checkpoint in %s: starting from scratch\n", opt.out_dir); }
     const Config* cfg = &model.config;
     if (cfg->task.kind != TASK_NONE) {
         die("%s: the model was trained on the %s task, which only the CPU trainer ./train_kla runs so far",
@@ -808,6 +806,8 @@ int main(int argc, char** argv) {
         max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
         if (max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
     }
+    exit_if_nothing_to_do(resume_step, max_steps, opt.out_dir);
+    note_if_all_warmup(&opt, max_steps);
     Tokenizer tokenizer;
     size_t prompt_len;
     uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
@@ -817,6 +817,9 @@ int main(int argc, char** argv) {
         if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
         dataloader_set_state(&train_loader, &state.loader);
     }
+    // the checkpoints keep the flags of this run (the command line over those of a resumed run)
+    memcpy(state.run_flags, opt.run_flags, (size_t)opt.run_flags_bytes);
+    state.run_flags_bytes = opt.run_flags_bytes;
 
     // ---- the parameter table
     char pattern[512], device[300];
@@ -827,24 +830,32 @@ int main(int argc, char** argv) {
                     grad_accum, max_steps, device);
 
     FILE* log = NULL;
+    int start = (int)state.step;
+    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt.out_dir, start);
     if (opt.out_dir) {
         snprintf(path, sizeof(path), "%s/main.log", opt.out_dir);
         log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
     }
 
     // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
-    int start = (int)state.step;
     double ema_ms = 0.0, timed_ms = 0.0, flops_per_token = model_flops_per_token(&model.config, opt.T, NULL);
     int timed_steps = 0;
+    EvalTimes eval = {0, 0, 0, 0};
     for (int step = start; step <= max_steps; step++) {
         int last = step == max_steps;
-        if ((opt.val_every > 0 && step % opt.val_every == 0) || last) {
+        if (((opt.val_every > 0 && step % opt.val_every == 0) || last) && !(step == start && val_logged_at_start)) {
+            double t0 = now_seconds();
             float vl = validation_loss(&model, &val_loader, opt.val_batches);
+            eval.val_s += now_seconds() - t0;
+            eval.vals++;
             printf("step %4d/%d | val loss %.6f\n", step, max_steps, vl);
             if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
         }
         if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
+            double t0 = now_seconds();
             generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, &opt);
+            eval.sample_s += now_seconds() - t0;
+            eval.samples++;
         }
         if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
             state.step = step;
@@ -875,7 +886,7 @@ int main(int argc, char** argv) {
         ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
         if (step - start >= 10) { timed_ms += ms; timed_steps++; }  // the summary skips 10 warm-up steps
         if (step - start >= 10) { profile_collect(); } else { profile.num_marks = 0; }
-        double eta = ema_ms * (max_steps - step - 1) / 1000.0, tok_s = opt.total_batch / (ms / 1000.0);
+        double eta = eta_seconds(&opt, &eval, step, max_steps, ema_ms), tok_s = opt.total_batch / (ms / 1000.0);
         printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | mfu %.1f%% | eta %dm%02ds\n",
                step + 1, max_steps, loss, step_lr, norm, ms, tok_s, 100.0 * tok_s * flops_per_token / PEAK_FLOPS,
                (int)(eta / 60), (int)eta % 60);

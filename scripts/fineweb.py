@@ -178,6 +178,13 @@ def parse_args(argv=None):
     return args
 
 
+def cannot_download(what, e):
+    """The one-line error of a failed download (no network, HuggingFace unreachable, ...): the exception's first
+    line only, never a traceback."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return "error: cannot download %s (%s: %s); this script needs internet access" % (what, type(e).__name__, first)
+
+
 def main(argv=None):
     args = parse_args(argv)
     repo, prefix = DATASETS[args.type]
@@ -190,26 +197,36 @@ def main(argv=None):
         import tiktoken
     except ImportError as e:
         sys.exit("error: %s: this script needs `pip install datasets tiktoken`" % e)
-    encoder = tiktoken.get_encoding("gpt2")
+    # tiktoken downloads the GPT-2 BPE files on first use; any failure of a download ends with one line
+    try:
+        encoder = tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        sys.exit(cannot_download("tiktoken's gpt2 encoding", e))
     if encoder.eot_token != EOT:
         sys.exit("error: tiktoken gpt2 has EOT %d, expected %d" % (encoder.eot_token, EOT))
 
     os.makedirs(out_dir, exist_ok=True)
     print("dataset %s (%s) -> %s, %d tokens per shard, %d workers" % (repo, sample, out_dir, args.shard_size, args.workers),
           flush=True)
-    dataset = load_dataset(repo, name=sample, split="train", streaming=args.streaming)
+    try:
+        dataset = load_dataset(repo, name=sample, split="train", streaming=args.streaming)
+    except Exception as e:
+        sys.exit(cannot_download("%s (%s)" % (repo, sample), e))
     texts = (doc["text"] for doc in dataset)  # only the text travels to the workers
 
     writer = ShardWriter(out_dir, prefix, args.shard_size, args.max_shards)
     t0 = time.time()
     ndocs = 0
     # imap keeps the documents in dataset order, so the shards are the same on every run
-    with mp.Pool(args.workers, initializer=_init_worker) as pool:
-        for tokens in pool.imap(tokenize, texts, chunksize=args.chunksize):
-            writer.add(tokens)
-            ndocs += 1
-            if writer.done():
-                break  # leaving the with-block terminates the workers
+    try:
+        with mp.Pool(args.workers, initializer=_init_worker) as pool:
+            for tokens in pool.imap(tokenize, texts, chunksize=args.chunksize):
+                writer.add(tokens)
+                ndocs += 1
+                if writer.done():
+                    break  # leaving the with-block terminates the workers
+    except OSError as e:  # a streamed download that breaks off (network errors are OSErrors)
+        sys.exit(cannot_download("%s (%s), after %d documents" % (repo, sample, ndocs), e))
     writer.flush()  # the last, partial shard
 
     dt = time.time() - t0

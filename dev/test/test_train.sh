@@ -3,6 +3,8 @@
 # the file or flag and exit code 1, with nothing left behind; resume continues bit for bit; an incomplete
 # checkpoint is never used; a diverged run stops and keeps its last good checkpoint; sampling with a prompt;
 # --generate and --eval from a checkpoint, and their bad inputs.
+# Run directories and resume (issue 18, README "Run directories"): no two runs in one -o, no silent no-op, the
+# run's flags kept across -y 1, a log without duplicates, the ETA, the README's flag table, the error hints.
 # Needs the demo data (make data). Prints PASS/FAIL lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -236,3 +238,164 @@ mkdir -p "$tmp/eval_dir"
 expect_error "--eval on a corrupt shard" "magic_000.bin" -- ./train_kla --eval 1 -e "$good" -j "$tmp/magic_*.bin" -o "$tmp/eval_dir"
 if [ -z "$(ls -A "$tmp/eval_dir")" ]; then pass "--eval that fails writes no main.log"; else fail "--eval that fails" "left $(ls "$tmp/eval_dir")"; fi
 expect_error "--generate flags vs checkpoint" "--width" -- ./train_kla --generate 8 -e "$good" --width 128
+
+# ---- run directories (issue 18): no silent mixing of runs, no silent no-ops
+# listing of a directory with each file's checksum, to show that a refused or empty run changed nothing
+snapshot() { (cd "$1" && md5sum * 2> /dev/null); }
+
+# a fresh run into a directory that holds a run is refused, and the directory is left as it was
+./train_kla "${SMALL[@]}" -x 3 -n 1 -o "$tmp/rd" > /dev/null 2>&1 || fail "run-dir base run" "failed"
+echo "mine" > "$tmp/rd/notes.txt"
+before=$(snapshot "$tmp/rd")
+expect_error "fresh run into a run's directory" "-o" "already holds a run" "-y 1" "--overwrite 1" -- ./train_kla "${SMALL[@]}" -x 2 -o "$tmp/rd"
+if [ "$(snapshot "$tmp/rd")" = "$before" ]; then pass "the refused run left the directory unchanged"; else fail "refused run" "the directory changed"; fi
+# --overwrite 1 deletes the old run's log and checkpoints (steps 1-3), keeps other files, then trains afresh
+./train_kla "${SMALL[@]}" -x 2 -o "$tmp/rd" --overwrite 1 > "$tmp/out" 2>&1
+left=$(cd "$tmp/rd" && ls | tr '\n' ' ')
+if [ "$left" = "DONE_00000002 main.log model_00000002.bin notes.txt state_00000002.bin " ] && [ "$(grep -c trl "$tmp/rd/main.log")" = 2 ]; then
+    pass "--overwrite 1 deletes only the old run's files; the log holds only the new run  [$left]"
+else
+    fail "--overwrite 1" "left: $left; log: $(tr '\n' ' ' < "$tmp/rd/main.log")"
+fi
+expect_error "--overwrite with -y 1" "--overwrite" -- ./train_kla "${SMALL[@]}" -o "$tmp/rd" -y 1 --overwrite 1
+
+# -n and -nk without -o are errors; a run without -o says that nothing is saved
+expect_error "-n without -o" "-n" "(-o)" -- ./train_kla "${SMALL[@]}" -x 2 -n 1
+expect_error "-nk without -o" "-nk" "(-o)" -- ./train_kla "${SMALL[@]}" -x 2 -nk 1
+out=$(./train_kla "${SMALL[@]}" -x 1 2>&1)
+if echo "$out" | head -n 1 | grep -q "^note: no -o: nothing of this run is saved"; then pass "a run without -o says first that nothing is saved"; else fail "run without -o" "no note: $(echo "$out" | head -n 1)"; fi
+
+# a resume with nothing to do says so, exits 0 and writes nothing (at and below the checkpoint's step)
+before=$(snapshot "$tmp/rd")
+for x in 2 1; do
+    out=$(./train_kla -o "$tmp/rd" -y 1 -x $x 2>&1); rc=$?
+    if [ $rc -eq 0 ] && echo "$out" | grep -q "^nothing to do: .* at step 2 " && [ "$(snapshot "$tmp/rd")" = "$before" ]; then
+        pass "resume with -x $x at or below the checkpoint's step 2: says nothing to do, exit 0, no file touched"
+    else
+        fail "resume with nothing to do (-x $x)" "exit $rc: $(echo "$out" | tail -n 1)"
+    fi
+done
+
+# -y 1 alone continues with the run's own flags: a run with non-default training flags (constant lr 2e-3, weight
+# decay, validation every 2 steps, checkpoint every 2), resumed from its step-2 checkpoint with no flag but -o and
+# -y, ends bit for bit where the uninterrupted run ends; main.log then equals the uninterrupted run's, line for
+# line (no duplicate validation at the resume point, no steps twice)
+RUN=("${SMALL[@]}" -k constant -l 2e-3 -c 0.1 -v 2 -n 2 -x 4)
+./train_kla "${RUN[@]}" -o "$tmp/kept_full" > /dev/null 2>&1
+cp -r "$tmp/kept_full" "$tmp/kept"
+rm "$tmp/kept/DONE_00000004"   # as if killed after logging step 4 but before its checkpoint was complete
+out=$(./train_kla -o "$tmp/kept" -y 1 2>&1)
+if cmp -s "$tmp/kept_full/model_00000004.bin" "$tmp/kept/model_00000004.bin" && ! echo "$out" | grep -q overrides; then
+    pass "-y 1 alone resumes with the run's kept flags: weights bit for bit equal to the uninterrupted run"
+else
+    fail "-y 1 with kept flags" "weights differ or an override was reported"
+fi
+if cmp -s "$tmp/kept_full/main.log" "$tmp/kept/main.log" && [ -z "$(cut -d' ' -f1-2 "$tmp/kept/main.log" | sed 's/:[0-9.]*$//' | sort | uniq -d)" ]; then
+    pass "main.log of the interrupted and resumed run == the uninterrupted run's ($(wc -l < "$tmp/kept/main.log") lines, none twice)"
+else
+    fail "main.log after resume" "$(diff "$tmp/kept_full/main.log" "$tmp/kept/main.log" | head -3 | tr '\n' ' ')"
+fi
+# negative control: a flag given again overrides the kept one with one line, and the result differs
+cp -r "$tmp/kept_full" "$tmp/kept_lr" && rm "$tmp/kept_lr/DONE_00000004"
+out=$(./train_kla -o "$tmp/kept_lr" -y 1 -l 3e-3 2>&1)
+if [ "$(echo "$out" | grep -c overrides)" = 1 ] && echo "$out" | grep -q "^-l 0.003 overrides the run's 0.002$" &&
+   ! cmp -s "$tmp/kept_full/model_00000004.bin" "$tmp/kept_lr/model_00000004.bin"; then
+    pass "a flag given again overrides the kept one with one line ('-l 0.003 overrides the run's 0.002'), and the weights differ"
+else
+    fail "override of a kept flag" "$(echo "$out" | grep overrides | tr '\n' ' ')"
+fi
+# a version-1 state file (no flag block) still resumes, with one warning line, from the command line's flags
+mkdir -p "$tmp/v1" && cp "$tmp/kept_full/"{model,state}_00000002.bin "$tmp/kept_full/DONE_00000002" "$tmp/v1/"
+python3 - "$tmp/v1/state_00000002.bin" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+h = list(struct.unpack("<256i", b[:1024]))
+loader, flags = h[6], h[8]
+h[1], h[8] = 1, 0
+open(sys.argv[1], "wb").write(struct.pack("<256i", *h) + b[1024:1024 + loader] + b[1024 + loader + flags:])
+PY
+./train_kla "${RUN[@]}" -o "$tmp/v1" -y 1 > /dev/null 2> "$tmp/err"; rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q "^warning: .*version-1 state file" "$tmp/err" &&
+   cmp -s "$tmp/kept_full/model_00000004.bin" "$tmp/v1/model_00000004.bin"; then
+    pass "a version-1 state file resumes with one warning line and the command line's flags, bit for bit"
+else
+    fail "version-1 state file" "exit $rc: $(head -c 200 "$tmp/err")"
+fi
+
+# the ETA counts validation: with validation at every step costing many training steps (-m 30 forward batches
+# against one forward+backward), the ETA printed after step 1 is within 2x of the time the run then takes; the
+# step time alone (the old ETA) would be far below, which the same check catches (negative control)
+start_ns=$(date +%s%N)
+./train_kla "${SMALL[@]}" -x 4 -v 1 -m 30 | while IFS= read -r line; do echo "$(date +%s%N) $line"; done > "$tmp/eta"
+end_ns=$(date +%s%N)
+read -r eta_s left_s steps_s <<< "$(awk -v end="$end_ns" '/ step    1\/4 \| loss/ {
+    split($0, f, "eta "); m = f[2]; sub(/s$/, "", m); split(m, ms, "m");
+    for (i = 1; i <= NF; i++) if ($(i + 1) == "ms") step_ms = $i;
+    print ms[1] * 60 + ms[2], (end - $1) / 1e9, step_ms * 3 / 1000 }' "$tmp/eta")"
+if awk -v e="$eta_s" -v l="$left_s" -v s="$steps_s" 'BEGIN { exit !(e >= l / 2 - 1 && e <= 2 * l + 1 && s < l / 2 - 1) }'; then
+    pass "ETA after step 1 ${eta_s}s vs ${left_s}s taken (steps alone: ${steps_s}s)"
+else
+    fail "ETA with validation" "ETA ${eta_s}s, the run then took ${left_s}s, the steps alone ${steps_s}s"
+fi
+
+# the README's flag table names the flags of ./train_kla -h with the same defaults
+cat > "$tmp/flagcheck.py" <<'PY'
+import re, sys
+# the flags and defaults of `./train_kla -h` (argv[1]) against the README's flag table (argv[2])
+code = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"^  (-\S+)\s.*default: (.*)$", line.rstrip("\n"))
+    if m: code[m.group(1)] = m.group(2).strip()
+readme, in_table = {}, False
+for line in open(sys.argv[2]):
+    if line.startswith("## Flags of"): in_table = True; continue
+    if in_table and line.startswith("## "): break
+    cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+    if not in_table or len(cells) != 3 or not cells[0].startswith("`-"): continue
+    names = re.findall(r"`(-[^`]+)`", cells[0])   # a row may name several flags: `--beta1`, `--beta2`, ...
+    values = [v.strip().strip("`") for v in cells[2].split(", ")] if len(names) > 1 else [cells[2].strip("`")]
+    for n, v in zip(names, values): readme[n] = v
+def same(a, b):   # numbers compare as numbers (1e-05 == 1e-5), "(none)" == "none", anything else as text
+    a, b = ["none" if s == "(none)" else s for s in (a, b)]
+    try: return float(a) == float(b)
+    except ValueError: return a == b
+bad = [f"{n} missing from the README" for n in code if n not in readme]
+bad += [f"{n} is in the README but not in -h" for n in readme if n not in code]
+bad += [f"{n}: -h default {code[n]}, README {readme[n]}" for n in code if n in readme and not same(code[n], readme[n])]
+print("; ".join(bad) if bad else f"{len(code)} flags agree")
+sys.exit(1 if bad else 0)
+PY
+./train_kla -h > "$tmp/help"
+if msg=$(python3 "$tmp/flagcheck.py" "$tmp/help" README.md) && [ "$(grep -c 'default:' "$tmp/help")" -gt 40 ]; then
+    pass "README flag table == ./train_kla -h: $msg"
+else
+    fail "README flag table vs -h" "$msg"
+fi
+sed 's/^| `-t` | sequence length | [0-9]* |/| `-t` | sequence length | 128 |/' README.md > "$tmp/README_bad.md"
+if msg=$(python3 "$tmp/flagcheck.py" "$tmp/help" "$tmp/README_bad.md"); then
+    fail "README flag table negative control" "a README with -t 128 passed"
+else
+    pass "README flag table negative control: a README saying -t 128 is caught ($msg)"
+fi
+
+# error hints: a text file given as a shard points to encode_shards, missing default data to make data, a
+# mistyped flag to the nearest flag
+expect_error "text file as a shard" "README.md" "looks like text" "encode_shards" -- ./train_kla "${SMALL[@]}" -i README.md
+head -c 200 README.md > "$tmp/short.txt"
+expect_error "short text file as a shard" "short.txt" "encode_shards" -- ./train_kla "${SMALL[@]}" -i "$tmp/short.txt"
+# in_dir DIR COMMAND...: run COMMAND in DIR (here: where the default data paths do not exist)
+in_dir() { local dir=$1; shift; (cd "$dir" && "$@"); }
+mkdir -p "$tmp/nodata"
+expect_error "missing default data" "data/demo/demo_train_" "make data" -- in_dir "$tmp/nodata" "$PWD/train_kla" -x 1
+expect_error "missing default tokenizer" "data/tokenizer.bin" "make data" -- \
+    in_dir "$tmp/nodata" "$PWD/train_kla" "${SMALL[@]}" -x 1 -g 4 -i "$PWD/$TRAIN" -j "$PWD/$VAL"
+expect_error "mistyped flag" "--mixr" "did you mean --mixer" -- ./train_kla --mixr gdn
+expect_error "mistyped flag (underscore)" "--lin_heads" "did you mean --lin-heads" -- ./train_kla --lin_heads 2
+
+# scripts/fineweb.py without network: stand-ins for its packages whose download fails end in one error line
+mkdir -p "$tmp/stub"
+printf 'class _E:\n    eot_token = 50256\ndef get_encoding(name):\n    return _E()\n' > "$tmp/stub/tiktoken.py"
+printf 'def load_dataset(*a, **k):\n    raise ConnectionError("Couldn'"'"'t reach the Hub\\nsecond line")\n' > "$tmp/stub/datasets.py"
+expect_error "fineweb.py without network (dataset)" "cannot download" "HuggingFaceFW/fineweb-edu" -- env PYTHONPATH="$tmp/stub" python3 scripts/fineweb.py -o "$tmp/fw"
+printf 'def get_encoding(name):\n    raise OSError("Temporary failure in name resolution")\n' > "$tmp/stub/tiktoken.py"
+expect_error "fineweb.py without network (tokenizer)" "cannot download" "gpt2" -- env PYTHONPATH="$tmp/stub" python3 scripts/fineweb.py -o "$tmp/fw"
