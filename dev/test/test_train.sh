@@ -52,7 +52,7 @@ got=$(pattern_of ./train_kla --mixer attn:1,gdn:2)
 # negative control of the helper: a pattern it must not read as four layers
 [ "$(pattern_of ./train_kla --mixer gdn:1)" = gdn:1 ] && pass "an explicit count is kept (gdn:1 -> gdn:1)" || fail "explicit count" "gdn:1 repeated"
 # make run's command, taken from the Makefile, trains the model the README's quick start describes
-run_cmd=$(make -s -n run RUN_FLAGS= 2>/dev/null | grep '^./train_kla ' | sed 's/ -o [^ ]*//')
+run_cmd=$(make -s -n run RUN_FLAGS= 2>/dev/null | grep '^./train_kla ' | sed "s| -o [^ ]*| -o $tmp/make_run_model|")
 table=$($run_cmd -x 1 -v 0 -m 1 -g 0 -s 0 2>&1)
 got="$(echo "$table" | awk -F'|' '/ mixer pattern / { gsub(/ /, "", $3); print $3 }') width $(echo "$table" | awk -F'|' '/ width C / { gsub(/ /, "", $3); print $3 }')"
 if [ "$got" = "gdn:4 width 128" ] && grep -q 'trains the default model (4 `gdn` layers, width 128)' README.md; then
