@@ -135,16 +135,17 @@ int main(int argc, char** argv) {
     int num_devices = 0;
     if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) { die("no CUDA device found: test_klacu needs a GPU"); }
     matmul_setup();
-    const char* configs[4] = {"attn", "gdn", "kaczmarz", "hybrid"};
+    const char* configs[6] = {"attn", "gdn", "kaczmarz", "hybrid", "kalman", "kalman_mamba"};
     char variant[64];
     snprintf(variant, sizeof(variant), "cuda %s", PRECISION_NAME);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         test_parity(dir, configs[i], 0, variant, &GPU_TOLERANCES);
         test_decode(dir, configs[i], 0, PRECISION_NAME, TOL_DECODE);
     }
     snprintf(variant, sizeof(variant), "cuda %s -r 1", PRECISION_NAME);
     test_parity(dir, "hybrid", 1, variant, &GPU_TOLERANCES);
     test_resume(dir, "hybrid");
+    test_resume(dir, "kalman_mamba");
     test_checkpoint_round_trip(dir, "hybrid");
     encoder_teardown();
     matmul_teardown();

@@ -4,8 +4,8 @@
 # exits 1 on a failed check). Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# the four reference configurations test_klacu compares against (made here when absent: torch is on the GPU machine)
-bash scripts/make_reference.sh attn gdn kaczmarz hybrid || exit 1
+# the reference configurations test_klacu compares against (made here when absent: torch is on the GPU machine)
+bash scripts/make_reference.sh attn gdn kaczmarz hybrid kalman kalman_mamba || exit 1
 log=$(mktemp)
 for p in fp32 bf16; do
     echo "== test_klacu $p"
@@ -24,7 +24,7 @@ if [ -d data/demo ]; then
 fi
 # the labs: built into build/labs when absent, then run from dev/cuda (each runs its default version's validation)
 mkdir -p build/labs
-for lab in gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk; do
+for lab in gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalman_scan; do
     for precision in bf16 fp32; do
         bin=build/labs/${lab}_${precision}_bin
         if [ ! -x "$bin" ] && ! nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -DENABLE_${precision^^} -I. "dev/cuda/$lab.cu" \
