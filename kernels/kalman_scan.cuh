@@ -33,7 +33,10 @@ over t in each thread and over b in order by a second kernel.
 #define KALMAN_MAX_N 32       // the largest N the filter kernels run (a group of N lanes lives in one warp)
 
 static inline int kalman_group(int N) {
-    if (N < 1 || N > KALMAN_MAX_N) { die("kalman: N = %d is not supported on the GPU (1..%d)", N, KALMAN_MAX_N); }
+    if (N < 1 || N > KALMAN_MAX_N) {
+        die("--kalman-n: %d states per channel is not supported by train_kla.cu (1..%d; train_kla runs any N)", N,
+            KALMAN_MAX_N);
+    }
     int G = 1;
     while (G < N) { G *= 2; }
     return G;
