@@ -3421,7 +3421,7 @@ int main(int argc, char** argv) {
     // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
     Model model;
     TrainState state = {0};
-    int64_t resume_step = opt.resume ? find_latest_checkpoint(opt.out_dir) : -1;
+    int64_t resume_step = opt.resume ? find_resumable_checkpoint(opt.out_dir) : -1;
     char path[4096];
     if (resume_step >= 0) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);

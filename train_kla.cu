@@ -974,7 +974,7 @@ int main(int argc, char** argv) {
     Model model;
     TrainState state;
     memset(&state, 0, sizeof(state));
-    int64_t resume_step = opt.resume ? find_latest_checkpoint(opt.out_dir) : -1;
+    int64_t resume_step = opt.resume ? find_resumable_checkpoint(opt.out_dir) : -1;
     char path[4096];
     if (resume_step >= 0) {
         checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
