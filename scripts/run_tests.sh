@@ -20,6 +20,7 @@ run ./test_kla dev/test/ref
 run ./test_dataloader
 run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
+run bash dev/test/test_faults.sh
 run bash dev/test/test_cuda_build.sh
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")
