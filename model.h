@@ -731,7 +731,15 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
         c->num_heads < 1 || c->channels % c->num_heads != 0 || c->lin_heads < 0 || c->lin_dk < 0 || c->lin_dv < 0 || c->conv_size < 0) {
         die("%s: header holds an invalid model config", path);
     }
-    int64_t payload_offset = (int64_t)(uint32_t)header[14] | ((int64_t)header[15] << 32);
+    // every tensor dimension of the layout must fit an int (found by fuzzing: a header with huge head counts
+    // overflowed the layout's arithmetic); the file's size bounds the number of parameters
+    const int64_t dims[] = {c->padded_vocab_size, c->max_seq_len, c->channels, c->lin_heads, c->lin_dk, c->lin_dv, c->conv_size,
+                            c->mlp_hidden, c->kalman_n, (int64_t)c->lin_heads * c->lin_dk, (int64_t)c->lin_heads * c->lin_dv,
+                            (int64_t)c->kalman_expand * c->channels};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i] > (1 << 20)) { die("%s: header holds an invalid model config (a dimension above 2^20)", path); }
+    }
+    int64_t payload_offset = (int64_t)((uint64_t)(uint32_t)header[14] | ((uint64_t)(uint32_t)header[15] << 32));
     if (*num_tensors < 1 || *num_tensors > MAX_TENSORS || payload_offset != 1024 + (int64_t)TENSOR_ENTRY_BYTES * *num_tensors) {
         die("%s: header has an inconsistent tensor count / payload offset", path);
     }
@@ -815,7 +823,7 @@ static int read_state_file(TrainState* s, size_t num_parameters, float* m, float
     int32_t header[256];
     fread_or_die(header, sizeof(header), f, path);
     if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
-    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    s->step = (int64_t)((uint64_t)(uint32_t)header[2] | ((uint64_t)(uint32_t)header[3] << 32));
     uint64_t np = (uint64_t)(uint32_t)header[4] | ((uint64_t)(uint32_t)header[5] << 32);
     if (np != num_parameters) { die("%s: state is for %llu parameters, the model has %zu", path, (unsigned long long)np, num_parameters); }
     if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }

@@ -21,6 +21,8 @@ run ./test_dataloader
 run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
 run bash dev/test/test_faults.sh
+run bash dev/test/test_sanitize.sh
+run bash dev/test/test_fuzz.sh
 run bash dev/test/test_cuda_build.sh
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")
