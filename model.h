@@ -1177,7 +1177,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 0},
         {"-o", FLAG_STRING, &o->out_dir, "output dir for main.log and checkpoints", 0},
         {"-e", FLAG_STRING, &o->init_file, "initialise from this model file (else random init)", 0},
-        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest complete checkpoint in -o", 0},
+        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest intact complete checkpoint in -o", 0},
         {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 0},
         {"-t", FLAG_INT, &o->T, "sequence length", 0},
         {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 0},
