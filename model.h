@@ -15,6 +15,8 @@ checkpoint written by either program is read by the other.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -535,14 +537,20 @@ static inline void init_parameters(float* params, const Config* c, const TensorT
 // ----------------------------------------------------------------------------------------------------------
 // checkpoints (FORMATS.md): model file = header + tensor table + fp32 payload; state file = step, dataloader
 // and AdamW state. Files are written to a temporary name, fsync'ed and renamed, so a file either exists
-// complete or not at all; DONE_<step> is written last and marks a complete checkpoint.
+// complete or not at all; DONE_<step> is written last and marks a complete checkpoint. Every file carries
+// CRC32C checksums (FORMATS.md "Checksums"), checked before anything in it is used, so a flipped bit in a
+// weight or an AdamW moment is an error instead of a silently different run.
 
 #define MODEL_MAGIC 20251121
-#define MODEL_VERSION 1
+#define MODEL_VERSION 2          // 2: checksums; version 1 files (no checksums) are refused
 #define STATE_MAGIC 20251123
-#define STATE_VERSION 2      // 2: the run's flags follow the dataloader state (version 1 files are read without them)
-#define RUN_FLAGS_BYTES 8192  // the most bytes the run's flags take in a state file
+#define STATE_VERSION 2        // 2: checksums and the run's flags; version 1 files are refused
+#define RUN_FLAGS_BYTES 8192    // the most bytes the run's flags take in a state file
 #define TENSOR_ENTRY_BYTES 128
+#define TENSOR_NAME_BYTES 92     // then the tensor's uint32 CRC32C at byte 92 of its entry
+#define MODEL_CHECKSUM_SLOT 34   // CRC32C of the header (this slot zero) and the tensor table
+#define STATE_CHECKSUM_SLOT 8    // slots 8, 9, 10: CRC32C of header + dataloader state + run flags, of m, of v
+#define STATE_RUN_FLAGS_SLOT 11  // the bytes of the run's flags, which follow the dataloader state
 
 typedef struct {
     char tmp[4096];
@@ -556,9 +564,21 @@ static void atomic_open(AtomicFile* af, const char* path) {
     af->f = fopen_or_die(af->tmp, "wb");
 }
 
+// A failed write (disk full, file-size limit) removes the temporary file, so only complete files remain.
+static void atomic_fail(AtomicFile* af, const char* what) {
+    int err = errno;
+    fclose(af->f);
+    remove(af->tmp);
+    die("%s: %s failed (%s); the file was not written", af->path, what, strerror(err));
+}
+
+static void atomic_write(AtomicFile* af, const void* buf, size_t n) {
+    if (n > 0 && fwrite(buf, 1, n, af->f) != n) { atomic_fail(af, "write"); }
+}
+
 static void atomic_commit(AtomicFile* af) {
-    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) { die("%s: write failed (%s)", af->tmp, strerror(errno)); }
-    if (fclose(af->f) != 0) { die("%s: close failed (%s)", af->tmp, strerror(errno)); }
+    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) { atomic_fail(af, "write"); }
+    if (fclose(af->f) != 0) { remove(af->tmp); die("%s: close failed (%s); the file was not written", af->path, strerror(errno)); }
     if (rename(af->tmp, af->path) != 0) { die("%s: rename to %s failed (%s)", af->tmp, af->path, strerror(errno)); }
     // make the rename itself durable
     char dir[4096];
@@ -607,33 +627,173 @@ static void write_model_file(const Config* c, const TensorTable* tt, const float
     header[31] = c->kalman_preset;
     header[32] = c->kalman_rank;
     header[33] = c->gka_kv_heads;
-    header[34] = c->task.kind;
-    header[35] = c->task.len;
-    header[36] = c->task.pairs;
+    header[35] = c->task.kind;
+    header[36] = c->task.len;
+    header[37] = c->task.pairs;
     format_mixer_pattern(c, (char*)header + 512, 512);
-    AtomicFile af;
-    atomic_open(&af, path);
-    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
+    unsigned char* table = (unsigned char*)calloc_or_die(n, TENSOR_ENTRY_BYTES);
     for (int i = 0; i < n; i++) {
         const TensorInfo* t = &tt->t[i];
-        unsigned char entry[TENSOR_ENTRY_BYTES] = {0};
+        unsigned char* entry = table + (size_t)i * TENSOR_ENTRY_BYTES;
         int32_t ints[6] = {0, t->ndim, t->shape[0], t->shape[1], t->shape[2], t->shape[3]};
         int64_t offset = (int64_t)(t->offset * sizeof(float));
+        uint32_t crc = crc32c(0, params + t->offset, t->numel * sizeof(float));
+        if (strlen(t->name) >= TENSOR_NAME_BYTES) { die("%s: tensor name %s is too long for the file format", path, t->name); }
         memcpy(entry, t->name, strlen(t->name));
+        memcpy(entry + TENSOR_NAME_BYTES, &crc, 4);
         memcpy(entry + 96, ints, sizeof(ints));
         memcpy(entry + 120, &offset, 8);
-        fwrite_or_die(entry, sizeof(entry), af.f, af.tmp);
     }
-    fwrite_or_die(params, tt->num_parameters * sizeof(float), af.f, af.tmp);
+    header[MODEL_CHECKSUM_SLOT] = (int32_t)crc32c(crc32c(0, header, sizeof(header)), table, (size_t)n * TENSOR_ENTRY_BYTES);
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_write(&af, header, sizeof(header));
+    atomic_write(&af, table, (size_t)n * TENSOR_ENTRY_BYTES);
+    atomic_write(&af, params, tt->num_parameters * sizeof(float));
     atomic_commit(&af);
+    free(table);
+}
+
+// Extends *crc by the next n bytes of f, read in 1 MiB pieces; returns the bytes read (< n: the file ended).
+static uint64_t crc32c_of_file_bytes(FILE* f, uint64_t n, uint32_t* crc) {
+    static unsigned char buf[1 << 20];
+    uint64_t done = 0;
+    while (done < n) {
+        size_t want = n - done < sizeof(buf) ? (size_t)(n - done) : sizeof(buf);
+        size_t got = fread(buf, 1, want, f);
+        *crc = crc32c(*crc, buf, got);
+        done += got;
+        if (got < want) { break; }
+    }
+    return done;
+}
+
+// Checks the checksums of a model or state file (FORMATS.md "Checksums") and nothing else, trusting no field
+// before the checksum that covers it has matched. Returns 1 when the file is intact; otherwise 0 with one line
+// in why naming the file and the part that differs (the header, a tensor, AdamW's m or v), or what is missing.
+// The loaders call it before they parse a file; -y 1 calls it to skip a damaged checkpoint.
+static int checkpoint_file_intact(const char* path, char* why, size_t why_size) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) { snprintf(why, why_size, "%s: cannot open (%s)", path, strerror(errno)); return 0; }
+    int32_t header[256];
+    unsigned char* table = NULL;
+    int ok = 0;
+    if (fread(header, 1, sizeof(header), f) != sizeof(header)) {
+        snprintf(why, why_size, "%s: truncated (shorter than its 1024-byte header)", path);
+    } else if (header[0] != MODEL_MAGIC && header[0] != STATE_MAGIC) {
+        snprintf(why, why_size, "%s: not a train_kla model or state file (magic %d)", path, header[0]);
+    } else if (header[1] == 1) {
+        snprintf(why, why_size, "%s: a version 1 %s file, written before files carried checksums; this program reads "
+                 "version 2 only (write it again with the current train_kla)", path, header[0] == MODEL_MAGIC ? "model" : "state");
+    } else if (header[1] != (header[0] == MODEL_MAGIC ? MODEL_VERSION : STATE_VERSION)) {
+        snprintf(why, why_size, "%s: file version %d, this program reads version %d", path, header[1],
+                 header[0] == MODEL_MAGIC ? MODEL_VERSION : STATE_VERSION);
+    } else if (header[0] == MODEL_MAGIC) {
+        // header + tensor table, then each tensor against the checksum in its table entry
+        uint32_t stored = (uint32_t)header[MODEL_CHECKSUM_SLOT];
+        int n = header[12];
+        header[MODEL_CHECKSUM_SLOT] = 0;
+        uint32_t crc = crc32c(0, header, sizeof(header));
+        if (n < 1 || n > MAX_TENSORS) {
+            snprintf(why, why_size, "%s: checksum mismatch in the header (it claims %d tensors)", path, n);
+            goto done;
+        }
+        table = (unsigned char*)malloc_or_die((size_t)n * TENSOR_ENTRY_BYTES);
+        if (fread(table, 1, (size_t)n * TENSOR_ENTRY_BYTES, f) != (size_t)n * TENSOR_ENTRY_BYTES) {
+            snprintf(why, why_size, "%s: truncated in the tensor table", path);
+            goto done;
+        }
+        crc = crc32c(crc, table, (size_t)n * TENSOR_ENTRY_BYTES);
+        if (crc != stored) {
+            snprintf(why, why_size, "%s: checksum mismatch in the header or tensor table (stored %08x, computed %08x)", path, stored, crc);
+            goto done;
+        }
+        uint64_t payload_at = 0;
+        for (int i = 0; i < n; i++) {
+            unsigned char* entry = table + (size_t)i * TENSOR_ENTRY_BYTES;
+            int32_t ints[6];
+            uint32_t tensor_crc;
+            memcpy(&tensor_crc, entry + TENSOR_NAME_BYTES, 4);
+            memcpy(ints, entry + 96, sizeof(ints));
+            entry[TENSOR_NAME_BYTES - 1] = '\0';
+            uint64_t bytes = sizeof(float);
+            for (int d = 0; d < 4; d++) {
+                int dim = d < ints[1] ? ints[d + 2] : 1;
+                if (ints[1] < 1 || ints[1] > 4 || dim < 1 || bytes > ((uint64_t)1 << 40)) {
+                    snprintf(why, why_size, "%s: tensor table entry %d (%s) has an invalid shape", path, i, (char*)entry);
+                    goto done;
+                }
+                bytes *= (uint64_t)dim;
+            }
+            crc = 0;
+            if (crc32c_of_file_bytes(f, bytes, &crc) != bytes) {
+                snprintf(why, why_size, "%s: truncated in tensor %s (payload bytes %llu..%llu)", path, (char*)entry,
+                         (unsigned long long)payload_at, (unsigned long long)(payload_at + bytes));
+                goto done;
+            }
+            if (crc != tensor_crc) {
+                snprintf(why, why_size, "%s: checksum mismatch in tensor %s (payload bytes %llu..%llu; stored %08x, computed %08x)",
+                         path, (char*)entry, (unsigned long long)payload_at, (unsigned long long)(payload_at + bytes), tensor_crc, crc);
+                goto done;
+            }
+            payload_at += bytes;
+        }
+        if (fgetc(f) != EOF) { snprintf(why, why_size, "%s: file is longer than its tensors", path); goto done; }
+        ok = 1;
+    } else {
+        // header + dataloader state + run flags, then m, then v
+        uint32_t stored[3];
+        memcpy(stored, header + STATE_CHECKSUM_SLOT, sizeof(stored));
+        memset(header + STATE_CHECKSUM_SLOT, 0, sizeof(stored));
+        uint64_t np = (uint64_t)(uint32_t)header[4] | ((uint64_t)(uint32_t)header[5] << 32);
+        int32_t loader_bytes = header[6];
+        if (loader_bytes < 0 || loader_bytes > (1 << 20) || np > ((uint64_t)1 << 40)) {
+            snprintf(why, why_size, "%s: checksum mismatch in the header (it claims %d dataloader bytes, %llu parameters)", path,
+                     loader_bytes, (unsigned long long)np);
+            goto done;
+        }
+        int32_t flags_bytes = header[STATE_RUN_FLAGS_SLOT];
+        if (flags_bytes < 0 || flags_bytes > RUN_FLAGS_BYTES) {
+            snprintf(why, why_size, "%s: checksum mismatch in the header (it claims %d bytes of run flags)", path, flags_bytes);
+            goto done;
+        }
+        uint32_t crc = crc32c(0, header, sizeof(header));
+        if (crc32c_of_file_bytes(f, (uint64_t)loader_bytes, &crc) != (uint64_t)loader_bytes ||
+            crc32c_of_file_bytes(f, (uint64_t)flags_bytes, &crc) != (uint64_t)flags_bytes) {
+            snprintf(why, why_size, "%s: truncated in the dataloader state or the run's flags", path);
+            goto done;
+        }
+        if (crc != stored[0]) {
+            snprintf(why, why_size, "%s: checksum mismatch in the header, dataloader state or run flags (stored %08x, computed %08x)", path, stored[0], crc);
+            goto done;
+        }
+        const char* names[2] = {"AdamW first moment m", "AdamW second moment v"};
+        for (int k = 0; k < (header[7] ? 2 : 0); k++) {
+            crc = 0;
+            if (crc32c_of_file_bytes(f, np * sizeof(float), &crc) != np * sizeof(float)) {
+                snprintf(why, why_size, "%s: truncated in the %s", path, names[k]);
+                goto done;
+            }
+            if (crc != stored[1 + k]) {
+                snprintf(why, why_size, "%s: checksum mismatch in the %s (stored %08x, computed %08x)", path, names[k], stored[1 + k], crc);
+                goto done;
+            }
+        }
+        if (fgetc(f) != EOF) { snprintf(why, why_size, "%s: file is longer than expected", path); goto done; }
+        ok = 1;
+    }
+done:
+    free(table);
+    fclose(f);
+    return ok;
 }
 
 // Read a model file's header into a Config, checking everything that can be checked without the flags.
+// The magic, the version and the checksums were checked by checkpoint_file_intact.
 static void read_model_header(const char* path, FILE* f, Config* c, int* num_tensors) {
     int32_t header[256];
     fread_or_die(header, sizeof(header), f, path);
     if (header[0] != MODEL_MAGIC) { die("%s: not a train_kla model file (magic %d, expected %d)", path, header[0], MODEL_MAGIC); }
-    if (header[1] != MODEL_VERSION) { die("%s: model file version %d, this program reads version %d", path, header[1], MODEL_VERSION); }
     if (header[13] != 0) { die("%s: tensors stored as dtype %d; train_kla.c reads fp32 (dtype 0) only", path, header[13]); }
     memset(c, 0, sizeof(*c));
     c->vocab_size = header[2];
@@ -665,10 +825,10 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
     c->kalman_preset = header[31];
     c->kalman_rank = header[32];
     c->gka_kv_heads = header[33];
-    // the task (slots 34-36; zero in files written before tasks existed = token shards)
-    c->task.kind = header[34];
-    c->task.len = header[35];
-    c->task.pairs = header[36];
+    // the task (slots 35-37; zero in a file of a model trained on token shards)
+    c->task.kind = header[35];
+    c->task.len = header[36];
+    c->task.pairs = header[37];
     c->task.vocab = c->task.kind != TASK_NONE ? c->vocab_size : 0;
     if (c->task.kind < 0 || c->task.kind >= NUM_TASKS) { die("%s: unknown task id %d in the header", path, c->task.kind); }
     if (c->task.kind == TASK_NONE ? c->task.len != 0 || c->task.pairs != 0 : !task_is_valid(&c->task)) {
@@ -699,7 +859,15 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
         c->num_heads < 1 || c->channels % c->num_heads != 0 || c->lin_heads < 0 || c->lin_dk < 0 || c->lin_dv < 0 || c->conv_size < 0) {
         die("%s: header holds an invalid model config", path);
     }
-    int64_t payload_offset = (int64_t)(uint32_t)header[14] | ((int64_t)header[15] << 32);
+    // every tensor dimension of the layout must fit an int (found by fuzzing: a header with huge head counts
+    // overflowed the layout's arithmetic); the file's size bounds the number of parameters
+    const int64_t dims[] = {c->padded_vocab_size, c->max_seq_len, c->channels, c->lin_heads, c->lin_dk, c->lin_dv, c->conv_size,
+                            c->mlp_hidden, c->kalman_n, (int64_t)c->lin_heads * c->lin_dk, (int64_t)c->lin_heads * c->lin_dv,
+                            (int64_t)c->kalman_expand * c->channels};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i] > (1 << 20)) { die("%s: header holds an invalid model config (a dimension above 2^20)", path); }
+    }
+    int64_t payload_offset = (int64_t)((uint64_t)(uint32_t)header[14] | ((uint64_t)(uint32_t)header[15] << 32));
     if (*num_tensors < 1 || *num_tensors > MAX_TENSORS || payload_offset != 1024 + (int64_t)TENSOR_ENTRY_BYTES * *num_tensors) {
         die("%s: header has an inconsistent tensor count / payload offset", path);
     }
@@ -709,6 +877,8 @@ static void read_model_header(const char* path, FILE* f, Config* c, int* num_ten
 // header's config implies. Fills c and tt; the file is left at the start of the fp32 payload, which
 // read_model_payload reads.
 static FILE* open_model_file(const char* path, Config* c, TensorTable* tt) {
+    char why[4400];
+    if (!checkpoint_file_intact(path, why, sizeof(why))) { die("%s", why); }
     FILE* f = fopen_or_die(path, "rb");
     int n;
     read_model_header(path, f, c, &n);
@@ -722,7 +892,7 @@ static FILE* open_model_file(const char* path, Config* c, TensorTable* tt) {
         fread_or_die(entry, sizeof(entry), f, path);
         memcpy(ints, entry + 96, sizeof(ints));
         memcpy(&offset, entry + 120, 8);
-        entry[95] = '\0';
+        entry[TENSOR_NAME_BYTES - 1] = '\0';
         if (strcmp((char*)entry, t->name) != 0) { die("%s: tensor %d is '%s', expected '%s'", path, i, (char*)entry, t->name); }
         if (ints[0] != 0) { die("%s: tensor %s has dtype %d, expected 0 (fp32)", path, t->name, ints[0]); }
         if (ints[1] != t->ndim || ints[2] != t->shape[0] || ints[3] != t->shape[1] || ints[4] != 0 || ints[5] != 0) {
@@ -759,33 +929,37 @@ static void write_state_file(const TrainState* s, size_t num_parameters, const f
     header[5] = (int32_t)((uint64_t)num_parameters >> 32);
     header[6] = (int32_t)sizeof(DataLoaderState);
     header[7] = m != NULL;
-    header[8] = s->run_flags_bytes;
+    header[STATE_RUN_FLAGS_SLOT] = s->run_flags_bytes;
+    uint32_t crc = crc32c(crc32c(0, header, sizeof(header)), &s->loader, sizeof(DataLoaderState));
+    header[STATE_CHECKSUM_SLOT] = (int32_t)crc32c(crc, s->run_flags, (size_t)s->run_flags_bytes);
+    if (m) {
+        header[STATE_CHECKSUM_SLOT + 1] = (int32_t)crc32c(0, m, num_parameters * sizeof(float));
+        header[STATE_CHECKSUM_SLOT + 2] = (int32_t)crc32c(0, v, num_parameters * sizeof(float));
+    }
     AtomicFile af;
     atomic_open(&af, path);
-    fwrite_or_die(header, sizeof(header), af.f, af.tmp);
-    fwrite_or_die(&s->loader, sizeof(DataLoaderState), af.f, af.tmp);
-    fwrite_or_die(s->run_flags, (size_t)s->run_flags_bytes, af.f, af.tmp);
+    atomic_write(&af, header, sizeof(header));
+    atomic_write(&af, &s->loader, sizeof(DataLoaderState));
+    atomic_write(&af, s->run_flags, (size_t)s->run_flags_bytes);
     if (m) {
-        fwrite_or_die(m, num_parameters * sizeof(float), af.f, af.tmp);
-        fwrite_or_die(v, num_parameters * sizeof(float), af.f, af.tmp);
+        atomic_write(&af, m, num_parameters * sizeof(float));
+        atomic_write(&af, v, num_parameters * sizeof(float));
     }
     atomic_commit(&af);
 }
 
-// Open a state file and read everything before AdamW's moments into s; header receives the file's header. A
-// version-1 file (written before the run's flags were kept) reads with no flags (run_flags_bytes 0).
+// Open a state file, after checking its checksums, and read everything before AdamW's moments into s; header
+// receives the file's header.
 static FILE* open_state_file(TrainState* s, int32_t header[256], const char* path) {
+    char why[4400];
+    if (!checkpoint_file_intact(path, why, sizeof(why))) { die("%s", why); }  // magic, version 2, every checksum
     FILE* f = fopen_or_die(path, "rb");
     fread_or_die(header, 256 * sizeof(int32_t), f, path);
     if (header[0] != STATE_MAGIC) { die("%s: not a train_kla state file (magic %d)", path, header[0]); }
-    if (header[1] != 1 && header[1] != STATE_VERSION) { die("%s: state file version %d, this program reads versions 1 and %d", path, header[1], STATE_VERSION); }
-    s->step = (int64_t)(uint32_t)header[2] | ((int64_t)header[3] << 32);
+    s->step = (int64_t)((uint64_t)(uint32_t)header[2] | ((uint64_t)(uint32_t)header[3] << 32));
     if (header[6] != (int32_t)sizeof(DataLoaderState)) { die("%s: dataloader state of %d bytes, expected %zu", path, header[6], sizeof(DataLoaderState)); }
     fread_or_die(&s->loader, sizeof(DataLoaderState), f, path);
-    s->run_flags_bytes = header[1] == 1 ? 0 : header[8];
-    if (s->run_flags_bytes < 0 || s->run_flags_bytes > RUN_FLAGS_BYTES) {
-        die("%s: run flags of %d bytes, expected 0 to %d", path, s->run_flags_bytes, RUN_FLAGS_BYTES);
-    }
+    s->run_flags_bytes = header[STATE_RUN_FLAGS_SLOT];  // in range: checked with the checksums
     fread_or_die(s->run_flags, (size_t)s->run_flags_bytes, f, path);
     if (s->run_flags_bytes > 0 && s->run_flags[s->run_flags_bytes - 1] != '\0') { die("%s: the run's flags do not end with a NUL", path); }
     return f;
@@ -807,8 +981,8 @@ static int read_state_file(TrainState* s, size_t num_parameters, float* m, float
     return header[7] != 0;
 }
 
-// The highest step with a DONE_<step> marker in dir, or -1.
-static inline int64_t find_latest_checkpoint(const char* dir) {
+// The highest step below `below` with a DONE_<step> marker in dir, or -1.
+static inline int64_t find_checkpoint_below(const char* dir, int64_t below) {
     DIR* d = opendir(dir);
     if (d == NULL) { return -1; }
     int64_t best = -1;
@@ -816,14 +990,35 @@ static inline int64_t find_latest_checkpoint(const char* dir) {
     while ((e = readdir(d)) != NULL) {
         long long s;
         char rest;
-        if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1 && s > best) { best = s; }
+        if (sscanf(e->d_name, "DONE_%lld%c", &s, &rest) == 1 && s > best && s < below) { best = s; }
     }
     closedir(d);
     return best;
 }
 
+// The highest step with a DONE_<step> marker in dir, or -1.
+static inline int64_t find_latest_checkpoint(const char* dir) { return find_checkpoint_below(dir, INT64_MAX); }
+
 static void checkpoint_path(char* buf, size_t size, const char* dir, const char* kind, int64_t step) {
     snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, strcmp(kind, "DONE") == 0 ? "" : ".bin");
+}
+
+// -y 1: the newest complete checkpoint whose model and state files pass their checksums, or -1 when dir holds
+// no complete checkpoint. A damaged one is skipped with one line naming it, the damage and the step used
+// instead; when every one is damaged the run stops rather than silently starting from scratch.
+static inline int64_t find_resumable_checkpoint(const char* dir) {
+    int64_t step = find_latest_checkpoint(dir);
+    if (step < 0) { return -1; }
+    for (;;) {
+        char model[4096], state[4096], why[4400];
+        checkpoint_path(model, sizeof(model), dir, "model", step);
+        checkpoint_path(state, sizeof(state), dir, "state", step);
+        if (checkpoint_file_intact(model, why, sizeof(why)) && checkpoint_file_intact(state, why, sizeof(why))) { return step; }
+        int64_t older = find_checkpoint_below(dir, step);
+        if (older < 0) { die("-y 1: no intact checkpoint in %s (the oldest, step %lld: %s)", dir, (long long)step, why); }
+        fprintf(stderr, "warning: -y 1: checkpoint %lld is damaged (%s); falling back to step %lld\n", (long long)step, why, (long long)older);
+        step = older;
+    }
 }
 
 // model_<step>.bin, state_<step>.bin, then the DONE_<step> marker. m, v: as write_state_file.
@@ -1067,6 +1262,25 @@ static void prepare_output_dir(const char* dir) {
     FILE* f = fopen(path, "wb");
     if (f == NULL || fputc('x', f) == EOF || fclose(f) != 0) { die("-o %s: directory is not writable (%s)", dir, strerror(errno)); }
     remove(path);
+    // One run per directory: two would interleave their checkpoints. The lock is an flock on dir/.lock, held
+    // until the process ends; the kernel releases it however the process ends (kill -9 included), so a dead
+    // run never leaves a stale lock. The file holds the owner's pid for the error message.
+    snprintf(path, sizeof(path), "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) { die("-o %s: cannot create the lock file %s (%s)", dir, path, strerror(errno)); }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char owner[32] = "?";
+        ssize_t got = read(fd, owner, sizeof(owner) - 1);
+        owner[got > 0 ? got : 1] = '\0';
+        owner[strcspn(owner, "\n")] = '\0';
+        die("-o %s: another run (pid %s) is using this directory (lock file %s)", dir, owner, path);
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || write(fd, pid, (size_t)len) != len) { die("-o %s: cannot write the lock file %s", dir, path); }
+    // a file-size limit (ulimit -f) would kill the process with SIGXFSZ in the middle of a checkpoint; ignored,
+    // the write fails with EFBIG instead and atomic_write reports it in one line
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 // A single mixer name without a count (`gdn`) means every layer: it is repeated to the depth (README, "Patterns").
@@ -1322,7 +1536,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"-j", FLAG_STRING, &o->val_glob, "validation token shards (glob)", 1, 0},
         {"-o", FLAG_STRING, &o->out_dir, "output dir for main.log and checkpoints", 0, 0},
         {"-e", FLAG_STRING, &o->init_file, "initialise from this model file (else random init)", 0, 0},
-        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest complete checkpoint in -o", 0, 0},
+        {"-y", FLAG_INT, &o->resume, "1 = resume from the newest intact complete checkpoint in -o", 0, 0},
         {"--overwrite", FLAG_INT, &o->overwrite, "1 = first delete the log and checkpoints of a run in -o", 0, 0},
         {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 1, 0},
         {"-t", FLAG_INT, &o->T, "sequence length", 1, 0},

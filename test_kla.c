@@ -66,6 +66,110 @@ static void test_checkpoint_round_trip(const char* dir, const char* name) {
     model_free(&b);
 }
 
+// ----------------------------------------------------------------------------------------------------------
+// checksums (FORMATS.md "Checksums")
+
+// Flip bit `bit` of byte `at` of path in place (twice restores the file).
+static void flip_bit(const char* path, long at, int bit) {
+    FILE* f = fopen_or_die(path, "r+b");
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ (1 << bit), f);
+    fclose(f);
+}
+
+static long file_size(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+// Flip `flips` seeded random bits of path, one at a time, each undone before the next; returns how many of the
+// damaged files checkpoint_file_intact accepted (each should be 0: CRC32C detects every single-bit error).
+static int count_undetected_flips(const char* path, int flips, uint64_t seed) {
+    long size = file_size(path);
+    int accepted = 0;
+    char why[4400];
+    for (int i = 0; i < flips; i++) {
+        long at = (long)(rng_next(&seed) % (uint64_t)size);
+        int bit = (int)(rng_next(&seed) % 8);
+        flip_bit(path, at, bit);
+        accepted += checkpoint_file_intact(path, why, sizeof(why));
+        flip_bit(path, at, bit);
+    }
+    return accepted;
+}
+
+static void test_checksums(const char* ref_dir) {
+    // CRC32C against published vectors: the check value of "123456789" (Castagnoli's CRC catalogue) and the
+    // four 32-byte patterns of RFC 3720 appendix B.4 (iSCSI)
+    unsigned char zeros[32] = {0}, ones[32], up[32], down[32];
+    for (int i = 0; i < 32; i++) { ones[i] = 0xff; up[i] = (unsigned char)i; down[i] = (unsigned char)(31 - i); }
+    uint32_t got[5] = {crc32c(0, "123456789", 9), crc32c(0, zeros, 32), crc32c(0, ones, 32), crc32c(0, up, 32), crc32c(0, down, 32)};
+    uint32_t want[5] = {0xE3069283u, 0x8A9136AAu, 0x62A8AB43u, 0x46DD794Eu, 0x113FDB5Cu};
+    int vectors_ok = memcmp(got, want, sizeof(got)) == 0 && crc32c(crc32c(0, "12345", 5), "6789", 4) == 0xE3069283u;
+    report(vectors_ok, "crc32c: published test vectors (check value, RFC 3720 B.4), chained == whole", "got %08x %08x %08x %08x %08x",
+           got[0], got[1], got[2], got[3], got[4]);
+
+    // a gdn checkpoint with AdamW moments; every random bit flip in either file must be caught
+    char dir[] = "/tmp/test_kla_crc_XXXXXX", path[4096], model_path[4096], state_path[4096], why[4400];
+    if (mkdtemp(dir) == NULL) { report(0, "checksums", "mkdtemp failed"); return; }
+    Model m;
+    snprintf(path, sizeof(path), "%s/gdn_model.bin", ref_dir);
+    model_load(&m, path, 64);
+    m.m_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
+    m.v_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
+    for (size_t i = 0; i < m.num_parameters; i++) { m.m_memory[i] = 1e-3f * (float)(i % 97); m.v_memory[i] = 1e-6f * (float)(i % 89); }
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.step = 7;
+    write_checkpoint(&m.config, &m.table, m.params_memory, m.m_memory, m.v_memory, &s, dir);
+    checkpoint_path(model_path, sizeof(model_path), dir, "model", 7);
+    checkpoint_path(state_path, sizeof(state_path), dir, "state", 7);
+    // negative control: the undamaged files pass, so a rejection below is the damage's doing
+    int clean = checkpoint_file_intact(model_path, why, sizeof(why)) && checkpoint_file_intact(state_path, why, sizeof(why));
+    report(clean, "checksums: intact model and state files pass", "%s", clean ? "" : why);
+    int model_missed = count_undetected_flips(model_path, 40, 15), state_missed = count_undetected_flips(state_path, 25, 16);
+    report(model_missed == 0 && state_missed == 0, "checksums: 40 random bit flips in a model file and 25 in a state file, all rejected",
+           "accepted %d model and %d state files", model_missed, state_missed);
+
+    // the error names the part that differs: a tensor by name (one in the middle of the payload), m, v, the header
+    const TensorInfo* t = &m.table.t[m.table.num_tensors / 2];
+    long payload = 1024 + (long)TENSOR_ENTRY_BYTES * m.table.num_tensors;
+    char want_tensor[200];
+    snprintf(want_tensor, sizeof(want_tensor), "checksum mismatch in tensor %s ", t->name);
+    struct { const char* path; long at; const char* want; } where[] = {
+        {model_path, payload + (long)(t->offset * sizeof(float)) + 5, want_tensor},
+        {model_path, 40, "checksum mismatch in the header or tensor table"},
+        {model_path, 1024 + 3, "checksum mismatch in the header or tensor table"},
+        {state_path, 1024 + sizeof(DataLoaderState) + 8, "checksum mismatch in the AdamW first moment m"},
+        {state_path, file_size(state_path) - 1, "checksum mismatch in the AdamW second moment v"},
+        {state_path, 9, "checksum mismatch in the header or dataloader state"},
+    };
+    int named = 0;
+    for (int i = 0; i < 6; i++) {
+        flip_bit(where[i].path, where[i].at, 2);
+        int intact = checkpoint_file_intact(where[i].path, why, sizeof(why));
+        flip_bit(where[i].path, where[i].at, 2);
+        if (!intact && strstr(why, where[i].want) && strstr(why, where[i].path)) { named++; } else { printf("  %s\n", why); }
+    }
+    report(named == 6, "checksums: the error names the file and the damaged part (tensor, header, m, v)", "%d of 6", named);
+
+    // version 1 files (no checksums) are refused with a message that says why
+    FILE* f = fopen_or_die(model_path, "r+b");
+    int32_t one = 1;
+    fseek(f, 4, SEEK_SET);
+    fwrite(&one, 4, 1, f);
+    fclose(f);
+    int refused = !checkpoint_file_intact(model_path, why, sizeof(why)) && strstr(why, "version 1") != NULL;
+    report(refused, "checksums: a version 1 file (written before checksums) is refused, saying so", "%s", why);
+
+    const char* kinds[3] = {"DONE", "model", "state"};
+    for (int k = 0; k < 3; k++) { checkpoint_path(path, sizeof(path), dir, kinds[k], 7); remove(path); }
+    rmdir(dir);
+    model_free(&m);
+}
+
 // ----------------------------------------------------------------------------
 // unit tests of the gdn / kaczmarz mixer (spec section 9). Needs gdn_layer.c, matmul_forward/backward,
 // <math.h>, <stdio.h>, <stdlib.h>, <string.h>, <stdint.h>.
@@ -3154,6 +3258,7 @@ int main(int argc, char** argv) {
     test_flop_count();
     test_sampling();
     test_checkpoint_dir(dir);
+    test_checksums(dir);
     test_grad_accumulation(dir);
     int gdn_failures = test_gdn_properties() + test_pdn_properties() + test_gka_properties() + test_kalman_properties();  // print their own PASS/FAIL lines
     printf("test_kla: parity/decode/checkpoint checks %d passed, %d failed; mixer property failures %d\n",

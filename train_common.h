@@ -183,10 +183,6 @@ static void take_run_flags(Options* o, int argc, char** argv, int64_t step) {
     TrainState kept;
     int32_t header[256];
     fclose(open_state_file(&kept, header, path));
-    if (header[1] == 1) {
-        fprintf(stderr, "warning: %s is a version-1 state file, which does not keep the run's flags: the command line and the defaults apply\n", path);
-        return;
-    }
     for (int i = 0; i < o->num_flags; i++) {
         const Flag* f = &o->flags[i];
         if (!f->run_flag || !f->given) { continue; }
@@ -229,7 +225,7 @@ static int64_t prepare_run_dir(Options* o, int argc, char** argv) {
         if (n > 0) { run_files(o->out_dir, 1); printf("--overwrite 1: deleted the %d files of the run in %s\n", n, o->out_dir); }
         return -1;
     }
-    int64_t step = find_latest_checkpoint(o->out_dir);
+    int64_t step = find_resumable_checkpoint(o->out_dir);
     if (step < 0) {
         printf("no complete checkpoint in %s: starting from scratch\n", o->out_dir);
         return -1;

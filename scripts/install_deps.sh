@@ -8,6 +8,9 @@ command -v npm > /dev/null || need+=(npm)
 if [ "${1:-run}" = test ] || [ "${1:-run}" = bench ]; then
     # the PyTorch reference needs Debian's torch in the system interpreter
     /usr/bin/python3 -c 'import torch' > /dev/null 2>&1 || need+=(python3-torch)
+    # the fuzz tests (dev/test/test_fuzz.sh) need clang with libFuzzer and the sanitizer runtimes
+    echo 'int LLVMFuzzerTestOneInput(const char* d, long n) { return 0; }' |
+        clang -fsanitize=fuzzer,address,undefined -x c - -o /dev/null > /dev/null 2>&1 || need+=(clang libclang-rt-dev)
 fi
 if [ "${1:-run}" = test ] || [ "${1:-run}" = plot ]; then
     # scripts/plot_log.py draws with Debian's matplotlib in the system interpreter

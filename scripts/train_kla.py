@@ -39,12 +39,13 @@ import torch.nn.functional as F
 # ----------------------------------------------------------------------------------------------------------------
 # constants of FORMATS.md
 
-CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251121, 1
+CHECKPOINT_MAGIC, CHECKPOINT_VERSION = 20251121, 2
 DEBUG_MAGIC, DEBUG_VERSION = 20251122, 1
 HEADER_SLOTS = 256                      # 1024-byte header of int32 slots (llm.c convention)
 PATTERN_OFFSET = 512                    # bytes 512..1023 of the checkpoint header hold the pattern string
-TABLE_ENTRY_BYTES = 128                 # name[96] | dtype | ndim | shape[4] | int64 offset
-TABLE_NAME_BYTES = 96
+TABLE_ENTRY_BYTES = 128                 # name[92] | uint32 crc32c | dtype | ndim | shape[4] | int64 offset
+TABLE_NAME_BYTES = 92
+CHECKSUM_SLOT = 34                      # CRC32C of the header (this slot zero) and the tensor table
 
 NORM_EPS = 1e-5                         # default eps of the block and final norms (LayerNorm or RMSNorm)
 L2N_EPS = 1e-6                          # inside the sqrt of the q/k L2 normalisation (spec 1.2 step 4)
@@ -695,6 +696,61 @@ def header_bytes(ints, floats):
     return struct.pack(f"<{HEADER_SLOTS}i", *slots)
 
 
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+    return table
+
+
+CRC32C_TABLE = _crc32c_table()
+
+
+def _crc32c_register(reg, data):
+    """The CRC32C register after the bytes of data, from register reg (no pre/post inversion), byte by byte."""
+    for b in data:
+        reg = CRC32C_TABLE[(reg ^ b) & 0xFF] ^ (reg >> 8)
+    return reg
+
+
+def crc32c(data):
+    """CRC32C (Castagnoli) of bytes, FORMATS.md "Checksums"; train_kla.c has its own (utils.h). Long data is cut into
+    equal lanes whose registers advance together as one torch tensor (pure Python would take minutes for a model):
+    the register update is linear over GF(2), so reg(s, A ++ B) = Z(reg(s, A)) ^ reg(0, B), where Z is the linear
+    map "advance over len(B) zero bytes", applied here through four 256-entry tables built from its 32 basis images."""
+    n = len(data)
+    lanes = min(16384, n // 256)
+    if lanes < 16:
+        return _crc32c_register(0xFFFFFFFF, data) ^ 0xFFFFFFFF
+    lane_len = n // lanes
+    table = torch.tensor(CRC32C_TABLE, dtype=torch.int64)
+    body = torch.frombuffer(bytearray(data[:lanes * lane_len]), dtype=torch.uint8).view(lanes, lane_len).to(torch.int64)
+    regs = torch.zeros(lanes, dtype=torch.int64)
+    basis = torch.tensor([1 << k for k in range(32)], dtype=torch.int64)
+    for j in range(lane_len):
+        regs = table[(regs ^ body[:, j]) & 0xFF] ^ (regs >> 8)
+        basis = table[basis & 0xFF] ^ (basis >> 8)
+    basis = basis.tolist()
+    zero_advance = []                   # zero_advance[b][v]: Z applied to the register value v << 8b
+    for b in range(4):
+        row = []
+        for v in range(256):
+            out = 0
+            for k in range(8):
+                if v >> k & 1:
+                    out ^= basis[8 * b + k]
+            row.append(out)
+        zero_advance.append(row)
+    reg = 0xFFFFFFFF
+    for r in regs.tolist():
+        reg = (zero_advance[0][reg & 0xFF] ^ zero_advance[1][reg >> 8 & 0xFF] ^ zero_advance[2][reg >> 16 & 0xFF]
+               ^ zero_advance[3][reg >> 24] ^ r)
+    return _crc32c_register(reg, data[lanes * lane_len:]) ^ 0xFFFFFFFF
+
+
 def write_atomically(path, chunks):
     """Write the byte chunks to path.tmp, then rename, so no partial file is left behind."""
     with open(path + ".tmp", "wb") as f:
@@ -719,12 +775,15 @@ def write_checkpoint(path, cfg, params):
          23: PRECOND_X, 24: PRECOND_EPS, 25: PRECOND_ONORM_EPS, 27: GKA_RIDGE, 28: GKA_ONORM_EPS}))
     pattern = canonical_pattern(cfg.mixers).encode("ascii")
     header[PATTERN_OFFSET:PATTERN_OFFSET + len(pattern)] = pattern       # rest of the area stays NUL
-    table, offset = [], 0
+    table, payload, offset = [], [], 0
     for name, shape in shapes:
         dims = list(shape) + [0] * (4 - len(shape))
-        table.append(struct.pack(f"<{TABLE_NAME_BYTES}sii4iq", name.encode("ascii"), 0, len(shape), *dims, offset))
+        payload.append(le_bytes(params[name]))
+        table.append(struct.pack(f"<{TABLE_NAME_BYTES}sIii4iq", name.encode("ascii"), crc32c(payload[-1]), 0, len(shape),
+                                 *dims, offset))
         offset += 4 * math.prod(shape)
-    write_atomically(path, [bytes(header)] + table + [le_bytes(params[name]) for name, _ in shapes])
+    header[4 * CHECKSUM_SLOT:4 * CHECKSUM_SLOT + 4] = struct.pack("<I", crc32c(bytes(header) + b"".join(table)))
+    write_atomically(path, [bytes(header)] + table + payload)
 
 
 def write_debug_state(path, cfg, hp, x, y, logits, loss, grads, losses):
