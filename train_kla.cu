@@ -4,9 +4,9 @@ matmuls, hand-written kernels for everything else (kernels/).
 
 The model, the flags, the checkpoint files and the logs are those of train_kla.c (model.h holds what the two
 programs share), so a checkpoint written by one program is read by the other. The model knows a mixer only
-through its row of MIXER_TABLE (kernels/mixers/mixer.cuh): `attn` (kernels/mixers/attn.cuh) and `gdn`,
-`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md) have rows; a model with any other mixer is refused with
-a message.
+through its row of MIXER_TABLE (kernels/mixers/mixer.cuh): `attn` (kernels/mixers/attn.cuh), `gdn`,
+`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md) and `pdn`, `pgdn`, `pkda` (kernels/mixers/pdn.cuh,
+spec/pdn.md) have rows; a model with any other mixer is refused with a message.
 
 Mixed precision (kernels/common.cuh): the parameters live in fp32 (the master copy, what AdamW updates and
 what checkpoints hold) and in floatX (what the matmuls read); parameter gradients are fp32 and accumulate
@@ -83,23 +83,24 @@ static void profile_mark(const char* name) {
 #include "kernels/mixers/mixer.cuh"
 #include "kernels/mixers/attn.cuh"
 #include "kernels/mixers/gdn.cuh"
+#include "kernels/mixers/pdn.cuh"
 
 static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
     &ATTN_MIXER,  // attn
     &GDN_MIXER,   // gdn
     &GDN_MIXER,   // kaczmarz
-    NULL,         // pdn
-    NULL,         // pgdn
-    NULL,         // pkda
+    &PDN_MIXER,   // pdn
+    &PDN_MIXER,   // pgdn
+    &PDN_MIXER,   // pkda
     NULL,         // gka
     NULL,         // kalman
 };
 static_assert(NUM_MIXERS == 8, "MIXER_TABLE lists every mixer of model.h");
 
 // a layer's blocks that its row owns (each row casts them to its own structs)
-typedef union { GDNShape gdn; } MixerSettings;
-typedef union { AttnActs attn; GDNActs gdn; } MixerActs;
-typedef union { AttnDecodeState attn; GDNDecodeState gdn; } MixerDecodeState;
+typedef union { GDNShape gdn; PDNShape pdn; } MixerSettings;
+typedef union { AttnActs attn; GDNActs gdn; PDNActs pdn; } MixerActs;
+typedef union { AttnDecodeState attn; GDNDecodeState gdn; PDNDecodeState pdn; } MixerDecodeState;
 
 // ----------------------------------------------------------------------------------------------------------
 // the model's activations and scratch
@@ -250,8 +251,8 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
 static void model_build(Model* m, const Config* c, int recompute) {
     char name[32];
     if (!config_is_supported(c, name, sizeof(name))) {
-        die("train_kla.cu runs the mixers attn, gdn and kaczmarz; this model has '%s' layers (use the CPU trainer "
-            "train_kla for them)", name);
+        die("train_kla.cu runs the mixers attn, gdn, kaczmarz, pdn, pgdn and pkda; this model has '%s' layers "
+            "(use the CPU trainer train_kla for them)", name);
     }
     memset(m, 0, sizeof(*m));
     m->config = *c;
