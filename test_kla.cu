@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
     test_parity(dir, "hybrid", 1, variant, &GPU_TOLERANCES);
     test_resume(dir, "hybrid");
     test_resume(dir, "kalman_mamba");
+    test_resume(dir, "mixed");   // the pdn family's recurrent core and its saved states, beside attn and gdn
     test_checkpoint_round_trip(dir, "hybrid");
     encoder_teardown();
     matmul_teardown();

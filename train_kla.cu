@@ -5,8 +5,9 @@ matmuls, hand-written kernels for everything else (kernels/).
 The model, the flags, the checkpoint files and the logs are those of train_kla.c (model.h holds what the two
 programs share), so a checkpoint written by one program is read by the other. The model knows a mixer only
 through its row of MIXER_TABLE (kernels/mixers/mixer.cuh): `attn` (kernels/mixers/attn.cuh), `gdn`,
-`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md) and `kalman` (kernels/mixers/kalman.cuh, spec/kalman.md)
-have rows; a model with any other mixer is refused with a message.
+`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md), `pdn`, `pgdn`, `pkda` (kernels/mixers/pdn.cuh, spec/pdn.md)
+and `kalman` (kernels/mixers/kalman.cuh, spec/kalman.md) have rows; a model with any other mixer is refused with a
+message.
 
 Mixed precision (kernels/common.cuh): the parameters live in fp32 (the master copy, what AdamW updates and
 what checkpoints hold) and in floatX (what the matmuls read); parameter gradients are fp32 and accumulate
@@ -83,24 +84,25 @@ static void profile_mark(const char* name) {
 #include "kernels/mixers/mixer.cuh"
 #include "kernels/mixers/attn.cuh"
 #include "kernels/mixers/gdn.cuh"
+#include "kernels/mixers/pdn.cuh"
 #include "kernels/mixers/kalman.cuh"
 
 static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
     &ATTN_MIXER,  // attn
     &GDN_MIXER,   // gdn
     &GDN_MIXER,   // kaczmarz
-    NULL,         // pdn
-    NULL,         // pgdn
-    NULL,         // pkda
+    &PDN_MIXER,   // pdn
+    &PDN_MIXER,   // pgdn
+    &PDN_MIXER,   // pkda
     NULL,         // gka
-    &KALMAN_MIXER,  // kalman
+    &KALMAN_MIXER, // kalman
 };
 static_assert(NUM_MIXERS == 8, "MIXER_TABLE lists every mixer of model.h");
 
 // a layer's blocks that its row owns (each row casts them to its own structs)
-typedef union { GDNShape gdn; KalmanShape kalman; } MixerSettings;
-typedef union { AttnActs attn; GDNActs gdn; KalmanActs kalman; } MixerActs;
-typedef union { AttnDecodeState attn; GDNDecodeState gdn; KalmanDecodeState kalman; } MixerDecodeState;
+typedef union { GDNShape gdn; PDNShape pdn; KalmanShape kalman; } MixerSettings;
+typedef union { AttnActs attn; GDNActs gdn; PDNActs pdn; KalmanActs kalman; } MixerActs;
+typedef union { AttnDecodeState attn; GDNDecodeState gdn; PDNDecodeState pdn; KalmanDecodeState kalman; } MixerDecodeState;
 
 // ----------------------------------------------------------------------------------------------------------
 // the model's activations and scratch
@@ -251,8 +253,8 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
 static void model_build(Model* m, const Config* c, int recompute) {
     char name[32];
     if (!config_is_supported(c, name, sizeof(name))) {
-        die("train_kla.cu runs the mixers attn, gdn, kaczmarz and kalman; this model has '%s' layers (use the CPU trainer "
-            "train_kla for them)", name);
+        die("train_kla.cu runs the mixers attn, gdn, kaczmarz, pdn, pgdn, pkda and kalman; this model has '%s' layers "
+            "(use the CPU trainer train_kla for them)", name);
     }
     memset(m, 0, sizeof(*m));
     m->config = *c;

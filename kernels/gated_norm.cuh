@@ -3,6 +3,9 @@ kernels/gated_norm.cuh: the gated output RMSNorm that the recurrent mixers put a
 spec/gdn_kaczmarz.md 1.2 step 8, the pdn family and gka likewise): per (token, head),
 y = o * rstd * w * SiLU(z), rstd = 1 / sqrt(mean(o^2) + eps), with w [dv] shared by the heads; and its backward
 (spec 1.6). The CPU version is gated_norm_row / gated_norm_backward in train_kla.c.
+The same kernels take the gate as a mode: NORM_GATE_SILU (the above), NORM_GATE_SIGMOID (pkda, spec/pdn.md 1.5:
+y = o * rstd * w * sigmoid(z)) and NORM_GATE_NONE (pdn, pgdn: plain RMSNorm, z unused); the CPU versions of the
+last two are pdn_norm_row and the norm loop of pdn_backward.
 */
 #ifndef TRAIN_KLA_KERNELS_GATED_NORM_CUH
 #define TRAIN_KLA_KERNELS_GATED_NORM_CUH
@@ -13,13 +16,24 @@ y = o * rstd * w * SiLU(z), rstd = 1 / sqrt(mean(o^2) + eps), with w [dv] shared
 #define GATED_NORM_WARPS 8            // warps per block, one (row, head) pair per warp in the forward
 #define GATED_NORM_PAIRS_PER_WARP 8   // (row, head) pairs one warp of gated_rmsnorm_backward walks
 
+enum { NORM_GATE_SILU, NORM_GATE_SIGMOID, NORM_GATE_NONE };
+
+// the gate s(z) of the mode and its derivative s'(z)
+__device__ __forceinline__ float norm_gate(int gate, float z) {
+    return gate == NORM_GATE_SILU ? z * sigmoidf_dev(z) : gate == NORM_GATE_SIGMOID ? sigmoidf_dev(z) : 1.0f;
+}
+__device__ __forceinline__ float norm_dgate(int gate, float z) {
+    const float sz = sigmoidf_dev(z);
+    return gate == NORM_GATE_SILU ? sz * (1.0f + z * (1.0f - sz)) : gate == NORM_GATE_SIGMOID ? sz * (1.0f - sz) : 0.0f;
+}
+
 // ----------------------------------------------------------------------------------------------------------
 // gated RMSNorm (spec 1.2 step 8), one warp per (row, head):
 //   rstd = 1 / sqrt(mean_i o_i^2 + eps),  y = o * rstd * w * SiLU(z)
-// z = proj + D with row stride ld_z = P; w [dv] is shared by the heads.
+// z = proj + D with row stride ld_z = P; w [dv] is shared by the heads. gate: NORM_GATE_* (NONE: z unread).
 
 __global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
-                                             const float* w, int BT, int H, int dv, float eps) {
+                                             const float* w, int BT, int H, int dv, float eps, int gate) {
     const int pair = blockIdx.x * GATED_NORM_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (pair >= BT * H) { return; }
@@ -35,21 +49,27 @@ __global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const float
     ss = warp_reduce_sum(ss);
     const float rs = 1.0f / sqrtf(ss / dv + eps);
     for (int i = lane; i < dv; i += 32) {
-        const float zi = to_float(zh[i]);
-        y[off + i] = from_float<floatX>(to_float(oh[i]) * rs * w[i] * zi * sigmoidf_dev(zi));
+        const float sg = gate == NORM_GATE_NONE ? 1.0f : norm_gate(gate, to_float(zh[i]));
+        y[off + i] = from_float<floatX>(to_float(oh[i]) * rs * w[i] * sg);
     }
     if (lane == 0) { rstd[(size_t)r * H + hh] = rs; }
 }
 
-static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z, const float* w,
-                                  int BT, int H, int dv, float eps, cudaStream_t stream) {
+static void gated_rmsnorm_forward_mode(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
+                                       const float* w, int BT, int H, int dv, float eps, int gate,
+                                       cudaStream_t stream) {
     gated_rmsnorm_forward_kernel<<<ceil_div(BT * H, GATED_NORM_WARPS), GATED_NORM_WARPS * 32, 0, stream>>>(
-        y, rstd, o, z, ld_z, w, BT, H, dv, eps);
+        y, rstd, o, z, ld_z, w, BT, H, dv, eps, gate);
     cudaCheckLaunch();
 }
 
-// backward (spec 1.6), with xh = o rstd, s = SiLU(z):
-//   dz = dy xh w SiLU'(z),  dxh = dy w s,  do = rstd (dxh - xh mean_i(dxh xh)),
+static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z, const float* w,
+                                  int BT, int H, int dv, float eps, cudaStream_t stream) {
+    gated_rmsnorm_forward_mode(y, rstd, o, z, ld_z, w, BT, H, dv, eps, NORM_GATE_SILU, stream);
+}
+
+// backward (spec 1.6), with xh = o rstd, s = SiLU(z) (the mode's gate s(z)):
+//   dz = dy xh w s'(z) (not written for NORM_GATE_NONE),  dxh = dy w s,  do = rstd (dxh - xh mean_i(dxh xh)),
 //   dw += sum over rows and heads of dy xh s
 // A block of GATED_NORM_WARPS warps takes GATED_NORM_WARPS * GATED_NORM_PAIRS_PER_WARP consecutive (row, head) pairs,
 // each warp GATED_NORM_PAIRS_PER_WARP of them in order. Lane l owns columns i = l (mod 32) of its warp's dw
@@ -63,7 +83,7 @@ static inline int gated_rmsnorm_backward_blocks(int BT, int H) {
 
 __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld_z, float* dw_partial,
                                               const floatX* dy, const floatX* o, const floatX* z, const float* rstd,
-                                              const float* w, int BT, int H, int dv) {
+                                              const float* w, int BT, int H, int dv, int gate) {
     extern __shared__ float dw_acc[];   // [GATED_NORM_WARPS, dv]
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -82,19 +102,18 @@ __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld
         for (int i = lane; i < dv; i += 32) {
             const float dyi = to_float(dy[off + i]);
             const float xh = to_float(o[off + i]) * rs;
-            const float zi = to_float(z[zoff + i]);
-            const float sz = sigmoidf_dev(zi);
-            const float sw = zi * sz;
+            const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(z[zoff + i]);
+            const float sw = norm_gate(gate, zi);
             acc[i] += dyi * xh * sw;
-            dz[zoff + i] = from_float<floatX>(dyi * xh * w[i] * sz * (1.0f + zi * (1.0f - sz)));
+            if (gate != NORM_GATE_NONE) { dz[zoff + i] = from_float<floatX>(dyi * xh * w[i] * norm_dgate(gate, zi)); }
             m += dyi * w[i] * sw * xh;
         }
         m = warp_reduce_sum(m) / dv;
         for (int i = lane; i < dv; i += 32) {
             const float dyi = to_float(dy[off + i]);
             const float oi = to_float(o[off + i]);
-            const float zi = to_float(z[zoff + i]);
-            const float dxh = dyi * w[i] * (zi * sigmoidf_dev(zi));
+            const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(z[zoff + i]);
+            const float dxh = dyi * w[i] * norm_gate(gate, zi);
             dout_o[off + i] = from_float<floatX>(rs * (dxh - oi * rs * m));
         }
     }
@@ -112,9 +131,9 @@ static size_t gated_rmsnorm_backward_scratch_bytes(int BT, int H, int dv) {
     return ((size_t)blocks + colsum_splits(blocks)) * dv * sizeof(float);
 }
 
-static void gated_rmsnorm_backward(floatX* dout_o, floatX* dz, int ld_z, float* dw, float* scratch, const floatX* dy,
-                                   const floatX* o, const floatX* z, const float* rstd, const float* w, int BT, int H,
-                                   int dv, cudaStream_t stream) {
+static void gated_rmsnorm_backward_mode(floatX* dout_o, floatX* dz, int ld_z, float* dw, float* scratch,
+                                        const floatX* dy, const floatX* o, const floatX* z, const float* rstd,
+                                        const float* w, int BT, int H, int dv, int gate, cudaStream_t stream) {
     const int blocks = gated_rmsnorm_backward_blocks(BT, H);
     const size_t smem = (size_t)GATED_NORM_WARPS * dv * sizeof(float);
     if (smem > 48 * 1024) {
@@ -123,9 +142,15 @@ static void gated_rmsnorm_backward(floatX* dout_o, floatX* dz, int ld_z, float* 
     float* dw_partial = scratch;
     float* partials = dw_partial + (size_t)blocks * dv;
     gated_rmsnorm_backward_kernel<<<blocks, GATED_NORM_WARPS * 32, smem, stream>>>(dout_o, dz, ld_z, dw_partial, dy,
-                                                                                  o, z, rstd, w, BT, H, dv);
+                                                                                  o, z, rstd, w, BT, H, dv, gate);
     cudaCheckLaunch();
     ordered_column_sum(dw, partials, dw_partial, blocks, dv, 1, stream);
+}
+
+static void gated_rmsnorm_backward(floatX* dout_o, floatX* dz, int ld_z, float* dw, float* scratch, const floatX* dy,
+                                   const floatX* o, const floatX* z, const float* rstd, const float* w, int BT, int H,
+                                   int dv, cudaStream_t stream) {
+    gated_rmsnorm_backward_mode(dout_o, dz, ld_z, dw, scratch, dy, o, z, rstd, w, BT, H, dv, NORM_GATE_SILU, stream);
 }
 
 #endif // TRAIN_KLA_KERNELS_GATED_NORM_CUH

@@ -1,0 +1,372 @@
+/*
+Kernel lab for the recurrent core of the pdn / pgdn / pkda layer (spec/pdn.md 2.1-2.3): pdn_core_forward and
+pdn_core_backward of kernels/pdn.cuh, checked against a CPU reference in double precision, then timed.
+
+Compile and run from dev/cuda:
+nvcc -O3 -arch=sm_90 -std=c++17 -I../.. pdn_core.cu -o pdn_core_bin
+nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 pdn_core.cu -o pdn_core_fp32_bin
+./pdn_core_bin 1        (the argument picks the version that is checked and timed; default 1)
+
+version 1 is kernels/pdn.cuh: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order
+with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory; the backward recomputes each
+64-token segment's states from the forward's checkpoints into global scratch and walks it in reverse.
+(The chunkwise tensor-core algorithm of spec 3 will be version 2.)
+
+The reference is spec 2.1 (forward) and the reverse-time recurrences of 2.2-2.3 (backward) in double, with every
+state kept, fed exactly the inputs the GPU sees (floatX inputs rounded first). Inputs are shaped as in the layer:
+q, k unit vectors per head, beta, bP in (0, 1), log decays g, gP in [-1, 0] (pgdn-like: one g per head; and
+pkda-like: one per channel; pdn: 0). Checks: relative L2 error per output. Tolerance 1e-4 in the fp32 build
+(fp32 rounding grown through recurrences of a few hundred tokens and the preconditioner's log/exp); 1e-2 in the
+bf16 build, where o is stored in bf16 (relative error up to 2^-9 per element; the backward's outputs are fp32 and
+see the same inputs as the reference). Exit status 1 if any check fails.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <vector>
+#include "../../kernels/pdn.cuh"
+
+#if defined(ENABLE_FP32)
+static const double TOLERANCE = 1e-4;
+#else
+static const double TOLERANCE = 1e-2;
+#endif
+
+// ----------------------------------------------------------------------------------------------------------
+// host helpers: random inputs, transfers, checks
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float rand_uniform(float lo, float hi) {   // xorshift64*
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    const uint64_t x = rng_state * 0x2545F4914F6CDD1Dull;
+    return lo + (hi - lo) * (float)((x >> 40) * (1.0 / 16777216.0));
+}
+static std::vector<float> random_vector(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) { v[i] = rand_uniform(lo, hi); }
+    return v;
+}
+// rounds h in place to floatX (so the reference sees what the GPU sees) and uploads it
+static floatX* upload_floatX(std::vector<float>& h) {
+    std::vector<floatX> x(h.size());
+    for (size_t i = 0; i < h.size(); i++) {
+        x[i] = floatX(h[i]);
+        h[i] = (float)x[i];
+    }
+    floatX* d = (floatX*)cuda_malloc_or_die(h.size() * sizeof(floatX), "lab buffer");
+    cudaCheck(cudaMemcpy(d, x.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+static float* upload_f32(const std::vector<float>& h) {
+    float* d = (float*)cuda_malloc_or_die(h.size() * sizeof(float), "lab buffer");
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> download_floatX(const floatX* d, size_t n) {
+    std::vector<floatX> x(n);
+    cudaCheck(cudaMemcpy(x.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++) { h[i] = (float)x[i]; }
+    return h;
+}
+static std::vector<float> download_f32(const float* d, size_t n) {
+    std::vector<float> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static int failures = 0;
+
+// relative L2 error of gpu against ref; fails on any non-finite gpu value
+static void check(const char* what, const std::vector<float>& gpu, const std::vector<double>& ref) {
+    if (gpu.size() != ref.size()) { die("check %s: %zu values against %zu", what, gpu.size(), ref.size()); }
+    double num = 0.0, den = 0.0;
+    size_t nonfinite = 0;
+    for (size_t i = 0; i < gpu.size(); i++) {
+        if (!isfinite(gpu[i])) { nonfinite++; }
+        const double d = gpu[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    const double rel = sqrt(num / (den > 0.0 ? den : 1.0));
+    const int ok = nonfinite == 0 && rel <= TOLERANCE;
+    printf("  %-24s rel L2 %.3e%s  %s\n", what, rel, nonfinite ? " (non-finite values)" : "", ok ? "PASS" : "FAIL");
+    if (!ok) { failures++; }
+}
+
+template <typename F>
+static float time_ms(int repeats, F launch) {
+    launch();   // warm-up
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    cudaCheck(cudaEventRecord(start));
+    for (int i = 0; i < repeats; i++) { launch(); }
+    cudaCheck(cudaEventRecord(stop));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    return ms / repeats;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the inputs of the core, shaped as in the layer
+
+struct CoreInputs {
+    int B, T, H, dk, dv;
+    std::vector<float> qkv, beta, g, gP, bP, cs, dO;   // [BT, D], [BT, H] x1, [BT, HK], [BT, H] x2, [H], [BT, HV]
+};
+
+// decay: 0 none (pdn), 1 one log decay per head (pgdn), 2 one per channel (pkda)
+static CoreInputs make_inputs(int B, int T, int H, int dk, int dv, int decay) {
+    CoreInputs in;
+    in.B = B; in.T = T; in.H = H; in.dk = dk; in.dv = dv;
+    const size_t BT = (size_t)B * T;
+    const int D = 2 * H * dk + H * dv;
+    in.qkv = random_vector(BT * D, -1.0f, 1.0f);
+    for (size_t r = 0; r < BT; r++) {   // unit q and k per head, as after the layer's l2 norms
+        for (int blk = 0; blk < 2 * H; blk++) {
+            float* u = &in.qkv[r * D + (size_t)blk * dk];
+            double s = 0.0;
+            for (int d = 0; d < dk; d++) { s += (double)u[d] * u[d]; }
+            for (int d = 0; d < dk; d++) { u[d] = (float)(u[d] / sqrt(s + 1e-6)); }
+        }
+    }
+    in.beta = random_vector(BT * H, 0.05f, 0.95f);
+    in.gP = random_vector(BT * H, -1.0f, 0.0f);
+    in.bP = random_vector(BT * H, 0.05f, 0.95f);
+    in.g.assign(BT * H * dk, 0.0f);
+    for (size_t e = 0; e < BT * H; e++) {
+        const float gs = rand_uniform(-1.0f, 0.0f);
+        for (int d = 0; d < dk; d++) {
+            in.g[e * dk + d] = decay == 0 ? 0.0f : decay == 1 ? gs : rand_uniform(-1.0f, 0.0f);
+        }
+    }
+    in.cs = random_vector(H, -3.0f, -1.0f);
+    in.dO = random_vector(BT * H * dv, -1.0f, 1.0f);
+    return in;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the double-precision reference: spec 2.1 forward with every state kept, then 2.2-2.3 in reverse
+
+struct CoreReference {
+    std::vector<double> o, A, m, dq, dk, dv, dbeta, dg, dgP, dbP, dcs;
+};
+
+static CoreReference reference(const CoreInputs& in, double lnx, double eps) {
+    const int B = in.B, T = in.T, H = in.H, dk = in.dk, dv = in.dv;
+    const int D = 2 * H * dk + H * dv, HK = H * dk, HV = H * dv;
+    const size_t BT = (size_t)B * T;
+    const double qs = 1.0 / sqrt((double)dk);
+    CoreReference R;
+    R.o.assign(BT * HV, 0.0); R.A.assign(BT * HK, 0.0); R.m.assign(BT * HK, 0.0);
+    R.dq.assign(BT * HK, 0.0); R.dk.assign(BT * HK, 0.0); R.dv.assign(BT * HV, 0.0);
+    R.dbeta.assign(BT * H, 0.0); R.dg.assign(BT * HK, 0.0); R.dgP.assign(BT * H, 0.0); R.dbP.assign(BT * H, 0.0);
+    R.dcs.assign(H, 0.0);
+    const size_t dkdv = (size_t)dk * dv;
+    for (int b = 0; b < B; b++) {
+        for (int hh = 0; hh < H; hh++) {
+            std::vector<double> S((size_t)(T + 1) * dkdv, 0.0), P((size_t)T * dv), A(dk, 0.0);
+            for (int t = 0; t < T; t++) {
+                const size_t r = (size_t)b * T + t, e = r * H + hh;
+                const float* q = &in.qkv[r * D + hh * dk];
+                const float* k = &in.qkv[r * D + HK + hh * dk];
+                const float* v = &in.qkv[r * D + 2 * HK + hh * dv];
+                for (int d = 0; d < dk; d++) {
+                    A[d] = exp((double)in.gP[e]) * A[d] + in.bP[e] * (double)k[d] * k[d];
+                    const double rr = log(A[d] + eps) - in.cs[hh];
+                    R.A[e * dk + d] = A[d];
+                    R.m[e * dk + d] = exp(-lnx * rr / (1.0 + fabs(rr)));
+                }
+                const double* Sp = &S[(size_t)t * dkdv];
+                double* St = &S[(size_t)(t + 1) * dkdv];
+                for (int j = 0; j < dv; j++) {
+                    double p = v[j];
+                    for (int d = 0; d < dk; d++) { p -= exp((double)in.g[e * dk + d]) * k[d] * Sp[d * dv + j]; }
+                    P[(size_t)t * dv + j] = p;
+                    double o = 0.0;
+                    for (int d = 0; d < dk; d++) {
+                        St[d * dv + j] = exp((double)in.g[e * dk + d]) * Sp[d * dv + j]
+                                       + in.beta[e] * R.m[e * dk + d] * k[d] * p;
+                        o += q[d] * St[d * dv + j];
+                    }
+                    R.o[e * dv + j] = qs * o;
+                }
+            }
+            std::vector<double> Dm(dkdv, 0.0), carry(dk, 0.0), du(dv), dkt(dk);
+            for (int t = T - 1; t >= 0; t--) {
+                const size_t r = (size_t)b * T + t, e = r * H + hh;
+                const float* q = &in.qkv[r * D + hh * dk];
+                const float* k = &in.qkv[r * D + HK + hh * dk];
+                const float* dO = &in.dO[e * dv];
+                const double* Sp = &S[(size_t)t * dkdv];
+                const double* St = &S[(size_t)(t + 1) * dkdv];
+                const double* p = &P[(size_t)t * dv];
+                const double bt = in.beta[e];
+                for (int d = 0; d < dk; d++) {
+                    double aq = 0.0, ak = 0.0;
+                    for (int j = 0; j < dv; j++) {
+                        Dm[d * dv + j] += qs * q[d] * dO[j];
+                        aq += St[d * dv + j] * dO[j];
+                        ak += Dm[d * dv + j] * p[j];
+                    }
+                    R.dq[e * dk + d] = qs * aq;
+                    dkt[d] = bt * ak;
+                }
+                double db = 0.0;
+                for (int j = 0; j < dv; j++) {
+                    double u = 0.0;
+                    for (int d = 0; d < dk; d++) { u += R.m[e * dk + d] * k[d] * Dm[d * dv + j]; }
+                    db += u * p[j];
+                    du[j] = bt * u;
+                    R.dv[e * dv + j] = bt * u;
+                }
+                R.dbeta[e] = db;
+                double sgP = 0.0, sbP = 0.0;
+                for (int d = 0; d < dk; d++) {
+                    const double al = exp((double)in.g[e * dk + d]), md = R.m[e * dk + d], At = R.A[e * dk + d];
+                    double ad = 0.0, ag = 0.0;
+                    for (int j = 0; j < dv; j++) {
+                        ad += Sp[d * dv + j] * du[j];
+                        Dm[d * dv + j] -= k[d] * du[j];
+                        ag += Dm[d * dv + j] * Sp[d * dv + j];
+                        Dm[d * dv + j] *= al;
+                    }
+                    R.dg[e * dk + d] = al * ag;
+                    double dkd = -al * ad + dkt[d] * md;
+                    const double rr = log(At + eps) - in.cs[hh];
+                    const double dr = -lnx * md * dkt[d] * k[d] / ((1.0 + fabs(rr)) * (1.0 + fabs(rr)));
+                    R.dcs[hh] -= dr;
+                    const double dA = dr / (At + eps) + carry[d];
+                    sgP += dA * (At - in.bP[e] * (double)k[d] * k[d]);
+                    sbP += dA * (double)k[d] * k[d];
+                    dkd += 2.0 * in.bP[e] * k[d] * dA;
+                    carry[d] = exp((double)in.gP[e]) * dA;
+                    R.dk[e * dk + d] = dkd;
+                }
+                R.dgP[e] = sgP;
+                R.dbP[e] = sbP;
+            }
+        }
+    }
+    return R;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the GPU side: buffers, one forward + backward
+
+struct CoreDevice {
+    floatX *qkv, *o, *dO;
+    float *beta, *g, *gP, *bP, *cs, *A, *m, *Sck, *dqkv, *dbeta, *dg, *dgP, *dbP, *dlog_scale, *dcs, *scratch;
+};
+
+static CoreDevice upload(CoreInputs& in) {
+    const size_t BT = (size_t)in.B * in.T;
+    const int H = in.H, D = 2 * H * in.dk + H * in.dv, HK = H * in.dk, HV = H * in.dv;
+    CoreDevice d;
+    d.qkv = upload_floatX(in.qkv);
+    d.dO = upload_floatX(in.dO);
+    d.beta = upload_f32(in.beta);
+    d.g = upload_f32(in.g);
+    d.gP = upload_f32(in.gP);
+    d.bP = upload_f32(in.bP);
+    d.cs = upload_f32(in.cs);
+    d.o = (floatX*)cuda_malloc_or_die(BT * HV * sizeof(floatX), "o");
+    d.A = (float*)cuda_malloc_or_die(BT * HK * sizeof(float), "A");
+    d.m = (float*)cuda_malloc_or_die(BT * HK * sizeof(float), "m");
+    d.Sck = (float*)cuda_malloc_or_die((size_t)in.B * H * pdn_segments(in.T) * in.dk * in.dv * sizeof(float), "Sck");
+    d.dqkv = (float*)cuda_malloc_or_die(BT * D * sizeof(float), "dqkv");
+    d.dbeta = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dbeta");
+    d.dg = (float*)cuda_malloc_or_die(BT * HK * sizeof(float), "dg");
+    d.dgP = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dgP");
+    d.dbP = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dbP");
+    d.dlog_scale = (float*)cuda_malloc_or_die(H * sizeof(float), "dlog_scale");
+    d.dcs = (float*)cuda_malloc_or_die((size_t)in.B * H * sizeof(float), "dcs");
+    d.scratch = (float*)cuda_malloc_or_die(pdn_core_backward_scratch_floats(in.B, H, in.dk, in.dv) * sizeof(float),
+                                           "core scratch");
+    cudaCheck(cudaMemset(d.dlog_scale, 0, H * sizeof(float)));
+    return d;
+}
+
+static void release(CoreDevice& d) {
+    for (void* p : std::vector<void*>{d.qkv, d.o, d.dO, d.beta, d.g, d.gP, d.bP, d.cs, d.A, d.m, d.Sck, d.dqkv,
+                                      d.dbeta, d.dg, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.scratch}) {
+        cudaCheck(cudaFree(p));
+    }
+}
+
+static void run_forward(const CoreInputs& in, CoreDevice& d, float lnx, float eps) {
+    pdn_core_forward(d.o, d.A, d.m, d.Sck, NULL, NULL, d.qkv, d.beta, d.g, d.gP, d.bP, d.cs, in.B, in.T, in.H, in.dk,
+                     in.dv, 1.0f / sqrtf((float)in.dk), lnx, eps, 0);
+}
+static void run_backward(const CoreInputs& in, CoreDevice& d, float lnx, float eps) {
+    pdn_core_backward(d.dqkv, d.dbeta, d.dg, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.scratch, d.dO, d.Sck, d.qkv, d.beta,
+                      d.g, d.gP, d.bP, d.A, d.m, d.cs, in.B, in.T, in.H, in.dk, in.dv, 1.0f / sqrtf((float)in.dk),
+                      lnx, eps, 0);
+}
+
+// the q | k | v blocks of dqkv [BT, D], packed
+static std::vector<float> block(const std::vector<float>& m, size_t rows, int ld, int c0, int n) {
+    std::vector<float> out(rows * n);
+    for (size_t r = 0; r < rows; r++) {
+        for (int c = 0; c < n; c++) { out[r * n + c] = m[r * ld + c0 + c]; }
+    }
+    return out;
+}
+
+static void validate(int B, int T, int H, int dk, int dv, int decay) {
+    const float lnx = logf(1.5f), eps = 1e-6f;
+    printf("core B=%d T=%d H=%d dk=%d dv=%d, decay %s\n", B, T, H, dk, dv,
+           decay == 0 ? "none (pdn)" : decay == 1 ? "per head (pgdn)" : "per channel (pkda)");
+    CoreInputs in = make_inputs(B, T, H, dk, dv, decay);
+    CoreDevice d = upload(in);   // rounds qkv and dO to floatX first
+    const CoreReference R = reference(in, lnx, eps);
+    const size_t BT = (size_t)B * T;
+    const int D = 2 * H * dk + H * dv, HK = H * dk, HV = H * dv;
+    run_forward(in, d, lnx, eps);
+    run_backward(in, d, lnx, eps);
+    check("forward o", download_floatX(d.o, BT * HV), R.o);
+    check("forward A", download_f32(d.A, BT * HK), R.A);
+    check("forward m", download_f32(d.m, BT * HK), R.m);
+    const std::vector<float> dqkv = download_f32(d.dqkv, BT * D);
+    check("backward dq", block(dqkv, BT, D, 0, HK), R.dq);
+    check("backward dk", block(dqkv, BT, D, HK, HK), R.dk);
+    check("backward dv", block(dqkv, BT, D, 2 * HK, HV), R.dv);
+    check("backward dbeta", download_f32(d.dbeta, BT * H), R.dbeta);
+    if (decay) { check("backward dg", download_f32(d.dg, BT * HK), R.dg); }
+    check("backward dgP", download_f32(d.dgP, BT * H), R.dgP);
+    check("backward dbP", download_f32(d.dbP, BT * H), R.dbP);
+    check("backward dlog_scale", download_f32(d.dlog_scale, H), R.dcs);
+    release(d);
+}
+
+static void benchmark(int B, int T, int H, int dk, int dv) {
+    const float lnx = logf(1.5f), eps = 1e-6f;
+    CoreInputs in = make_inputs(B, T, H, dk, dv, 2);
+    CoreDevice d = upload(in);
+    const float fwd = time_ms(3, [&] { run_forward(in, d, lnx, eps); });
+    const float bwd = time_ms(3, [&] { run_backward(in, d, lnx, eps); });
+    printf("timing B=%d T=%d H=%d dk=%d dv=%d: forward %.3f ms, backward %.3f ms\n", B, T, H, dk, dv, fwd, bwd);
+    release(d);
+}
+
+int main(int argc, char** argv) {
+    const int version = argc > 1 ? atoi(argv[1]) : 1;
+    if (version != 1) { die("usage: %s [version 1]", argv[0]); }
+    printf("precision %s, tolerance %.0e (relative L2)\n", PRECISION_NAME, TOLERANCE);
+    validate(2, 150, 2, 16, 24, 0);     // T not a multiple of the 64-token segments, dk != dv
+    validate(2, 150, 2, 16, 24, 1);
+    validate(2, 150, 2, 32, 48, 2);
+    validate(1, 130, 2, 128, 128, 2);   // the benchmark's head size (dk * dv > the block's threads)
+    benchmark(16, 2048, 6, 128, 128);
+    if (failures) {
+        printf("FAIL: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("all checks PASS\n");
+    return 0;
+}

@@ -1,0 +1,516 @@
+/*
+kernels/pdn.cuh: the per-token parts and the recurrent core of the pdn / pgdn / pkda layer (spec/pdn.md): the token
+features (l2 norms, gains, decays; 1.1-1.2) and their backward (2.4), and the core, the sequential recurrence of
+spec 2.1 with the exact reverse-time backward of 2.2-2.3. The CPU versions are pdn_token_features,
+pdn_core_forward, pdn_core_backward and the per-token loops of pdn_backward in train_kla.c; the math is the same,
+line for line (sums over the state may run in another order).
+
+The core is the first, recurrent slice of the GPU pdn family: one CTA per (sequence, head) walks the tokens in
+order with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory. The chunkwise
+tensor-core form of spec 3 is not here yet.
+
+Layouts (row-major), with D = 2*H*dk + H*dv, HK = H*dk, HV = H*dv, BT = B*T rows:
+  proj [BT, ld_proj] floatX  in_proj output, column blocks q | k | v | b | aP | bP, then pgdn a (H), pkda f1 | g1 (dv)
+  qkv  [BT, D] floatX        conv + SiLU output, blocks q | k | v; q and k l2-normalised in place
+  qn, kn, beta, gP, bP [BT, H] fp32; g, A, m [BT, HK] fp32 (g: the main log decay per key channel, pdn 0)
+  fpre [BT, HK] floatX       pkda: f1 f2^T (pre-softplus decay)
+  o [BT, HV] floatX          core output
+  Sck [B, H, NT, dk, dv]     fp32, S at the start of each PDN_CHECKPOINT-token segment (NT = ceil(T / 64))
+Parameter gradients are reduced without atomics (ordered_column_sum and fixed-order loops): runs are bitwise
+reproducible.
+*/
+#ifndef TRAIN_KLA_KERNELS_PDN_CUH
+#define TRAIN_KLA_KERNELS_PDN_CUH
+
+#include "common.cuh"
+#include "column_sum.cuh"
+
+#define PDN_TOKEN_WARPS 8        // warps per block of the per-(row, head) kernels
+#define PDN_CORE_THREADS 128     // threads of a core CTA (one (sequence, head))
+#define PDN_CHECKPOINT 64        // tokens between the saved states of the core backward's recomputation
+
+__host__ __device__ inline int pdn_segments(int T) { return (T + PDN_CHECKPOINT - 1) / PDN_CHECKPOINT; }
+
+// ----------------------------------------------------------------------------------------------------------
+// token features (spec 1.1 steps 4-5, 1.2), one warp per (row, head):
+//   q, k <- l2n (qn, kn the norms); beta = sigmoid(b); gP = -exp(A_log_P) softplus(aP + dt_bias_P); bP = sigmoid(bP)
+//   g [dk]: pdn 0; pgdn -exp(A_log) softplus(a + dt_bias) on every channel; pkda -exp(A_log) softplus(f + dt_bias)
+
+__global__ void pdn_features_forward_kernel(floatX* qkv, float* qn, float* kn, float* beta, float* gP, float* bP,
+                                            float* g, const floatX* proj, int ld_proj, const floatX* fpre,
+                                            const float* A_log, const float* dt_bias, const float* A_log_P,
+                                            const float* dt_bias_P, int BT, int H, int dk, int dv, int variant,
+                                            float l2norm_eps) {
+    const int pair = blockIdx.x * PDN_TOKEN_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (pair >= BT * H) { return; }
+    const int r = pair / H, hh = pair % H;
+    const int D = 2 * H * dk + H * dv;
+    const size_t e = (size_t)r * H + hh;
+    floatX* q = qkv + (size_t)r * D + hh * dk;
+    floatX* k = qkv + (size_t)r * D + H * dk + hh * dk;
+    float qq = 0.0f, kk = 0.0f;
+    for (int d = lane; d < dk; d += 32) {
+        const float qd = to_float(q[d]), kd = to_float(k[d]);
+        qq += qd * qd;
+        kk += kd * kd;
+    }
+    qq = warp_reduce_sum(qq);
+    kk = warp_reduce_sum(kk);
+    const float q_norm = sqrtf(qq + l2norm_eps), k_norm = sqrtf(kk + l2norm_eps);
+    const float qs = 1.0f / q_norm, ks = 1.0f / k_norm;
+    for (int d = lane; d < dk; d += 32) {
+        q[d] = from_float<floatX>(to_float(q[d]) * qs);
+        k[d] = from_float<floatX>(to_float(k[d]) * ks);
+    }
+    const floatX* prow = proj + (size_t)r * ld_proj + D;   // b | aP | bP | a (pgdn)
+    float* gh = g + e * dk;
+    if (variant == 0) {
+        for (int d = lane; d < dk; d += 32) { gh[d] = 0.0f; }
+    } else if (variant == 1) {
+        const float gs = -expf(A_log[hh]) * softplusf_dev(to_float(prow[3 * H + hh]) + dt_bias[hh]);
+        for (int d = lane; d < dk; d += 32) { gh[d] = gs; }
+    } else {
+        const float ea = -expf(A_log[hh]);
+        const floatX* f = fpre + (size_t)r * H * dk + hh * dk;
+        for (int d = lane; d < dk; d += 32) { gh[d] = ea * softplusf_dev(to_float(f[d]) + dt_bias[hh * dk + d]); }
+    }
+    if (lane == 0) {
+        qn[e] = q_norm;
+        kn[e] = k_norm;
+        beta[e] = sigmoidf_dev(to_float(prow[hh]));
+        gP[e] = -expf(A_log_P[hh]) * softplusf_dev(to_float(prow[H + hh]) + dt_bias_P[hh]);
+        bP[e] = sigmoidf_dev(to_float(prow[2 * H + hh]));
+    }
+}
+
+static void pdn_features_forward(floatX* qkv, float* qn, float* kn, float* beta, float* gP, float* bP, float* g,
+                                 const floatX* proj, int ld_proj, const floatX* fpre, const float* A_log,
+                                 const float* dt_bias, const float* A_log_P, const float* dt_bias_P, int BT, int H,
+                                 int dk, int dv, int variant, float l2norm_eps, cudaStream_t stream) {
+    pdn_features_forward_kernel<<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0, stream>>>(
+        qkv, qn, kn, beta, gP, bP, g, proj, ld_proj, fpre, A_log, dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv, variant,
+        l2norm_eps);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// token features backward (spec 2.4), one warp per (row, head). On entry dqkv [BT, D] holds the core's gradients
+// w.r.t. the normalised q, k and v; on exit dL/d(SiLU output) (l2 norm backward of q and k). Writes the b, aP,
+// bP (and pgdn a) columns of dproj, pkda's dfpre [BT, HK], and the per-row terms of the parameter gradients into
+// stage [BT, ncols], columns dA_log_P (H) | ddt_bias_P (H) | dA_log (H) | ddt_bias (pgdn H, pkda HK).
+
+__host__ __device__ inline int pdn_stage_cols(int H, int dk, int variant) {
+    return 3 * H + (variant == 1 ? H : variant == 2 ? H * dk : 0);
+}
+
+__global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_proj, floatX* dfpre, float* stage,
+                                             const float* dbeta, const float* dgP, const float* dbP, const float* dg,
+                                             const floatX* qkv, const float* qn, const float* kn, const float* beta,
+                                             const float* gP, const float* bP, const float* g, const floatX* proj,
+                                             const floatX* fpre, const float* A_log, const float* dt_bias,
+                                             const float* A_log_P, const float* dt_bias_P, int BT, int H, int dk,
+                                             int dv, int variant) {
+    const int pair = blockIdx.x * PDN_TOKEN_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (pair >= BT * H) { return; }
+    const int r = pair / H, hh = pair % H;
+    const int D = 2 * H * dk + H * dv, HK = H * dk;
+    const int ncols = pdn_stage_cols(H, dk, variant);
+    const size_t e = (size_t)r * H + hh;
+    // l2 norm backward: du = (du_hat - u_hat (u_hat . du_hat)) / n, for q and k
+    for (int which = 0; which < 2; which++) {
+        const floatX* u = qkv + (size_t)r * D + which * HK + hh * dk;
+        float* du = dqkv + (size_t)r * D + which * HK + hh * dk;
+        float dot = 0.0f;
+        for (int d = lane; d < dk; d += 32) { dot += to_float(u[d]) * du[d]; }
+        dot = warp_reduce_sum(dot);
+        const float n = which == 0 ? qn[e] : kn[e];
+        for (int d = lane; d < dk; d += 32) { du[d] = (du[d] - to_float(u[d]) * dot) / n; }
+    }
+    const floatX* prow = proj + (size_t)r * ld_proj + D;
+    floatX* dprow = dproj + (size_t)r * ld_proj + D;
+    float* st = stage + (size_t)r * ncols;
+    const float* dgh = dg + e * dk;
+    const float* gh = g + e * dk;
+    if (variant == 2) {   // pkda: dfpre = dg (-exp(A_log)) softplus'(f + dt_bias); dA_log = sum_d dg g
+        const float ea = -expf(A_log[hh]);
+        const floatX* f = fpre + (size_t)r * HK + hh * dk;
+        float s = 0.0f;
+        for (int d = lane; d < dk; d += 32) {
+            const float df = dgh[d] * ea * dsoftplusf_dev(to_float(f[d]) + dt_bias[hh * dk + d]);
+            dfpre[(size_t)r * HK + hh * dk + d] = from_float<floatX>(df);
+            st[3 * H + hh * dk + d] = df;
+            s += dgh[d] * gh[d];
+        }
+        s = warp_reduce_sum(s);
+        if (lane == 0) { st[2 * H + hh] = s; }
+    }
+    float dgs = 0.0f;   // pgdn: the scalar decay's gradient, the sum over the channels
+    if (variant == 1) {
+        for (int d = lane; d < dk; d += 32) { dgs += dgh[d]; }
+        dgs = warp_reduce_sum(dgs);
+    }
+    if (lane == 0) {
+        const float bt = beta[e], bp = bP[e];
+        dprow[hh] = from_float<floatX>(dbeta[e] * bt * (1.0f - bt));
+        dprow[2 * H + hh] = from_float<floatX>(dbP[e] * bp * (1.0f - bp));
+        const float daP = dgP[e] * -expf(A_log_P[hh]) * dsoftplusf_dev(to_float(prow[H + hh]) + dt_bias_P[hh]);
+        dprow[H + hh] = from_float<floatX>(daP);
+        st[hh] = dgP[e] * gP[e];
+        st[H + hh] = daP;
+        if (variant == 0) {
+            st[2 * H + hh] = 0.0f;
+        } else if (variant == 1) {
+            const float da = dgs * -expf(A_log[hh]) * dsoftplusf_dev(to_float(prow[3 * H + hh]) + dt_bias[hh]);
+            dprow[3 * H + hh] = from_float<floatX>(da);
+            st[2 * H + hh] = dgs * gh[0];
+            st[3 * H + hh] = da;
+        }
+    }
+}
+
+// adds the reduced stage columns [ncols] into the gradients (A_log, dt_bias absent for pdn)
+__global__ void pdn_gate_grads_add_kernel(float* dA_log_P, float* ddt_bias_P, float* dA_log, float* ddt_bias,
+                                          const float* sums, int H, int ndt) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < H) {
+        dA_log_P[i] += sums[i];
+        ddt_bias_P[i] += sums[H + i];
+        if (dA_log) { dA_log[i] += sums[2 * H + i]; }
+    }
+    if (i < ndt) { ddt_bias[i] += sums[3 * H + i]; }
+}
+
+// stage [BT, ncols], the level-1 partials of its column sums, and the [ncols] sums
+static size_t pdn_features_backward_scratch_bytes(int BT, int H, int dk, int variant) {
+    return ((size_t)BT + colsum_splits(BT) + 1) * pdn_stage_cols(H, dk, variant) * sizeof(float);
+}
+
+static void pdn_features_backward(float* dqkv, floatX* dproj, int ld_proj, floatX* dfpre, float* dA_log,
+                                  float* ddt_bias, float* dA_log_P, float* ddt_bias_P, float* scratch,
+                                  const float* dbeta, const float* dgP, const float* dbP, const float* dg,
+                                  const floatX* qkv, const float* qn, const float* kn, const float* beta,
+                                  const float* gP, const float* bP, const float* g, const floatX* proj,
+                                  const floatX* fpre, const float* A_log, const float* dt_bias, const float* A_log_P,
+                                  const float* dt_bias_P, int BT, int H, int dk, int dv, int variant,
+                                  cudaStream_t stream) {
+    const int ncols = pdn_stage_cols(H, dk, variant), ndt = ncols - 3 * H;
+    float* stage = scratch;
+    float* partials = stage + (size_t)BT * ncols;
+    float* sums = partials + (size_t)colsum_splits(BT) * ncols;
+    pdn_features_backward_kernel<<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0, stream>>>(
+        dqkv, dproj, ld_proj, dfpre, stage, dbeta, dgP, dbP, dg, qkv, qn, kn, beta, gP, bP, g, proj, fpre, A_log,
+        dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv, variant);
+    cudaCheckLaunch();
+    ordered_column_sum(sums, partials, stage, BT, ncols, 0, stream);
+    const int n = ndt > H ? ndt : H;
+    pdn_gate_grads_add_kernel<<<ceil_div(n, 128), 128, 0, stream>>>(dA_log_P, ddt_bias_P, variant ? dA_log : NULL,
+                                                                    ddt_bias, sums, H, ndt);
+    cudaCheckLaunch();
+}
+
+// dst[r, 0:cols] = src[r, 0:cols] between row-strided floatX matrices (pkda's f1 | g1 blocks of proj and dproj)
+__global__ void pdn_copy_columns_kernel(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows, int cols) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)rows * cols) { return; }
+    const size_t r = idx / cols, c = idx % cols;
+    dst[r * ld_dst + c] = src[r * ld_src + c];
+}
+
+static void pdn_copy_columns(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows, int cols,
+                             cudaStream_t stream) {
+    pdn_copy_columns_kernel<<<(unsigned)ceil_div_z((size_t)rows * cols, 256), 256, 0, stream>>>(dst, ld_dst, src,
+                                                                                               ld_src, rows, cols);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the core forward (spec 2.1), grid B*H, block PDN_CORE_THREADS; per token t of head h:
+//   A = exp(gP) A + bP k^2;  r = log(A + eps) - c;  m = exp(-ln(x) softsign(r))      (thread per key channel d)
+//   p = v - (exp(g) k)^T S;  S = exp(g) S + (beta m k) p^T;  o = qscale S^T q        (thread per value column j)
+// S lives in shared memory as [dk][dv + 1] (the padding keeps row-wise walks free of bank conflicts).
+// S_io [B, H, dk, dv], A_io [B, H, dk]: initial states in and final states out (NULL: zero start, not written).
+// Writes o, A and m [BT, HK] (the backward's inputs) and, if Sck, the segment-start states.
+
+static size_t pdn_core_forward_smem(int dk, int dv) {
+    return ((size_t)dk * (dv + 1) + 5 * (size_t)dk) * sizeof(float);
+}
+
+__global__ void pdn_core_forward_kernel(floatX* o, float* A_out, float* m_out, float* Sck, float* S_io, float* A_io,
+                                        const floatX* qkv, const float* beta, const float* g, const float* gP,
+                                        const float* bP, const float* cs, int T, int H, int dk, int dv, float qscale,
+                                        float lnx, float eps) {
+    extern __shared__ float smem[];
+    const int ld = dv + 1;
+    float* S = smem;                 // [dk][ld]
+    float* A = S + dk * ld;          // [dk] preconditioner state
+    float* qv = A + dk;              // [dk] q of the token
+    float* ek = qv + dk;             // [dk] exp(g) k
+    float* al = ek + dk;             // [dk] exp(g)
+    float* wk = al + dk;             // [dk] beta m k
+    const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int D = 2 * H * dk + H * dv, NT = pdn_segments(T);
+    const size_t dkdv = (size_t)dk * dv;
+    for (int i = tid; i < dk * dv; i += blockDim.x) { S[(i / dv) * ld + i % dv] = S_io ? S_io[bh * dkdv + i] : 0.0f; }
+    for (int d = tid; d < dk; d += blockDim.x) { A[d] = A_io ? A_io[(size_t)bh * dk + d] : 0.0f; }
+    const float c = cs[hh];
+    __syncthreads();
+    for (int t = 0; t < T; t++) {
+        const size_t r = (size_t)b * T + t, e = r * H + hh;
+        if (Sck && t % PDN_CHECKPOINT == 0) {
+            float* dst = Sck + ((size_t)bh * NT + t / PDN_CHECKPOINT) * dkdv;
+            for (int i = tid; i < dk * dv; i += blockDim.x) { dst[i] = S[(i / dv) * ld + i % dv]; }
+        }
+        const floatX* row = qkv + r * D;
+        const float bt = beta[e], eg = expf(gP[e]), bp = bP[e];
+        for (int d = tid; d < dk; d += blockDim.x) {
+            const float kd = to_float(row[H * dk + hh * dk + d]);
+            const float a = eg * A[d] + bp * kd * kd;
+            const float rr = logf(a + eps) - c;
+            const float md = expf(-lnx * (rr / (1.0f + fabsf(rr))));
+            A[d] = a;
+            A_out[e * dk + d] = a;
+            m_out[e * dk + d] = md;
+            const float ad = expf(g[e * dk + d]);
+            qv[d] = to_float(row[hh * dk + d]);
+            al[d] = ad;
+            ek[d] = ad * kd;
+            wk[d] = bt * md * kd;
+        }
+        __syncthreads();
+        for (int j = tid; j < dv; j += blockDim.x) {
+            float p = to_float(row[2 * H * dk + hh * dv + j]);
+            for (int d = 0; d < dk; d++) { p -= ek[d] * S[d * ld + j]; }
+            float oj = 0.0f;
+            for (int d = 0; d < dk; d++) {
+                const float s = al[d] * S[d * ld + j] + wk[d] * p;
+                S[d * ld + j] = s;
+                oj += qv[d] * s;
+            }
+            o[e * dv + j] = from_float<floatX>(qscale * oj);
+        }
+        __syncthreads();
+    }
+    if (S_io) {
+        for (int i = tid; i < dk * dv; i += blockDim.x) { S_io[bh * dkdv + i] = S[(i / dv) * ld + i % dv]; }
+    }
+    if (A_io) {
+        for (int d = tid; d < dk; d += blockDim.x) { A_io[(size_t)bh * dk + d] = A[d]; }
+    }
+}
+
+static void pdn_core_forward(floatX* o, float* A_out, float* m_out, float* Sck, float* S_io, float* A_io,
+                             const floatX* qkv, const float* beta, const float* g, const float* gP, const float* bP,
+                             const float* cs, int B, int T, int H, int dk, int dv, float qscale, float lnx, float eps,
+                             cudaStream_t stream) {
+    const size_t smem = pdn_core_forward_smem(dk, dv);
+    cudaCheck(cudaFuncSetAttribute(pdn_core_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    pdn_core_forward_kernel<<<B * H, PDN_CORE_THREADS, smem, stream>>>(o, A_out, m_out, Sck, S_io, A_io, qkv, beta,
+                                                                       g, gP, bP, cs, T, H, dk, dv, qscale, lnx, eps);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the core backward (spec 2.2 + 2.3), grid B*H, block PDN_CORE_THREADS: segment by segment from the last, the
+// segment's states S_{t0} .. S_{t0+L} are recomputed from its checkpoint into global scratch (transposed,
+// [dv][dk], so that the reverse walk's per-channel threads read them coalesced), with the prediction errors p;
+// then the tokens are walked in reverse with dL/dS (Dm [dk][dv + 1]) in shared memory:
+//   Dm += (s q) dO^T;  dq = s S_t dO;  dk~ = beta Dm p;  du = Dm^T (m k);  dbeta = du.p;  dv = beta du
+//   dk = -exp(g) S_{t-1} (beta du);  Dm -= k (beta du)^T;  dg = exp(g) rowsum(Dm * S_{t-1});  Dm *= exp(g)
+//   preconditioner: dk += m dk~; dr = -ln(x) m dk~ k / (1 + |r|)^2; dc -= dr; dA = dr / (A + eps) + carry;
+//   dgP = sum dA (A - bP k^2); dbP = sum dA k^2; dk += 2 bP k dA; carry = exp(gP) dA
+// The per-token sums over channels (dbeta, dgP, dbP) and the dc sum over the CTA run in a fixed order.
+// Outputs: dqkv [BT, D] fp32 (overwritten), dbeta, dgP, dbP [BT, H], dg [BT, HK], dcs [B*H] (per (b, h) dL/dc).
+
+// per-CTA global scratch: the CK+1 states of a segment and its CK prediction errors
+static size_t pdn_core_backward_scratch_floats(int B, int H, int dk, int dv) {
+    return (size_t)B * H * ((size_t)(PDN_CHECKPOINT + 1) * dk * dv + (size_t)PDN_CHECKPOINT * dv);
+}
+
+static size_t pdn_core_backward_smem(int dk, int dv) {
+    return (2 * (size_t)dk * (dv + 1) + 9 * (size_t)dk + 3 * (size_t)dv + PDN_CORE_THREADS) * sizeof(float);
+}
+
+__global__ void pdn_core_backward_kernel(float* dqkv, float* dbeta, float* dg, float* dgP, float* dbP, float* dcs,
+                                         float* scratch, const floatX* dO, const float* Sck, const floatX* qkv,
+                                         const float* beta, const float* g, const float* gP, const float* bP,
+                                         const float* A, const float* m, const float* cs, int T, int H, int dk,
+                                         int dv, float qscale, float lnx, float eps) {
+    extern __shared__ float smem[];
+    const int ld = dv + 1;
+    float* Dm = smem;                // [dk][ld] dL/dS_t
+    float* S = Dm + dk * ld;         // [dk][ld] the state during the segment's recomputation
+    float* qv = S + dk * ld;         // [dk] each
+    float* kv = qv + dk;
+    float* mv = kv + dk;
+    float* al = mv + dk;
+    float* wk = al + dk;             // recomputation: beta m k; reverse walk: m k
+    float* ek = wk + dk;             // recomputation: exp(g) k; reverse walk: dk~
+    float* carry = ek + dk;          // dL/dA_t flowing from later tokens
+    float* red1 = carry + dk;        // per-channel terms of dgP
+    float* red2 = red1 + dk;         // per-channel terms of dbP
+    float* dOv = red2 + dk;          // [dv] dO of the token
+    float* du = dOv + dv;            // [dv] beta du
+    float* redb = du + dv;           // [dv] per-column terms of dbeta
+    float* redc = redb + dv;         // [PDN_CORE_THREADS] per-thread dc
+    const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int D = 2 * H * dk + H * dv, NT = pdn_segments(T), HK = H * dk;
+    const size_t dkdv = (size_t)dk * dv;
+    float* Sseg = scratch + (size_t)bh * ((size_t)(PDN_CHECKPOINT + 1) * dkdv + (size_t)PDN_CHECKPOINT * dv);
+    float* pseg = Sseg + (size_t)(PDN_CHECKPOINT + 1) * dkdv;
+    const float c = cs[hh];
+    float dc = 0.0f;
+    for (int i = tid; i < dk * ld; i += blockDim.x) { Dm[i] = 0.0f; }
+    for (int d = tid; d < dk; d += blockDim.x) { carry[d] = 0.0f; }
+    for (int n = NT - 1; n >= 0; n--) {
+        const int t0 = n * PDN_CHECKPOINT;
+        const int L = min(T - t0, PDN_CHECKPOINT);
+        const size_t r0 = (size_t)b * T + t0;
+        // recompute the segment: S_{t0+i} into Sseg[i] ([dv][dk]), p into pseg[i]
+        const float* ck = Sck + ((size_t)bh * NT + n) * dkdv;
+        for (int i = tid; i < dk * dv; i += blockDim.x) { S[(i / dv) * ld + i % dv] = ck[i]; }
+        __syncthreads();
+        for (int i = tid; i < dk * dv; i += blockDim.x) { Sseg[i] = S[(i % dk) * ld + i / dk]; }
+        for (int i = 0; i < L; i++) {
+            const size_t r = r0 + i, e = r * H + hh;
+            const floatX* row = qkv + r * D;
+            const float bt = beta[e];
+            for (int d = tid; d < dk; d += blockDim.x) {
+                const float kd = to_float(row[H * dk + hh * dk + d]);
+                const float ad = expf(g[e * dk + d]);
+                al[d] = ad;
+                ek[d] = ad * kd;
+                wk[d] = bt * m[e * dk + d] * kd;
+            }
+            __syncthreads();
+            for (int j = tid; j < dv; j += blockDim.x) {
+                float p = to_float(row[2 * H * dk + hh * dv + j]);
+                for (int d = 0; d < dk; d++) { p -= ek[d] * S[d * ld + j]; }
+                for (int d = 0; d < dk; d++) { S[d * ld + j] = al[d] * S[d * ld + j] + wk[d] * p; }
+                pseg[(size_t)i * dv + j] = p;
+            }
+            __syncthreads();
+            float* dst = Sseg + (size_t)(i + 1) * dkdv;
+            for (int idx = tid; idx < dk * dv; idx += blockDim.x) { dst[idx] = S[(idx % dk) * ld + idx / dk]; }
+        }
+        __syncthreads();
+        // the reverse walk over the segment
+        for (int i = L - 1; i >= 0; i--) {
+            const size_t r = r0 + i, e = r * H + hh;
+            const floatX* row = qkv + r * D;
+            const float* St = Sseg + (size_t)(i + 1) * dkdv;   // S_t, [dv][dk]
+            const float* Sp = Sseg + (size_t)i * dkdv;         // S_{t-1}
+            const float* pt = pseg + (size_t)i * dv;
+            const float bt = beta[e];
+            for (int d = tid; d < dk; d += blockDim.x) {
+                const float kd = to_float(row[H * dk + hh * dk + d]);
+                qv[d] = to_float(row[hh * dk + d]);
+                kv[d] = kd;
+                mv[d] = m[e * dk + d];
+                al[d] = expf(g[e * dk + d]);
+                wk[d] = mv[d] * kd;
+            }
+            for (int j = tid; j < dv; j += blockDim.x) { dOv[j] = to_float(dO[e * dv + j]); }
+            __syncthreads();
+            // per channel d: Dm += (s q) dO^T; dq = s S_t dO; dk~ = beta Dm p
+            for (int d = tid; d < dk; d += blockDim.x) {
+                const float sq = qscale * qv[d];
+                float aq = 0.0f, ak = 0.0f;
+                for (int j = 0; j < dv; j++) {
+                    const float x = Dm[d * ld + j] + sq * dOv[j];
+                    Dm[d * ld + j] = x;
+                    aq += St[(size_t)j * dk + d] * dOv[j];
+                    ak += x * pt[j];
+                }
+                dqkv[r * D + hh * dk + d] = qscale * aq;
+                ek[d] = bt * ak;
+            }
+            __syncthreads();
+            // per column j: du = Dm^T (m k); dbeta terms du p; dv = beta du
+            for (int j = tid; j < dv; j += blockDim.x) {
+                float u = 0.0f;
+                for (int d = 0; d < dk; d++) { u += wk[d] * Dm[d * ld + j]; }
+                redb[j] = u * pt[j];
+                du[j] = bt * u;
+                dqkv[r * D + 2 * HK + hh * dv + j] = bt * u;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                float s = 0.0f;
+                for (int j = 0; j < dv; j++) { s += redb[j]; }
+                dbeta[e] = s;
+            }
+            // per channel d: the read path, dg, then the preconditioner (spec 2.3)
+            const float bpt = bP[e], egP = expf(gP[e]);
+            for (int d = tid; d < dk; d += blockDim.x) {
+                const float a = al[d], kd = kv[d], md = mv[d];
+                float ad = 0.0f, ag = 0.0f;
+                for (int j = 0; j < dv; j++) { ad += Sp[(size_t)j * dk + d] * du[j]; }
+                for (int j = 0; j < dv; j++) {
+                    const float x = Dm[d * ld + j] - kd * du[j];
+                    ag += x * Sp[(size_t)j * dk + d];
+                    Dm[d * ld + j] = a * x;
+                }
+                dg[e * dk + d] = a * ag;
+                const float dkt = ek[d];
+                float dkd = -a * ad + dkt * md;
+                const float ds = -lnx * md * (dkt * kd);
+                const float At = A[e * dk + d];
+                const float rr = logf(At + eps) - c;
+                const float den = 1.0f + fabsf(rr);
+                const float dr = ds / (den * den);
+                dc -= dr;
+                const float dAtot = dr / (At + eps) + carry[d];
+                const float kk = kd * kd;
+                red1[d] = dAtot * (At - bpt * kk);
+                red2[d] = dAtot * kk;
+                dkd += 2.0f * bpt * kd * dAtot;
+                carry[d] = egP * dAtot;
+                dqkv[r * D + HK + hh * dk + d] = dkd;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                float s1 = 0.0f, s2 = 0.0f;
+                for (int d = 0; d < dk; d++) { s1 += red1[d]; s2 += red2[d]; }
+                dgP[e] = s1;
+                dbP[e] = s2;
+            }
+        }
+        __syncthreads();
+    }
+    redc[tid] = dc;
+    __syncthreads();
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int i = 0; i < (int)blockDim.x; i++) { s += redc[i]; }
+        dcs[bh] = s;
+    }
+}
+
+// dlog_scale[h] += sum over the sequences b of dcs[b*H + h], b in order
+__global__ void pdn_log_scale_grad_kernel(float* dlog_scale, const float* dcs, int B, int H) {
+    const int hh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (hh >= H) { return; }
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) { s += dcs[b * H + hh]; }
+    dlog_scale[hh] += s;
+}
+
+// dcs: [B*H] floats of scratch; core_scratch: pdn_core_backward_scratch_floats(B, H, dk, dv) floats
+static void pdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dgP, float* dbP, float* dlog_scale,
+                              float* dcs, float* core_scratch, const floatX* dO, const float* Sck, const floatX* qkv,
+                              const float* beta, const float* g, const float* gP, const float* bP, const float* A,
+                              const float* m, const float* cs, int B, int T, int H, int dk, int dv, float qscale,
+                              float lnx, float eps, cudaStream_t stream) {
+    const size_t smem = pdn_core_backward_smem(dk, dv);
+    cudaCheck(cudaFuncSetAttribute(pdn_core_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    pdn_core_backward_kernel<<<B * H, PDN_CORE_THREADS, smem, stream>>>(dqkv, dbeta, dg, dgP, dbP, dcs, core_scratch,
+                                                                        dO, Sck, qkv, beta, g, gP, bP, A, m, cs, T,
+                                                                        H, dk, dv, qscale, lnx, eps);
+    cudaCheckLaunch();
+    pdn_log_scale_grad_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dlog_scale, dcs, B, H);
+    cudaCheckLaunch();
+}
+
+#endif // TRAIN_KLA_KERNELS_PDN_CUH
