@@ -1,5 +1,5 @@
-# expect_error.sh: sourced by the process-level test scripts (test_train.sh, test_encode_shards.sh). Needs $tmp,
-# a scratch directory of the caller.
+# expect_error.sh: sourced by the process-level test scripts (test_train.sh, test_encode_shards.sh,
+# test_task_train.sh). Needs $tmp, a scratch directory of the caller.
 
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }

@@ -9,28 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
-
-# expect_error NAME SUBSTRING... -- COMMAND...: exit 1, exactly one line on stderr, starting "error:" and
-# containing every SUBSTRING
-expect_error() {
-    local name=$1; shift
-    local subs=()
-    while [ "$1" != "--" ]; do subs+=("$1"); shift; done
-    shift
-    "$@" > "$tmp/out" 2> "$tmp/err"
-    local rc=$? lines msg
-    lines=$(wc -l < "$tmp/err")
-    msg=$(head -c 300 "$tmp/err")
-    if [ $rc -ne 1 ]; then fail "$name" "exit code $rc, expected 1 ($msg)"; return; fi
-    if [ "$lines" -ne 1 ]; then fail "$name" "$lines lines on stderr, expected 1 ($msg)"; return; fi
-    case "$msg" in error:*) ;; *) fail "$name" "message does not start with 'error:' ($msg)"; return;; esac
-    for s in "${subs[@]}"; do
-        case "$msg" in *"$s"*) ;; *) fail "$name" "message lacks '$s' ($msg)"; return;; esac
-    done
-    pass "$name  [$msg]"
-}
+source dev/test/expect_error.sh  # pass, fail, expect_error
 
 # a tiny recurrent model: a few milliseconds per step on one core
 TINY=(--mixer gdn:2 --width 32 --heads 2 -b 16 -l 1e-2 -u 10 -k constant -m 8)
