@@ -1388,12 +1388,20 @@ static void check_checkpoint_use_flags(Options* o) {
 // With a task the data come from its generator (tasks.h): the sequence length and the vocabulary are the task's,
 // and the flags about token shards and GPT-2 text are errors. Used for --task, and for a checkpoint whose header
 // names a task (use_checkpoint_task).
+static const char* TASK_SHARD_FLAGS[] = {"-i", "-j", "-t", "--vocab-size", "--shuffle", "--prompt", "--tokenizer"};
+#define NUM_TASK_SHARD_FLAGS ((int)(sizeof(TASK_SHARD_FLAGS) / sizeof(TASK_SHARD_FLAGS[0])))
+
+// A flag that has no meaning with a task: those of token shards and GPT-2 text, and -g (samples)
+static int task_ignores_flag(const char* name) {
+    for (int i = 0; i < NUM_TASK_SHARD_FLAGS; i++) { if (strcmp(name, TASK_SHARD_FLAGS[i]) == 0) { return 1; } }
+    return strcmp(name, "-g") == 0;
+}
+
 static void options_use_task(Options* o, const Task* t) {
-    const char* shard_flags[] = {"-i", "-j", "-t", "--vocab-size", "--shuffle", "--prompt", "--tokenizer"};
-    for (size_t i = 0; i < sizeof(shard_flags) / sizeof(shard_flags[0]); i++) {
-        if (find_flag(o->flags, o->num_flags, shard_flags[i])->given) {
+    for (int i = 0; i < NUM_TASK_SHARD_FLAGS; i++) {
+        if (find_flag(o->flags, o->num_flags, TASK_SHARD_FLAGS[i])->given) {
             die("flag %s: not used with a task (%s generates its data; the length is --task-len, the vocabulary --task-vocab)",
-                shard_flags[i], TASK_NAMES[t->kind]);
+                TASK_SHARD_FLAGS[i], TASK_NAMES[t->kind]);
         }
     }
     if (find_flag(o->flags, o->num_flags, "-g")->given && o->gen_tokens > 0) {

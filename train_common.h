@@ -197,12 +197,26 @@ static void take_run_flags(Options* o, int argc, char** argv, int64_t step) {
     int n = 0;
     merged[n++] = argv[0];
     for (int i = 0; i < kept.run_flags_bytes; i += (int)strlen(text + i) + 1) { merged[n++] = text + i; }
+    if (o->task_name != NULL) {  // --task given again: the kept defaults of the flags a task refuses are left out
+        int kept_n = 1;
+        for (int i = 1; i + 1 < n; i += 2) {
+            if (!task_ignores_flag(merged[i])) { merged[kept_n++] = merged[i]; merged[kept_n++] = merged[i + 1]; }
+        }
+        n = kept_n;
+    }
     for (int i = 1; i < n; i += 2) {
         const Flag* f = find_flag(o->flags, o->num_flags, merged[i]);
         if (f == NULL || !f->run_flag || i + 1 >= n) { die("%s: the run's flags hold '%s', which is not a run flag with a value", path, merged[i]); }
     }
     for (int a = 1; a < argc; a++) { merged[n++] = argv[a]; }
     parse_options(o, n, merged);
+    // `given` then says what this command line typed, not what the run kept: the checks that refuse a flag in a
+    // context (a task run refuses -i, -t, -g, ...) must not see the kept defaults as given
+    for (int i = 0; i < o->num_flags; i++) {
+        Flag* f = &o->flags[i];
+        f->given = 0;
+        for (int a = 1; a < argc; a += 2) { f->given |= strcmp(argv[a], f->name) == 0; }
+    }
 }
 
 // What a run does with -o, before anything is loaded: without -o it says that nothing will be saved; a fresh run
