@@ -120,9 +120,11 @@ static void test_checksums(const char* ref_dir) {
     m.m_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
     m.v_memory = (float*)calloc_or_die(m.num_parameters, sizeof(float));
     for (size_t i = 0; i < m.num_parameters; i++) { m.m_memory[i] = 1e-3f * (float)(i % 97); m.v_memory[i] = 1e-6f * (float)(i % 89); }
-    TrainState s;
+    static TrainState s;  // static: its run-flags block stays off the stack
     memset(&s, 0, sizeof(s));
     s.step = 7;
+    memcpy(s.run_flags, "-b\0" "2", 5);  // the run's flags: "-b" "2", each NUL-terminated
+    s.run_flags_bytes = 5;
     write_checkpoint(&m.config, &m.table, m.params_memory, m.m_memory, m.v_memory, &s, dir);
     checkpoint_path(model_path, sizeof(model_path), dir, "model", 7);
     checkpoint_path(state_path, sizeof(state_path), dir, "state", 7);
@@ -142,18 +144,19 @@ static void test_checksums(const char* ref_dir) {
         {model_path, payload + (long)(t->offset * sizeof(float)) + 5, want_tensor},
         {model_path, 40, "checksum mismatch in the header or tensor table"},
         {model_path, 1024 + 3, "checksum mismatch in the header or tensor table"},
-        {state_path, 1024 + sizeof(DataLoaderState) + 8, "checksum mismatch in the AdamW first moment m"},
+        {state_path, 1024 + sizeof(DataLoaderState) + 5 + 8, "checksum mismatch in the AdamW first moment m"},
         {state_path, file_size(state_path) - 1, "checksum mismatch in the AdamW second moment v"},
-        {state_path, 9, "checksum mismatch in the header or dataloader state"},
+        {state_path, 9, "checksum mismatch in the header, dataloader state or run flags"},
+        {state_path, 1024 + sizeof(DataLoaderState) + 3, "checksum mismatch in the header, dataloader state or run flags"},
     };
     int named = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         flip_bit(where[i].path, where[i].at, 2);
         int intact = checkpoint_file_intact(where[i].path, why, sizeof(why));
         flip_bit(where[i].path, where[i].at, 2);
         if (!intact && strstr(why, where[i].want) && strstr(why, where[i].path)) { named++; } else { printf("  %s\n", why); }
     }
-    report(named == 6, "checksums: the error names the file and the damaged part (tensor, header, m, v)", "%d of 6", named);
+    report(named == 7, "checksums: the error names the file and the damaged part (tensor, header, run flags, m, v)", "%d of 7", named);
 
     // version 1 files (no checksums) are refused with a message that says why
     FILE* f = fopen_or_die(model_path, "r+b");

@@ -337,11 +337,11 @@ open(sys.argv[1], "wb").write(struct.pack("<256i", *h) + b[1024:1024 + loader] +
 PY
 expect_error "a version-1 state file is refused" "state_00000002.bin" "version 1" -- ./train_kla "${RUN[@]}" -o "$tmp/v1" -y 1
 
-# the ETA counts validation: with validation at every step costing many training steps (-m 30 forward batches
+# the ETA counts validation: with validation at every step costing many training steps (-m 150 forward batches
 # against one forward+backward), the ETA printed after step 1 is within 2x of the time the run then takes; the
 # step time alone (the old ETA) would be far below, which the same check catches (negative control)
 start_ns=$(date +%s%N)
-./train_kla "${SMALL[@]}" -x 4 -v 1 -m 30 | while IFS= read -r line; do echo "$(date +%s%N) $line"; done > "$tmp/eta"
+./train_kla "${SMALL[@]}" -x 4 -v 1 -m 150 | while IFS= read -r line; do echo "$(date +%s%N) $line"; done > "$tmp/eta"
 end_ns=$(date +%s%N)
 read -r eta_s left_s steps_s <<< "$(awk -v end="$end_ns" '/ step    1\/4 \| loss/ {
     split($0, f, "eta "); m = f[2]; sub(/s$/, "", m); split(m, ms, "m");
