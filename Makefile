@@ -119,6 +119,7 @@ SANITIZE_PROGRAMS = $(addprefix build/sanitize/,$(PROGRAMS))
 sanitize: $(SANITIZE_PROGRAMS)
 build/sanitize/train_kla: train_kla.c
 build/sanitize/test_kla: test_kla.c train_kla.c
+build/sanitize/test_tasks: dev/test/test_tasks.c train_kla.c
 build/sanitize/test_tokenizer: dev/test/test_tokenizer.c
 build/sanitize/test_dataloader: dev/test/test_dataloader.c
 build/sanitize/encode_shards: scripts/encode_shards.c

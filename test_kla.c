@@ -2409,7 +2409,7 @@ static int gkat_layer_fd(int H, int Hkv) {
     for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
     for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
     int fails = 0;
-    char name[128];
+    char name[192];
     gkat_ref_forward(&L, pd, xd, outd, 200);
     snprintf(name, sizeof(name), "gka_layer_forward_vs_ref64_r200%s", tag);
     fails += gdnt_check(name, gkat_relerr_fd(L.out, outd, nx), 5e-5);  // the r = 30 reason below; measured up to 9e-6

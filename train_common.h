@@ -190,10 +190,13 @@ static void take_run_flags(Options* o, int argc, char** argv, int64_t step) {
         const char* before = run_flag_value(kept.run_flags, kept.run_flags_bytes, f->name);
         if (before == NULL || strcmp(now, before) != 0) { printf("%s %s overrides the run's %s\n", f->name, now, before ? before : "(none)"); }
     }
-    // the merged command line and its strings live as long as argv: the options point into them
-    char* text = (char*)malloc_or_die((size_t)kept.run_flags_bytes);
+    // the merged command line and its strings live as long as the program (the options point into them): held by
+    // statics, so they stay reachable to the end
+    static char* text;
+    static char** merged;
+    text = (char*)malloc_or_die((size_t)kept.run_flags_bytes);
     memcpy(text, kept.run_flags, (size_t)kept.run_flags_bytes);
-    char** merged = (char**)malloc_or_die((size_t)(argc + kept.run_flags_bytes) * sizeof(char*));
+    merged = (char**)malloc_or_die((size_t)(argc + kept.run_flags_bytes) * sizeof(char*));
     int n = 0;
     merged[n++] = argv[0];
     for (int i = 0; i < kept.run_flags_bytes; i += (int)strlen(text + i) + 1) { merged[n++] = text + i; }

@@ -22,23 +22,24 @@ run() {
     if [ $rc -eq 0 ] && ! grep -q -E "ERROR: (Address|Leak)Sanitizer|runtime error:" "$tmp/out"; then echo "PASS sanitize: $name"; else
         echo "FAIL sanitize: $name: exit $rc, $(grep -m1 -E "Sanitizer|runtime error:|^FAIL" "$tmp/out" | head -c 300)"; fi
 }
-# refuses NAME COMMAND...: passes when the command exits 1 with one "error:" line and no sanitizer report
+# refuses NAME SUBSTRING COMMAND...: passes when the command exits 1 with one "error:" line that names SUBSTRING,
+# and no sanitizer report
 refuses() {
-    local name=$1; shift
+    local name=$1 want=$2; shift 2
     "$@" > /dev/null 2> "$tmp/err"
     local rc=$?
-    if [ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "^error: " "$tmp/err"; then echo "PASS sanitize: $name  [$(head -c 200 "$tmp/err")]"; else
+    if [ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q "^error: .*$want" "$tmp/err"; then echo "PASS sanitize: $name  [$(head -c 200 "$tmp/err")]"; else
         echo "FAIL sanitize: $name: exit $rc, $(head -c 300 "$tmp/err")"; fi
 }
 
 run "test_dataloader" $S/test_dataloader
 ALL8=(--mixer attn:1,gdn:1,kaczmarz:1,pdn:1,pgdn:1,pkda:1,gka:1,kalman:1 --kalman-n 4 --width 32 --heads 2 --lin-heads 2
-      --dk 8 --dv 8 -b 2 -t 16 -v 1 -m 1 -g 6 --prompt "It is" -n 1)
-run "train_kla, all eight mixers: 2 steps, validation, sampling, checkpoints" $S/train_kla "${ALL8[@]}" -x 2 -o "$tmp/all8"
-run "train_kla, all eight mixers: resumed with -y 1 for a third step" $S/train_kla "${ALL8[@]}" -x 3 -o "$tmp/all8" -y 1
+      --dk 8 --dv 8 -b 2 -t 16 -v 1 -m 1 -g 6 --prompt "It is")
+run "train_kla, all eight mixers: 2 steps, validation, sampling, checkpoints" $S/train_kla "${ALL8[@]}" -n 1 -x 2 -o "$tmp/all8"
+run "train_kla, all eight mixers: resumed with -y 1 for a third step" $S/train_kla "${ALL8[@]}" -n 1 -x 3 -o "$tmp/all8" -y 1
 head -c 2000 data/demo/demo_val_000000.bin > "$tmp/cut_000000.bin"
-refuses "train_kla refuses a truncated shard" $S/train_kla "${ALL8[@]}" -x 1 -j "$tmp/cut_*.bin"
+refuses "train_kla refuses a truncated shard" "cut_000000.bin" $S/train_kla "${ALL8[@]}" -x 1 -j "$tmp/cut_*.bin"
 cp "$tmp/all8/model_00000003.bin" "$tmp/damaged.bin"
 printf '\x01' | dd of="$tmp/damaged.bin" bs=1 seek=20000 conv=notrunc 2> /dev/null
-refuses "train_kla refuses a damaged checkpoint" $S/train_kla "${ALL8[@]}" -x 1 -e "$tmp/damaged.bin"
-refuses "train_kla refuses a bad flag" $S/train_kla --mixer gdn:2,mamba:1
+refuses "train_kla refuses a damaged checkpoint" "damaged.bin" $S/train_kla "${ALL8[@]}" -x 1 -e "$tmp/damaged.bin"
+refuses "train_kla refuses a bad flag" "mamba" $S/train_kla --mixer gdn:2,mamba:1
