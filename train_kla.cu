@@ -5,9 +5,9 @@ matmuls, hand-written kernels for everything else (kernels/).
 The model, the flags, the checkpoint files and the logs are those of train_kla.c (model.h holds what the two
 programs share), so a checkpoint written by one program is read by the other. The model knows a mixer only
 through its row of MIXER_TABLE (kernels/mixers/mixer.cuh): `attn` (kernels/mixers/attn.cuh), `gdn`,
-`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md), `pdn`, `pgdn`, `pkda` (kernels/mixers/pdn.cuh, spec/pdn.md)
-and `kalman` (kernels/mixers/kalman.cuh, spec/kalman.md) have rows; a model with any other mixer is refused with a
-message.
+`kaczmarz` (kernels/mixers/gdn.cuh, spec/gdn_kaczmarz.md), `pdn`, `pgdn`, `pkda` (kernels/mixers/pdn.cuh,
+spec/pdn.md), `gka` (kernels/mixers/gka.cuh, spec/gka.md) and `kalman` (kernels/mixers/kalman.cuh, spec/kalman.md):
+every mixer of model.h has its row.
 
 Mixed precision (kernels/common.cuh): the parameters live in fp32 (the master copy, what AdamW updates and
 what checkpoints hold) and in floatX (what the matmuls read); parameter gradients are fp32 and accumulate
@@ -85,6 +85,7 @@ static void profile_mark(const char* name) {
 #include "kernels/mixers/attn.cuh"
 #include "kernels/mixers/gdn.cuh"
 #include "kernels/mixers/pdn.cuh"
+#include "kernels/mixers/gka.cuh"
 #include "kernels/mixers/kalman.cuh"
 
 static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
@@ -94,15 +95,17 @@ static const MixerOps* const MIXER_TABLE[NUM_MIXERS] = {
     &PDN_MIXER,   // pdn
     &PDN_MIXER,   // pgdn
     &PDN_MIXER,   // pkda
-    NULL,         // gka
+    &GKA_MIXER,   // gka
     &KALMAN_MIXER, // kalman
 };
 static_assert(NUM_MIXERS == 8, "MIXER_TABLE lists every mixer of model.h");
 
 // a layer's blocks that its row owns (each row casts them to its own structs)
-typedef union { GDNShape gdn; PDNShape pdn; KalmanShape kalman; } MixerSettings;
-typedef union { AttnActs attn; GDNActs gdn; PDNActs pdn; KalmanActs kalman; } MixerActs;
-typedef union { AttnDecodeState attn; GDNDecodeState gdn; PDNDecodeState pdn; KalmanDecodeState kalman; } MixerDecodeState;
+typedef union { GDNShape gdn; PDNShape pdn; GKAShape gka; KalmanShape kalman; } MixerSettings;
+typedef union { AttnActs attn; GDNActs gdn; PDNActs pdn; GKAActs gka; KalmanActs kalman; } MixerActs;
+typedef union {
+    AttnDecodeState attn; GDNDecodeState gdn; PDNDecodeState pdn; GKADecodeState gka; KalmanDecodeState kalman;
+} MixerDecodeState;
 
 // ----------------------------------------------------------------------------------------------------------
 // the model's activations and scratch
@@ -166,17 +169,6 @@ typedef struct {
     float mean_loss;                    // of the last forward with targets
     cudaStream_t stream;
 } Model;
-
-// the first mixer of the pattern that has no row in MIXER_TABLE (its name in first_unsupported), or 1 if none
-static int config_is_supported(const Config* c, char* first_unsupported, size_t size) {
-    for (int l = 0; l < c->num_layers; l++) {
-        if (MIXER_TABLE[c->mixer[l]] == NULL) {
-            snprintf(first_unsupported, size, "%s", MIXER_NAMES[c->mixer[l]]);
-            return 0;
-        }
-    }
-    return 1;
-}
 
 #define CARVE_X(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
 #define CARVE_F(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
@@ -251,11 +243,6 @@ static size_t layout_scratch(Model* m, char* base, int B, int T) {
 
 // Allocate the parameters (left for the caller to fill through host_params + model_upload_parameters).
 static void model_build(Model* m, const Config* c, int recompute) {
-    char name[32];
-    if (!config_is_supported(c, name, sizeof(name))) {
-        die("train_kla.cu runs the mixers attn, gdn, kaczmarz, pdn, pgdn, pkda and kalman; this model has '%s' layers "
-            "(use the CPU trainer train_kla for them)", name);
-    }
     memset(m, 0, sizeof(*m));
     m->config = *c;
     m->recompute = recompute;

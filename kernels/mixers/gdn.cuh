@@ -103,25 +103,6 @@ static void gdn_scratch_bytes(const void* settings, const Config* c, int B, int 
     *work = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv);
 }
 
-// The fused in_proj (P = D + H*dv + 2H rows) as two matmuls: the q|k|v|z rows (a multiple of 8 when dk and dv
-// are) and the 2H gate rows. One product with an odd P (3084 at 124M) runs on slower cuBLASLt kernels.
-static void gdn_in_proj_forward(const MixerContext* mc, const GDNParams* p, const GDNShape* s, floatX* proj,
-                                const floatX* x, int BT) {
-    int C = mc->config->channels, P1 = s->D + s->H * s->dv;
-    const floatX* w = X(mc, p->in_proj_w);
-    matmul_forward_ld(proj, s->ldP, x, w, NULL, BT, C, P1, NULL, mc->stream);
-    matmul_forward_ld(proj + P1, s->ldP, x, w + (size_t)P1 * C, NULL, BT, C, s->P - P1, NULL, mc->stream);
-}
-
-static void gdn_in_proj_backward(const MixerContext* mc, const GDNParams* p, GDNParams* gr, const GDNShape* s,
-                                 floatX* dx, const floatX* dproj, const floatX* x, int BT) {
-    int C = mc->config->channels, P1 = s->D + s->H * s->dv;
-    const floatX* w = X(mc, p->in_proj_w);
-    matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, dproj, s->ldP, x, w, BT, C, P1, 0, mc->stream);
-    matmul_backward_ld(dx, gr->in_proj_w + (size_t)P1 * C, NULL, NULL, dproj + P1, s->ldP, x, w + (size_t)P1 * C, BT,
-                       C, s->P - P1, 1, mc->stream);
-}
-
 // spec/gdn_kaczmarz.md 1.2: out = W_o gated_rmsnorm(core(features(SiLU(conv(W_in x)))))
 static void gdn_forward(const MixerContext* mc, const void* settings, const LayerParams* lp, void* acts, floatX* out,
                         const floatX* x, int B, int T) {
@@ -132,7 +113,7 @@ static void gdn_forward(const MixerContext* mc, const void* settings, const Laye
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
     // step 1: the fused projection, blocks q | k | v | z | a | b
-    gdn_in_proj_forward(mc, p, s, a->proj, x, BT);
+    in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, s->D + s->H * s->dv, s->P);
     profile_mark("fwd gdn in_proj matmul");
     // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
     shortconv_silu_forward(a->gqkv, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -184,7 +165,7 @@ static void gdn_backward(const MixerContext* mc, const void* settings, const Lay
     shortconv_silu_backward(s.dproj, sh->ldP, gr->conv_w, mc->reduce, s.dgqkv, a->proj, p->conv_w, B, T, sh->D, sh->W, st);
     profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
-    gdn_in_proj_backward(mc, p, gr, sh, dx, s.dproj, x, BT);
+    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D + sh->H * sh->dv, sh->P);
     profile_mark("bwd gdn in_proj matmul");
 }
 

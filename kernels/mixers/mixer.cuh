@@ -20,6 +20,7 @@ Memory: every block is carved from one of the model's allocations (carve below),
 
 #include "../common.cuh"
 #include "../../model.h"
+#include "../matmul.cuh"
 
 // What a mixer's layer code sees of the model: the config, the parameters' two copies (X below), the shared
 // backward buffers and the stream.
@@ -46,6 +47,27 @@ static void* carve(char* base, size_t* cursor, size_t bytes) {
 }
 static floatX* carve_x(char* base, size_t* cursor, size_t n) { return (floatX*)carve(base, cursor, n * sizeof(floatX)); }
 static float* carve_f(char* base, size_t* cursor, size_t n) { return (float*)carve(base, cursor, n * sizeof(float)); }
+
+// A fused in_proj (P rows, proj row stride ldP) as two matmuls: the first P1 rows (a multiple of 8: the projected
+// channels) and the P - P1 gate rows. One product with an odd P (3084 for gdn at 124M) runs on slower cuBLASLt
+// kernels. w is the fp32 master of the weight (P, C).
+static void in_proj_forward_split(const MixerContext* mc, const float* w_master, floatX* proj, int ldP,
+                                  const floatX* x, int BT, int P1, int P) {
+    int C = mc->config->channels;
+    const floatX* w = X(mc, w_master);
+    matmul_forward_ld(proj, ldP, x, w, NULL, BT, C, P1, NULL, mc->stream);
+    matmul_forward_ld(proj + P1, ldP, x, w + (size_t)P1 * C, NULL, BT, C, P - P1, NULL, mc->stream);
+}
+
+// its backward: dx (BT, C) overwritten, the weight gradient dw (P, C) accumulated
+static void in_proj_backward_split(const MixerContext* mc, const float* w_master, float* dw, floatX* dx,
+                                   const floatX* dproj, int ldP, const floatX* x, int BT, int P1, int P) {
+    int C = mc->config->channels;
+    const floatX* w = X(mc, w_master);
+    matmul_backward_ld(dx, dw, NULL, NULL, dproj, ldP, x, w, BT, C, P1, 0, mc->stream);
+    matmul_backward_ld(dx, dw + (size_t)P1 * C, NULL, NULL, dproj + P1, ldP, x, w + (size_t)P1 * C, BT, C, P - P1, 1,
+                       mc->stream);
+}
 
 // One row per mixer family. `settings`, `acts` and `state` are the layer's blocks (the family's structs).
 typedef struct {
