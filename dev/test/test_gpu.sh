@@ -25,7 +25,7 @@ if [ -d data/demo ]; then
 fi
 # the labs: built into build/labs when absent, then run from dev/cuda (each runs its default version's validation)
 mkdir -p build/labs
-for lab in gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalman_scan pdn_core; do
+for lab in gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalman_scan pdn_core gka_core; do
     for precision in bf16 fp32; do
         bin=build/labs/${lab}_${precision}_bin
         if [ ! -x "$bin" ] && ! nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -DENABLE_${precision^^} -I. "dev/cuda/$lab.cu" \
