@@ -8,7 +8,7 @@ versions are gka_token_features, gka_core_forward, gka_core_backward and the per
 train_kla.c; the math is the same, line for line (sums over the state may run in another order).
 
 The core is the first, recurrent slice of GPU gka: one CTA per (sequence, head) walks the tokens in order with the
-fp32 states H [dk, dk] and U [dk, dv] in shared memory; each of the r iterations is one mat-vec with H (two
+fp32 states H [dk, dk] and U [dk, dv] in shared memory; each of the r iterations is one mat-vec with H (four
 threads per row) and one __syncthreads(). The chunkwise tensor-core form of spec 5 is not here yet. The backward
 recomputes each GKA_CHECKPOINT-token segment's states from the checkpoint the forward saved into a global buffer,
 then walks the segment backwards (never H_{t-1} = (H_t - k k^T)/gamma, spec 3.2).
@@ -31,7 +31,7 @@ reproducible.
 #include "column_sum.cuh"
 
 #define GKA_TOKEN_WARPS 8        // warps per block of the per-(row, head) kernels
-#define GKA_CORE_THREADS 256     // threads of a core CTA (one (sequence, head)); two per row of H
+#define GKA_CORE_THREADS 512     // threads of a core CTA (one (sequence, head)); four per row of H
 #define GKA_CHECKPOINT 64        // tokens between the saved states of the core backward's recomputation
 #define GKA_L2_EPS 1e-6f         // q/k l2 norm: eps added to the norm (spec 2.1)
 #define GKA_BETA_EPS 1e-6f       // added to the write gate (spec 2.3 step 5)
@@ -203,10 +203,16 @@ static void gka_features_backward(float* du, floatX* dproj, int ld_proj, float* 
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// the core's CTA-level pieces. Shared-memory matrices have row stride dk + 2 (H, DH) or dv + 2 (DU): with two
-// threads per row, thread (i, half) walking columns half, half + 2, ..., the 32 lanes of a warp hit 32 banks.
+// the core's CTA-level pieces. A core CTA has GKA_CORE_THREADS = 512 threads and takes dk, dv <= 128. Two thread
+// maps cover a state matrix M [dk][n] in shared memory, stored with row stride n + 4:
+//   rows:    thread (i = tid/4, quarter = tid%4) walks row i at columns quarter, quarter + 4, ...; its partial sums
+//            meet through two shuffles. With the + 4 padding the 32 lanes of a warp (8 rows x 4 quarters) hit 32
+//            banks when n is a multiple of 8.
+//   columns: thread (j = tid%128, part = tid/128) walks column j at rows part, part + 4, ...; the 4 partial sums
+//            meet through shared memory (consecutive lanes read consecutive addresses).
+// Every loop keeps two accumulators, so that the shared-memory loads of one term overlap the FMA of the other.
 
-__host__ __device__ inline int gka_ld(int n) { return n + 2; }
+__host__ __device__ inline int gka_ld(int n) { return n + 4; }
 
 // the sum of v over the CTA, in a fixed order (bitwise reproducible); red: 32 floats of shared memory
 __device__ float gka_block_sum(float v, float* red) {
@@ -218,6 +224,33 @@ __device__ float gka_block_sum(float v, float* red) {
     float s = 0.0f;
     for (int w = 0; w < nw; w++) { s += red[w]; }
     return s;
+}
+
+// row map: sum over the columns c = quarter, quarter + 4, ... < n of row[c] * vec[c], summed over the 4 quarters
+__device__ __forceinline__ float gka_row_dot(const float* row, const float* vec, int n, int quarter) {
+    float s0 = 0.0f, s1 = 0.0f;
+    int c = quarter;
+    for (; c + 4 < n; c += 8) {
+        s0 += row[c] * vec[c];
+        s1 += row[c + 4] * vec[c + 4];
+    }
+    if (c < n) { s0 += row[c] * vec[c]; }
+    float s = s0 + s1;
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    return s;
+}
+
+// column map: part (one of 4) of the sum over rows r of M[r][j] * vec[r]; ld the row stride
+__device__ __forceinline__ float gka_col_dot_part(const float* M, int ld, const float* vec, int rows, int j, int part) {
+    float s0 = 0.0f, s1 = 0.0f;
+    int r = part;
+    for (; r + 4 < rows; r += 8) {
+        s0 += M[r * ld + j] * vec[r];
+        s1 += M[(r + 4) * ld + j] * vec[r + 4];
+    }
+    if (r < rows) { s0 += M[r * ld + j] * vec[r]; }
+    return s0 + s1;
 }
 
 // spec 3.1: omega_1..omega_r (omega_0 = 2, rho = 1/(1 + 2a)), in double, by thread 0 into shared memory
@@ -232,40 +265,45 @@ __device__ void gka_omegas(double* om, int r, float ridge) {
 // spec 3.1: sol = CHEB(Hs, f, rhs) ~ (Hs + a f I)^-1 rhs (Hs symmetric, row stride gka_ld(dk)); xb [2][dk] shared
 // workspace; the result is left in sol (shared, dk). x_prev = 0, x = tau rhs; r times
 // x <- omega x - tau omega (Hs x + a f x - rhs) - (omega - 1) x_prev. f = 0 (all keys zero) gives 0, not 0/0.
-// Thread (i = tid/2, half = tid%2) owns row i; x and x_prev of row i stay in its registers.
+// Each iteration is one mat-vec in the row map; the 4 threads of row i keep x_i and x_prev_i in registers.
 __device__ void gka_cheb_block(float* sol, float* xb, const float* Hs, const float* rhs, float f, const double* om,
                                int r, float ridge, int dk) {
-    const int i = threadIdx.x >> 1, half = threadIdx.x & 1, ld = gka_ld(dk);
+    const int i = threadIdx.x >> 2, quarter = threadIdx.x & 3, ld = gka_ld(dk);
     const bool row = i < dk;
     if (!(f > 0.0f)) {
-        if (row && half == 0) { sol[i] = 0.0f; }
+        if (row && quarter == 0) { sol[i] = 0.0f; }
         __syncthreads();
         return;
     }
     const double tau = 2.0 / ((double)f * (1.0 + 2.0 * (double)ridge));
     const float lam = ridge * f, b = row ? rhs[i] : 0.0f;
     float x = (float)tau * b, xp = 0.0f;
-    if (row && half == 0) { xb[i] = x; }
+    if (row && quarter == 0) { xb[i] = x; }
     __syncthreads();
     int cur = 0;
     for (int it = 0; it < r; it++) {
         const float c1 = (float)(tau * om[it]), c2 = (float)om[it], c3 = (float)(om[it] - 1.0);
-        float s = 0.0f;
-        if (row) {
-            const float* h = Hs + i * ld;
-            const float* xv = xb + cur * dk;
-            for (int jj = half; jj < dk; jj += 2) { s += h[jj] * xv[jj]; }
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        const float s = gka_row_dot(Hs + (row ? i : 0) * ld, xb + cur * dk, row ? dk : 0, quarter);
         const float xn = c2 * x - c1 * (s + lam * x - b) - c3 * xp;
         xp = x;
         x = xn;
         cur ^= 1;
-        if (row && half == 0) { xb[cur * dk + i] = x; }
+        if (row && quarter == 0) { xb[cur * dk + i] = x; }
         __syncthreads();
     }
-    if (row && half == 0) { sol[i] = x; }
+    if (row && quarter == 0) { sol[i] = x; }
     __syncthreads();
+}
+
+static void gka_core_check(size_t smem, int dk, int dv) {
+    int device = 0, max_optin = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (dk > 128 || dv > 128) { die("gka on the GPU: dk = %d, dv = %d; the recurrent core takes dk, dv <= 128", dk, dv); }
+    if (smem > (size_t)max_optin) {
+        die("gka on the GPU: dk = %d, dv = %d need %zu bytes of shared memory per block, the device has %d", dk, dv,
+            smem, max_optin);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -274,89 +312,87 @@ __device__ void gka_cheb_block(float* sol, float* xb, const float* Hs, const flo
 // states.
 
 static size_t gka_core_forward_smem(int dk, int dv, int iters) {
-    return (size_t)iters * sizeof(double) + ((size_t)dk * gka_ld(dk) + (size_t)dk * dv + 5 * (size_t)dk + dv + 32)
-           * sizeof(float);
+    return (size_t)iters * sizeof(double)
+           + ((size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 5 * (size_t)dk + dv + 4 * 128 + 32) * sizeof(float);
 }
 
-__global__ void gka_core_forward_kernel(floatX* o, float* x_out, float* f_out, float* Hck, float* Uck, float* H_io,
-                                        float* U_io, const floatX* qkv, const float* alpha, const float* g, int T,
-                                        int H, int dk, int dv, int iters, float ridge, float scale) {
+__global__ void __launch_bounds__(GKA_CORE_THREADS)
+gka_core_forward_kernel(floatX* o, float* x_out, float* f_out, float* Hck, float* Uck, float* H_io, float* U_io,
+                        const floatX* qkv, const float* alpha, const float* g, int T, int H, int dk, int dv, int iters,
+                        float ridge, float scale) {
     extern __shared__ double gka_smem_fwd[];
     double* om = gka_smem_fwd;
-    float* Hs = (float*)(om + iters);      // [dk][dk + 2]
-    float* Us = Hs + dk * gka_ld(dk);      // [dk][dv]
-    float* q = Us + dk * dv;
+    float* Hs = (float*)(om + iters);      // [dk][dk + 4]
+    float* Us = Hs + dk * gka_ld(dk);      // [dk][dv + 4]
+    float* q = Us + dk * gka_ld(dv);
     float* k = q + dk;
     float* xb = k + dk;                    // [2][dk]
     float* qt = xb + 2 * dk;
     float* v = qt + dk;
-    float* red = v + dv;
+    float* col = v + dv;                   // [4][128] column-map partial sums
+    float* red = col + 4 * 128;
     const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x, nth = blockDim.x;
-    const int DE = 2 * H * dk + H * dv, NT = gka_segments(T), ldh = gka_ld(dk);
+    const int i = tid >> 2, quarter = tid & 3, j = tid & 127, part = tid >> 7;
+    const int DE = 2 * H * dk + H * dv, NT = gka_segments(T), ldh = gka_ld(dk), ldu = gka_ld(dv);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     gka_omegas(om, iters, ridge);
     for (int idx = tid; idx < dk * dk; idx += nth) {
         Hs[(idx / dk) * ldh + idx % dk] = H_io ? H_io[bh * dkdk + idx] : 0.0f;
     }
-    for (int idx = tid; idx < dk * dv; idx += nth) { Us[idx] = U_io ? U_io[bh * dkdv + idx] : 0.0f; }
+    for (int idx = tid; idx < dk * dv; idx += nth) {
+        Us[(idx / dv) * ldu + idx % dv] = U_io ? U_io[bh * dkdv + idx] : 0.0f;
+    }
     __syncthreads();
     for (int t = 0; t < T; t++) {
         const size_t r = (size_t)b * T + t, e = r * H + hh;
         if (Hck && t % GKA_CHECKPOINT == 0) {
             const size_t n = (size_t)bh * NT + t / GKA_CHECKPOINT;
             for (int idx = tid; idx < dk * dk; idx += nth) { Hck[n * dkdk + idx] = Hs[(idx / dk) * ldh + idx % dk]; }
-            for (int idx = tid; idx < dk * dv; idx += nth) { Uck[n * dkdv + idx] = Us[idx]; }
+            for (int idx = tid; idx < dk * dv; idx += nth) { Uck[n * dkdv + idx] = Us[(idx / dv) * ldu + idx % dv]; }
         }
         const floatX* row = qkv + r * DE;
-        for (int d = tid; d < dk; d += nth) { q[d] = to_float(row[hh * dk + d]); k[d] = to_float(row[H * dk + hh * dk + d]); }
-        for (int d = tid; d < dv; d += nth) { v[d] = to_float(row[2 * H * dk + hh * dv + d]); }
+        if (tid < dk) {
+            q[tid] = to_float(row[hh * dk + tid]);
+            k[tid] = to_float(row[H * dk + hh * dk + tid]);
+        }
+        if (tid < dv) { v[tid] = to_float(row[2 * H * dk + hh * dv + tid]); }
         const float gam = expf(g[e]);
         __syncthreads();
-        // H <- gamma H + k k^T, U <- gamma U + k v^T, f = ||H||_F
+        // H <- gamma H + k k^T, U <- gamma U + k v^T (row map), f = ||H||_F
         float ff = 0.0f;
-        for (int idx = tid; idx < dk * dk; idx += nth) {
-            const int i = idx / dk, jj = idx % dk;
-            float* h = Hs + i * ldh + jj;
-            *h = gam * *h + k[i] * k[jj];
-            ff += *h * *h;
-        }
-        for (int idx = tid; idx < dk * dv; idx += nth) {
-            const int i = idx / dv, jj = idx % dv;
-            Us[idx] = gam * Us[idx] + k[i] * v[jj];
+        if (i < dk) {
+            const float ki = k[i];
+            float* hrow = Hs + i * ldh;
+            for (int c = quarter; c < dk; c += 4) {
+                const float h = gam * hrow[c] + ki * k[c];
+                hrow[c] = h;
+                ff += h * h;
+            }
+            float* urow = Us + i * ldu;
+            for (int c = quarter; c < dv; c += 4) { urow[c] = gam * urow[c] + ki * v[c]; }
         }
         const float f = sqrtf(gka_block_sum(ff, red));   // its syncs also publish H and U
         // x = CHEB(H, f, q_hat); qt = q_hat + alpha (x - q_hat)
         gka_cheb_block(qt, xb, Hs, q, f, om, iters, ridge, dk);
         const float al = alpha[e];
-        for (int d = tid; d < dk; d += nth) {
-            const float xd = qt[d];
-            x_out[e * dk + d] = xd;
-            qt[d] = q[d] + al * (xd - q[d]);
+        if (tid < dk) {
+            const float xd = qt[tid];
+            x_out[e * dk + tid] = xd;
+            qt[tid] = q[tid] + al * (xd - q[tid]);
         }
         if (tid == 0) { f_out[e] = f; }
         __syncthreads();
-        // o = s U^T qt
-        for (int jj = tid; jj < dv; jj += nth) {
-            float acc = 0.0f;
-            for (int i = 0; i < dk; i++) { acc += Us[i * dv + jj] * qt[i]; }
-            o[r * H * dv + hh * dv + jj] = from_float<floatX>(scale * acc);
-        }
+        // o = s U^T qt (column map)
+        col[part * 128 + j] = j < dv ? gka_col_dot_part(Us, ldu, qt, dk, j, part) : 0.0f;
         __syncthreads();
+        if (tid < dv) {
+            o[r * H * dv + hh * dv + tid] = from_float<floatX>(scale * (col[tid] + col[128 + tid] + col[256 + tid]
+                                                                        + col[384 + tid]));
+        }
     }
     if (H_io) {
         for (int idx = tid; idx < dk * dk; idx += nth) { H_io[bh * dkdk + idx] = Hs[(idx / dk) * ldh + idx % dk]; }
-        for (int idx = tid; idx < dk * dv; idx += nth) { U_io[bh * dkdv + idx] = Us[idx]; }
-    }
-}
-
-static void gka_core_check_smem(size_t bytes, int dk, int dv) {
-    int device = 0, max_optin = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (dk > GKA_CORE_THREADS / 2) { die("gka on the GPU: dk = %d, the recurrent core takes dk <= %d", dk, GKA_CORE_THREADS / 2); }
-    if (bytes > (size_t)max_optin) {
-        die("gka on the GPU: dk = %d, dv = %d need %zu bytes of shared memory per block, the device has %d",
-            dk, dv, bytes, max_optin);
+        for (int idx = tid; idx < dk * dv; idx += nth) { U_io[bh * dkdv + idx] = Us[(idx / dv) * ldu + idx % dv]; }
     }
 }
 
@@ -364,7 +400,7 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
                              const floatX* qkv, const float* alpha, const float* g, int B, int T, int H, int dk, int dv,
                              int iters, float ridge, cudaStream_t stream) {
     const size_t smem = gka_core_forward_smem(dk, dv, iters);
-    gka_core_check_smem(smem, dk, dv);
+    gka_core_check(smem, dk, dv);
     cudaCheck(cudaFuncSetAttribute(gka_core_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     gka_core_forward_kernel<<<B * H, GKA_CORE_THREADS, smem, stream>>>(o, x, f, Hck, Uck, H_io, U_io, qkv, alpha, g, T,
                                                                        H, dk, dv, iters, ridge,
@@ -385,19 +421,19 @@ static size_t gka_core_backward_scratch_floats(int B, int H, int dk, int dv) {
 }
 
 static size_t gka_core_backward_smem(int dk, int dv, int iters) {
-    return (size_t)iters * sizeof(double) + (2 * (size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 9 * (size_t)dk
-                                             + 2 * (size_t)dv + 32) * sizeof(float);
+    return (size_t)iters * sizeof(double) + (2 * (size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 10 * (size_t)dk
+                                             + 2 * (size_t)dv + 8 * 128 + 32) * sizeof(float);
 }
 
-__global__ void gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const floatX* dO,
-                                         const float* Hck, const float* Uck, const floatX* qkv, const float* alpha,
-                                         const float* g, const float* x, const float* f, int T, int H, int dk, int dv,
-                                         int iters, float ridge, float scale) {
+__global__ void __launch_bounds__(GKA_CORE_THREADS)
+gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const floatX* dO, const float* Hck,
+                         const float* Uck, const floatX* qkv, const float* alpha, const float* g, const float* x,
+                         const float* f, int T, int H, int dk, int dv, int iters, float ridge, float scale) {
     extern __shared__ double gka_smem_bwd[];
     double* om = gka_smem_bwd;
-    float* Hs = (float*)(om + iters);      // [dk][dk + 2] H_t
-    float* DH = Hs + dk * gka_ld(dk);      // [dk][dk + 2]
-    float* DU = DH + dk * gka_ld(dk);      // [dk][dv + 2]
+    float* Hs = (float*)(om + iters);      // [dk][dk + 4] H_t
+    float* DH = Hs + dk * gka_ld(dk);      // [dk][dk + 4]
+    float* DU = DH + dk * gka_ld(dk);      // [dk][dv + 4]
     float* q = DU + dk * gka_ld(dv);
     float* k = q + dk;
     float* xt = k + dk;
@@ -405,12 +441,16 @@ __global__ void gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, 
     float* dqt = qt + dk;
     float* rhs = dqt + dk;
     float* z = rhs + dk;
-    float* xb = z + dk;                    // [2][dk]
+    float* rowsum = z + dk;                // (DH k + DU v), the row map's part of dk
+    float* xb = rowsum + dk;               // [2][dk]
     float* v = xb + 2 * dk;
     float* dOt = v + dv;
-    float* red = dOt + dv;
+    float* colH = dOt + dv;                // [4][128] column-map partial sums of DH^T k
+    float* colU = colH + 4 * 128;          // [4][128] ... of DU^T k
+    float* red = colU + 4 * 128;
     const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x, nth = blockDim.x;
     const int lane = tid % 32, warp = tid / 32, nw = nth / 32;
+    const int i = tid >> 2, quarter = tid & 3, j = tid & 127, part = tid >> 7;
     const int DE = 2 * H * dk + H * dv, NT = gka_segments(T), ldh = gka_ld(dk), ldu = gka_ld(dv);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     float* segH = seg + (size_t)bh * GKA_CHECKPOINT * (dkdk + dkdv);   // [CK][dk][dk] H_t of the segment's tokens
@@ -424,101 +464,96 @@ __global__ void gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, 
         const float* Hc = Hck + ((size_t)bh * NT + n) * dkdk;
         const float* Uc = Uck + ((size_t)bh * NT + n) * dkdv;
         // recompute the segment's states from its checkpoint
-        for (int i = 0; i < L; i++) {
-            const size_t r = (size_t)b * T + t0 + i;
+        for (int s = 0; s < L; s++) {
+            const size_t r = (size_t)b * T + t0 + s;
             __syncthreads();   // k, v of the previous token are consumed
-            for (int d = tid; d < dk; d += nth) { k[d] = to_float(qkv[r * DE + H * dk + hh * dk + d]); }
-            for (int d = tid; d < dv; d += nth) { v[d] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + d]); }
+            if (tid < dk) { k[tid] = to_float(qkv[r * DE + H * dk + hh * dk + tid]); }
+            if (tid < dv) { v[tid] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + tid]); }
             __syncthreads();
             const float gam = expf(g[r * H + hh]);
-            const float* Hp = i == 0 ? Hc : segH + (size_t)(i - 1) * dkdk;
-            const float* Up = i == 0 ? Uc : segU + (size_t)(i - 1) * dkdv;
-            float* Hn = segH + (size_t)i * dkdk;
-            float* Un = segU + (size_t)i * dkdv;
+            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
+            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
+            float* Hn = segH + (size_t)s * dkdk;
+            float* Un = segU + (size_t)s * dkdv;
             for (int idx = tid; idx < dk * dk; idx += nth) { Hn[idx] = gam * Hp[idx] + k[idx / dk] * k[idx % dk]; }
             for (int idx = tid; idx < dk * dv; idx += nth) { Un[idx] = gam * Up[idx] + k[idx / dv] * v[idx % dv]; }
         }
         __syncthreads();   // the segment's states are visible to the whole CTA
-        for (int i = L - 1; i >= 0; i--) {
-            const size_t r = (size_t)b * T + t0 + i, e = r * H + hh;
-            const float* Ht = segH + (size_t)i * dkdk;
-            const float* Ut = segU + (size_t)i * dkdv;
-            const float* Hp = i == 0 ? Hc : segH + (size_t)(i - 1) * dkdk;
-            const float* Up = i == 0 ? Uc : segU + (size_t)(i - 1) * dkdv;
+        for (int s = L - 1; s >= 0; s--) {
+            const size_t r = (size_t)b * T + t0 + s, e = r * H + hh;
+            const float* Ht = segH + (size_t)s * dkdk;
+            const float* Ut = segU + (size_t)s * dkdv;
+            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
+            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
             const floatX* row = qkv + r * DE;
             const float al = alpha[e], ft = f[e], gam = expf(g[e]);
-            for (int d = tid; d < dk; d += nth) {
-                q[d] = to_float(row[hh * dk + d]);
-                k[d] = to_float(row[H * dk + hh * dk + d]);
-                xt[d] = x[e * dk + d];
-                qt[d] = q[d] + al * (xt[d] - q[d]);
+            if (tid < dk) {
+                q[tid] = to_float(row[hh * dk + tid]);
+                k[tid] = to_float(row[H * dk + hh * dk + tid]);
+                xt[tid] = x[e * dk + tid];
+                qt[tid] = q[tid] + al * (xt[tid] - q[tid]);
             }
-            for (int d = tid; d < dv; d += nth) {
-                v[d] = to_float(row[2 * H * dk + hh * dv + d]);
-                dOt[d] = to_float(dO[r * H * dv + hh * dv + d]);
+            if (tid < dv) {
+                v[tid] = to_float(row[2 * H * dk + hh * dv + tid]);
+                dOt[tid] = to_float(dO[r * H * dv + hh * dv + tid]);
             }
             for (int idx = tid; idx < dk * dk; idx += nth) { Hs[(idx / dk) * ldh + idx % dk] = Ht[idx]; }
             __syncthreads();
             // dqt = s U_t dO (warp per row of U_t, lanes along dv: coalesced)
             for (int i2 = warp; i2 < dk; i2 += nw) {
-                float s = 0.0f;
-                for (int jj = lane; jj < dv; jj += 32) { s += Ut[(size_t)i2 * dv + jj] * dOt[jj]; }
-                s = warp_reduce_sum(s);
+                float acc = 0.0f;
+                for (int c = lane; c < dv; c += 32) { acc += Ut[(size_t)i2 * dv + c] * dOt[c]; }
+                acc = warp_reduce_sum(acc);
                 if (lane == 0) {
-                    dqt[i2] = scale * s;
+                    dqt[i2] = scale * acc;
                     rhs[i2] = al * dqt[i2];
                 }
             }
             __syncthreads();
-            float pa = 0.0f;
-            for (int d = tid; d < dk; d += nth) { pa += dqt[d] * (xt[d] - q[d]); }
-            const float da = gka_block_sum(pa, red);
+            const float da = gka_block_sum(tid < dk ? dqt[tid] * (xt[tid] - q[tid]) : 0.0f, red);
             // z = CHEB(H_t, f_t, alpha dqt); dq_hat = (1 - alpha) dqt + z; w = 2a (x.z)/f
             gka_cheb_block(z, xb, Hs, rhs, ft, om, iters, ridge, dk);
-            float pw = 0.0f;
-            for (int d = tid; d < dk; d += nth) {
-                dqkv[r * DE + hh * dk + d] = (1.0f - al) * dqt[d] + z[d];
-                pw += xt[d] * z[d];
-            }
-            const float xz = gka_block_sum(pw, red);
+            if (tid < dk) { dqkv[r * DE + hh * dk + tid] = (1.0f - al) * dqt[tid] + z[tid]; }
+            const float xz = gka_block_sum(tid < dk ? xt[tid] * z[tid] : 0.0f, red);
             const float hw = ft > 0.0f ? 0.5f * (2.0f * ridge * xz / ft) : 0.0f;
-            // DH <- gp DH - (z x^T + (w/2) H_t), DU <- gp DU + s qt dO^T, and the sums of dg
+            // DH <- gp DH - (z x^T + (w/2) H_t), DU <- gp DU + s qt dO^T, and the sums of dg (element map:
+            // consecutive threads read consecutive addresses of H_{t-1}, U_{t-1})
             float pg = 0.0f;
             for (int idx = tid; idx < dk * dk; idx += nth) {
-                const int i2 = idx / dk, jj = idx % dk;
-                float* dh = DH + i2 * ldh + jj;
-                *dh = gp * *dh - (z[i2] * xt[jj] + hw * Hs[i2 * ldh + jj]);
+                const int i2 = idx / dk, c = idx % dk;
+                float* dh = DH + i2 * ldh + c;
+                *dh = gp * *dh - (z[i2] * xt[c] + hw * Hs[i2 * ldh + c]);
                 pg += *dh * Hp[idx];
             }
             for (int idx = tid; idx < dk * dv; idx += nth) {
-                const int i2 = idx / dv, jj = idx % dv;
-                float* du = DU + i2 * ldu + jj;
-                *du = gp * *du + scale * qt[i2] * dOt[jj];
+                const int i2 = idx / dv, c = idx % dv;
+                float* du = DU + i2 * ldu + c;
+                *du = gp * *du + scale * qt[i2] * dOt[c];
                 pg += *du * Up[idx];
             }
             const float dgs = gka_block_sum(pg, red);   // its syncs also publish DH and DU
-            // dk = (DH + DH^T) k + DU v (two threads per row); dv = DU^T k (thread per column)
+            // dk = DH k + DU v (row map) + DH^T k (column map); dv = DU^T k (column map)
             {
-                const int i2 = tid >> 1, half = tid & 1;
-                float s = 0.0f;
-                if (i2 < dk) {
-                    for (int jj = half; jj < dk; jj += 2) { s += (DH[i2 * ldh + jj] + DH[jj * ldh + i2]) * k[jj]; }
-                    for (int jj = half; jj < dv; jj += 2) { s += DU[i2 * ldu + jj] * v[jj]; }
-                }
-                s += __shfl_xor_sync(0xffffffffu, s, 1);
-                if (i2 < dk && half == 0) { dqkv[r * DE + H * dk + hh * dk + i2] = s; }
+                const float sr = gka_row_dot(DH + (i < dk ? i : 0) * ldh, k, i < dk ? dk : 0, quarter)
+                               + gka_row_dot(DU + (i < dk ? i : 0) * ldu, v, i < dk ? dv : 0, quarter);
+                if (i < dk && quarter == 0) { rowsum[i] = sr; }
+                colH[part * 128 + j] = j < dk ? gka_col_dot_part(DH, ldh, k, dk, j, part) : 0.0f;
+                colU[part * 128 + j] = j < dv ? gka_col_dot_part(DU, ldu, k, dk, j, part) : 0.0f;
             }
-            for (int jj = tid; jj < dv; jj += nth) {
-                float s = 0.0f;
-                for (int i2 = 0; i2 < dk; i2++) { s += DU[i2 * ldu + jj] * k[i2]; }
-                dqkv[r * DE + 2 * H * dk + hh * dv + jj] = s;
+            __syncthreads();
+            if (tid < dk) {
+                dqkv[r * DE + H * dk + hh * dk + tid] = rowsum[tid] + (colH[tid] + colH[128 + tid] + colH[256 + tid]
+                                                                       + colH[384 + tid]);
+            }
+            if (tid < dv) {
+                dqkv[r * DE + 2 * H * dk + hh * dv + tid] = colU[tid] + colU[128 + tid] + colU[256 + tid]
+                                                            + colU[384 + tid];
             }
             if (tid == 0) {
                 dalpha[e] = da;
                 dg[e] = gam * dgs;
             }
             gp = gam;
-            __syncthreads();
         }
     }
 }
@@ -528,7 +563,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
                               float ridge, cudaStream_t stream) {
     const size_t smem = gka_core_backward_smem(dk, dv, iters);
-    gka_core_check_smem(smem, dk, dv);
+    gka_core_check(smem, dk, dv);
     cudaCheck(cudaFuncSetAttribute(gka_core_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, smem, stream>>>(dqkv, dalpha, dg, scratch, dO, Hck, Uck, qkv,
                                                                         alpha, g, x, f, T, H, dk, dv, iters, ridge,

@@ -165,7 +165,8 @@ static void gdn_backward(const MixerContext* mc, const void* settings, const Lay
     shortconv_silu_backward(s.dproj, sh->ldP, gr->conv_w, mc->reduce, s.dgqkv, a->proj, p->conv_w, B, T, sh->D, sh->W, st);
     profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
-    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D + sh->H * sh->dv, sh->P);
+    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D + sh->H * sh->dv,
+                           sh->P);
     profile_mark("bwd gdn in_proj matmul");
 }
 
