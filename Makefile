@@ -87,7 +87,7 @@ build/test_klacu_%: test_kla.cu train_kla.cu $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_$(shell echo $* | tr a-z A-Z) -o $@ $< $(NVCC_LDLIBS)
 
 # the GPU tests (needs a GPU and the reference dumps of make test): parity in both precisions, dev/cuda labs
-test-gpu: cuda-both
+test-gpu: cuda-both train_kla
 	bash dev/test/test_gpu.sh
 
 # the GPU benchmark (not a test): train_klacu beside PyTorch torch.compile, the gdn chunk kernel alone

@@ -1,7 +1,9 @@
 /*
-train_common.h: the parts of the training program that train_kla.c and train_kla.cu write against the same model
-API (model_forward with m->mean_loss, decode_init / model_decode_step / decode_free leaving the next-token logits
-in the host array d.logits): validation, sampling, the prompt, and the stop on divergence. Include it after the
+train_common.h: the training program of train_kla.c and train_kla.cu, written once against the model API both
+trainers provide (model_forward with m->mean_loss and m->num_labelled, model_backward, model_update, ...;
+decode_init / model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
+run directory and resume, validation, the synthetic tasks' evaluation, sampling, checkpoints, the stop on
+divergence, the step line and its ETA, and the loop itself (train_main, at the end). Include it after the
 trainer's model code.
 */
 #ifndef TRAIN_KLA_TRAIN_COMMON_H
@@ -329,6 +331,248 @@ static double eta_seconds(const Options* o, const EvalTimes* t, int step, int ma
     if (t->vals > 0) { eta += t->val_s / t->vals * events_left(step, max_steps, o->val_every); }
     if (t->samples > 0 && o->gen_tokens > 0) { eta += t->sample_s / t->samples * events_left(step, max_steps, o->sample_every); }
     return eta;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// synthetic tasks (README "Synthetic tasks", tasks.h): accuracy over the labelled positions
+
+// Loss and token accuracy over the labelled positions of n_batches batches of B generated examples of `split`
+// at length parameter len. The examples are the same at every call, so numbers compare across steps.
+static void task_evaluate(Model* m, const Task* t, int len, int split, uint64_t seed, int B, int n_batches,
+                          float* loss, float* accuracy) {
+    int T = task_seq_len(t, len);
+    int* inputs = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    int* targets = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    double loss_sum = 0.0;
+    long labelled = 0, correct = 0;
+    for (int i = 0; i < n_batches; i++) {
+        task_batch(t, len, split, seed, (uint64_t)i * B, B, inputs, targets);
+        model_forward(m, inputs, targets, B, T);
+        loss_sum += (double)m->mean_loss * m->num_labelled;
+        model_count_correct(m, targets, B * T, &labelled, &correct);
+    }
+    *loss = labelled > 0 ? (float)(loss_sum / labelled) : 0.0f;
+    *accuracy = labelled > 0 ? (float)correct / labelled : 0.0f;
+    free(inputs);
+    free(targets);
+}
+
+// The task's evaluation at the training length and at each --task-eval length: one line per length on stdout
+// and in main.log. An all-attn model has a learned position embedding of max_seq_len rows and cannot run longer
+// sequences: those lengths are skipped with a note (the recurrent mixers have no position embedding).
+static void task_report(Model* m, const Options* opt, int split, int step, FILE* log) {
+    int lens[MAX_EVAL_LENS + 1], n = 0;
+    lens[n++] = opt->task.len;
+    for (int i = 0; i < opt->num_eval_lens; i++) { if (opt->eval_lens[i] != opt->task.len) { lens[n++] = opt->eval_lens[i]; } }
+    int batches = opt->val_batches > 0 ? opt->val_batches : (2000 + opt->B - 1) / opt->B;  // -1: the spec's 2000 sequences
+    const char* name = split == SPLIT_TEST ? "test" : "val";
+    for (int i = 0; i < n; i++) {
+        int T = task_seq_len(&opt->task, lens[i]);
+        if (config_has_wpe(&m->config) && T > m->config.max_seq_len) {
+            printf("step %4d/%d | %s len %d | skipped: %d tokens exceed attn's learned position embedding (max_seq_len %d)\n",
+                   step, opt->max_steps, name, lens[i], T, m->config.max_seq_len);
+            continue;
+        }
+        float loss, accuracy;
+        task_evaluate(m, &opt->task, lens[i], split, (uint64_t)opt->seed, opt->B, batches, &loss, &accuracy);
+        printf("step %4d/%d | %s len %d | loss %.6f | accuracy %.4f\n", step, opt->max_steps, name, lens[i], loss, accuracy);
+        if (log) {
+            if (split == SPLIT_VAL && i == 0) { fprintf(log, "s:%d tel:%.4f\n", step, loss); }
+            fprintf(log, "s:%d %s_len:%d loss:%.4f acc:%.4f\n", step, name, lens[i], loss, accuracy);
+            fflush(log);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the training program, written once for both trainers. Besides the model API above (model_forward,
+// model_backward, model_zero_grad, model_grad_norm, model_update, model_read_state, model_write_checkpoint,
+// model_count_correct, model_free, decode), each trainer supplies:
+//   trainer_open_model(m, path, opt)   the model of a file (path), or with path NULL one built from opt->config and
+//                                      initialised from --seed
+//   trainer_describe(buf, n)           the run table's "compute" row
+//   trainer_peak_flops()               the peak FLOP/s the step line's MFU counts against (0: no MFU)
+//   trainer_step_begin(m), trainer_step_end(m, timed)   around each optimizer step (the GPU: its profile marks,
+//                                      and waiting for the step to finish before it is timed)
+//   trainer_finish(m, timed_steps)     after the loop (the GPU: its profile)
+//   trainer_memory(buf, n)             the summary line's memory field ("" for none)
+
+// Runs what the flags ask: --eval / --generate on the model of -e, or a training run (fresh, from -e, or -y 1
+// resuming the newest checkpoint of -o). Returns the exit code.
+static int train_main(Options* opt, int argc, char** argv) {
+    if (opt->generate > 0 || opt->eval) {  // --generate, --eval: use the model of -e and exit, no training
+        Model model;
+        trainer_open_model(&model, opt->init_file, opt);
+        check_model_flags(&model.config, opt->flags, opt->num_flags, opt->init_file);
+        use_model_without_training(&model, opt);
+        model_free(&model);
+        return 0;
+    }
+    int64_t resume_step = prepare_run_dir(opt, argc, argv);
+    if (opt->task.kind == TASK_NONE) { check_default_data(opt); }
+
+    // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
+    Model model;
+    static TrainState state;  // static: zeroed, and its flag block stays off the stack
+    char path[4096];
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), opt->out_dir, "model", resume_step);
+        trainer_open_model(&model, path, opt);
+        check_model_flags(&model.config, opt->flags, opt->num_flags, path);
+        use_checkpoint_task(opt, &model.config, path);
+        printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
+    } else if (opt->init_file) {
+        trainer_open_model(&model, opt->init_file, opt);
+        check_model_flags(&model.config, opt->flags, opt->num_flags, opt->init_file);
+        use_checkpoint_task(opt, &model.config, opt->init_file);
+    } else {
+        trainer_open_model(&model, NULL, opt);
+    }
+    const Config* cfg = &model.config;
+    int task = opt->task.kind != TASK_NONE;  // the data come from tasks.h's generator (spec-defined synthetic tasks)
+    if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) {
+        die("flag %s: sequence length %d exceeds the model's max_seq_len %d", task ? "--task-len" : "-t", opt->T, cfg->max_seq_len);
+    }
+
+    // ---- data (token shards, or a task's generator: one micro-batch of inputs and targets) and tokenizer
+    DataLoader train_loader = {0}, val_loader = {0};
+    int *task_inputs = NULL, *task_targets = NULL;
+    if (task) {
+        task_inputs = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
+        task_targets = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
+    } else {
+        dataloader_init(&train_loader, opt->train_glob, opt->B, opt->T, 0, 1, opt->shuffle, (uint64_t)opt->seed, cfg->vocab_size);
+        // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
+        // representative sample of the whole split (documents are stored grouped by source)
+        dataloader_init(&val_loader, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
+    }
+    int grad_accum = opt->total_batch / (opt->B * opt->T);
+    if (opt->max_steps == -1) {
+        opt->max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
+        if (opt->max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt->train_glob, opt->total_batch); }
+    }
+    exit_if_nothing_to_do(resume_step, opt->max_steps, opt->out_dir);
+    note_if_all_warmup(opt, opt->max_steps);
+    Tokenizer tokenizer;
+    size_t prompt_len;
+    uint32_t* prompt_ids = prepare_prompt(opt, cfg, &tokenizer, &prompt_len);
+    if (resume_step >= 0) {
+        checkpoint_path(path, sizeof(path), opt->out_dir, "state", resume_step);
+        model_read_state(&model, &state, path);
+        if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
+        if (!task) { dataloader_set_state(&train_loader, &state.loader); }  // a task's stream is a function of the step
+    }
+    // the checkpoints keep the flags of this run (the command line over those of a resumed run)
+    memcpy(state.run_flags, opt->run_flags, (size_t)opt->run_flags_bytes);
+    state.run_flags_bytes = opt->run_flags_bytes;
+
+    // ---- the parameter table
+    char compute[320];
+    trainer_describe(compute, sizeof(compute), cfg);
+    print_run_table(cfg, model.num_parameters, opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
+                    grad_accum, opt->max_steps, compute);
+
+    FILE* log = NULL;
+    int start = (int)state.step;
+    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt->out_dir, start);
+    if (opt->out_dir) {
+        snprintf(path, sizeof(path), "%s/main.log", opt->out_dir);
+        log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
+    }
+
+    // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
+    double ema_ms = 0.0, timed_ms = 0.0, peak = trainer_peak_flops();
+    double flops_per_token = model_flops_per_token(cfg, opt->T, NULL);
+    int timed_steps = 0;
+    EvalTimes eval = {0, 0, 0, 0};
+    for (int step = start; step <= opt->max_steps; step++) {
+        int last = step == opt->max_steps;
+        int evaluate = ((opt->val_every > 0 && step % opt->val_every == 0) || last) && !(step == start && val_logged_at_start);
+        double t_eval = now_seconds();
+        if (evaluate && task) {
+            task_report(&model, opt, SPLIT_VAL, step, log);
+            if (last) { task_report(&model, opt, SPLIT_TEST, step, log); }  // the held-out numbers to report
+        } else if (evaluate) {
+            float vl = validation_loss(&model, &val_loader, opt->val_batches);
+            printf("step %4d/%d | val loss %.6f\n", step, opt->max_steps, vl);
+            if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
+        }
+        if (evaluate) {
+            eval.val_s += now_seconds() - t_eval;
+            eval.vals++;
+        }
+        if (opt->gen_tokens > 0 && ((opt->sample_every > 0 && step % opt->sample_every == 0 && step > start) || last)) {
+            double t0 = now_seconds();
+            generate(&model, &tokenizer, prompt_ids, prompt_len, opt->gen_tokens, opt);
+            eval.sample_s += now_seconds() - t0;
+            eval.samples++;
+        }
+        if (opt->out_dir && step > start && ((opt->ckpt_every > 0 && step % opt->ckpt_every == 0) || last)) {
+            state.step = step;
+            if (!task) { dataloader_get_state(&train_loader, &state.loader); }
+            model_write_checkpoint(&model, &state, opt->out_dir);
+            delete_old_checkpoints(opt->out_dir, opt->ckpt_keep);
+            printf("wrote checkpoint %s/model_%08d.bin\n", opt->out_dir, step);
+        }
+        if (last) { break; }
+
+        double t0 = now_seconds();
+        int timed = step - start >= 10;  // the summary skips 10 warm-up steps
+        trainer_step_begin(&model);
+        model_zero_grad(&model);
+        double loss = 0.0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            if (task) {  // micro-batch number step*grad_accum+micro of the training stream: resumes with no state
+                uint64_t first = ((uint64_t)step * grad_accum + micro) * opt->B;
+                task_batch(&opt->task, opt->task.len, SPLIT_TRAIN, (uint64_t)opt->seed, first, opt->B, task_inputs, task_targets);
+                model_forward(&model, task_inputs, task_targets, opt->B, opt->T);
+            } else {
+                dataloader_next_batch(&train_loader);
+                model_forward(&model, train_loader.inputs, train_loader.targets, opt->B, opt->T);
+            }
+            model_backward(&model, 1.0f / grad_accum);
+            loss += model.mean_loss / grad_accum;
+        }
+        float norm = model_grad_norm(&model);
+        stop_if_diverged(step + 1, loss, norm, opt->out_dir);
+        float grad_scale = opt->grad_clip > 0.0f && norm > opt->grad_clip ? opt->grad_clip / norm : 1.0f;
+        float step_lr = learning_rate(opt->sched, step, opt->max_steps, opt->warmup, opt->lr, opt->final_frac);
+        model_update(&model, step_lr, opt->beta1, opt->beta2, opt->adam_eps, opt->weight_decay, grad_scale, step + 1);
+        trainer_step_end(&model, timed);
+        double ms = (now_seconds() - t0) * 1000.0, tok_s = opt->total_batch / (ms / 1000.0);
+        ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
+        if (timed) {
+            timed_ms += ms;
+            timed_steps++;
+        }
+        double eta = eta_seconds(opt, &eval, step, opt->max_steps, ema_ms);
+        char mfu[32] = "";
+        if (peak > 0.0) { snprintf(mfu, sizeof(mfu), " | mfu %.1f%%", 100.0 * tok_s * flops_per_token / peak); }
+        printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | eta %dm%02ds\n", step + 1,
+               opt->max_steps, loss, step_lr, norm, ms, tok_s, mfu, (int)(eta / 60), (int)eta % 60);
+        fflush(stdout);
+        if (log) { fprintf(log, "s:%d trl:%.4f lr:%.6f norm:%.2f\n", step, loss, step_lr, norm); fflush(log); }
+    }
+    if (timed_steps > 0) {  // the step time after the warm-up (scripts/bench_gpu.sh reads this line)
+        double ms = timed_ms / timed_steps, tok_s = opt->total_batch / (ms / 1000.0);
+        char mfu[32] = "", memory[64] = "";
+        if (peak > 0.0) { snprintf(mfu, sizeof(mfu), " | mfu %.1f%%", 100.0 * tok_s * flops_per_token / peak); }
+        trainer_memory(memory, sizeof(memory));
+        printf("summary | ms/step %.2f | tok/s %.0f%s%s\n", ms, tok_s, mfu, memory);
+    }
+    trainer_finish(&model, timed_steps);
+
+    if (log) { fclose(log); }
+    if (opt->gen_tokens > 0) { tokenizer_free(&tokenizer); }
+    free(prompt_ids);
+    if (!task) {
+        dataloader_free(&train_loader);
+        dataloader_free(&val_loader);
+    }
+    free(task_inputs);
+    free(task_targets);
+    model_free(&model);
+    return 0;
 }
 
 #endif // TRAIN_KLA_TRAIN_COMMON_H

@@ -3513,218 +3513,53 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
 // ----------------------------------------------------------------------------------------------------------
 // main: flags, the training loop, evaluation, sampling, checkpoints
 #ifndef TESTING
+
+// ---- what the training program of train_common.h asks of a trainer (its comment there)
+
+static void trainer_open_model(Model* m, const char* path, const Options* opt) {
+    if (path) {
+        model_load(m, path, opt->chunk);
+    } else {
+        model_build(m, &opt->config, opt->chunk);
+        init_parameters(m->params_memory, &m->config, &m->table, (uint64_t)opt->seed);
+    }
+}
+
+// AdamW's moments (allocated here when the model has none yet) and the run state of a checkpoint's state file
+static void model_read_state(Model* m, TrainState* s, const char* path) {
+    if (m->m_memory == NULL) {
+        m->m_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+        m->v_memory = (float*)calloc_or_die(m->num_parameters, sizeof(float));
+    }
+    read_state_file(s, m->num_parameters, m->m_memory, m->v_memory, path);
+}
+
+static void model_write_checkpoint(const Model* m, const TrainState* s, const char* dir) {
+    write_checkpoint(&m->config, &m->table, m->params_memory, m->m_memory, m->v_memory, s, dir);
+}
+
+// the labelled positions of the last forward (targets >= 0) and how many of them the logits' argmax predicts
+static void model_count_correct(const Model* m, const int* targets, int N, long* labelled, long* correct) {
+    task_count_correct(m->acts.logits, targets, N, m->config.vocab_size, m->config.padded_vocab_size, labelled, correct);
+}
+
+static void trainer_describe(char* buf, size_t n, const Config* c) {
+    (void)c;
+    snprintf(buf, n, "CPU, fp32, %d threads", max_threads());
+}
+
+static double trainer_peak_flops(void) { return 0.0; }   // no MFU on a CPU
+static void trainer_step_begin(Model* m) { (void)m; }
+static void trainer_step_end(Model* m, int timed) { (void)m; (void)timed; }
+static void trainer_finish(Model* m, int timed_steps) { (void)m; (void)timed_steps; }
+static void trainer_memory(char* buf, size_t n) { (void)n; buf[0] = '\0'; }
+
 #include "train_common.h"
-
-// Loss and token accuracy over the labelled positions of n_batches batches of B generated examples of `split`
-// at length parameter len. The examples are the same at every call, so numbers compare across steps.
-static void task_evaluate(Model* m, const Task* t, int len, int split, uint64_t seed, int B, int n_batches,
-                          float* loss, float* accuracy) {
-    int T = task_seq_len(t, len);
-    int* inputs = (int*)malloc_or_die((size_t)B * T * sizeof(int));
-    int* targets = (int*)malloc_or_die((size_t)B * T * sizeof(int));
-    double loss_sum = 0.0;
-    long labelled = 0, correct = 0;
-    for (int i = 0; i < n_batches; i++) {
-        task_batch(t, len, split, seed, (uint64_t)i * B, B, inputs, targets);
-        model_forward(m, inputs, targets, B, T);
-        loss_sum += (double)m->mean_loss * m->num_labelled;
-        task_count_correct(m->acts.logits, targets, B * T, m->config.vocab_size, m->config.padded_vocab_size, &labelled, &correct);
-    }
-    *loss = labelled > 0 ? (float)(loss_sum / labelled) : 0.0f;
-    *accuracy = labelled > 0 ? (float)correct / labelled : 0.0f;
-    free(inputs);
-    free(targets);
-}
-
-// The task's evaluation at the training length and at each --task-eval length: one line per length on stdout
-// and in main.log. An all-attn model has a learned position embedding of max_seq_len rows and cannot run longer
-// sequences: those lengths are skipped with a note (the recurrent mixers have no position embedding).
-static void task_report(Model* m, const Options* opt, int split, int step, FILE* log) {
-    int lens[MAX_EVAL_LENS + 1], n = 0;
-    lens[n++] = opt->task.len;
-    for (int i = 0; i < opt->num_eval_lens; i++) { if (opt->eval_lens[i] != opt->task.len) { lens[n++] = opt->eval_lens[i]; } }
-    int batches = opt->val_batches > 0 ? opt->val_batches : (2000 + opt->B - 1) / opt->B;  // -1: the spec's 2000 sequences
-    const char* name = split == SPLIT_TEST ? "test" : "val";
-    for (int i = 0; i < n; i++) {
-        int T = task_seq_len(&opt->task, lens[i]);
-        if (config_has_wpe(&m->config) && T > m->config.max_seq_len) {
-            printf("step %4d/%d | %s len %d | skipped: %d tokens exceed attn's learned position embedding (max_seq_len %d)\n",
-                   step, opt->max_steps, name, lens[i], T, m->config.max_seq_len);
-            continue;
-        }
-        float loss, accuracy;
-        task_evaluate(m, &opt->task, lens[i], split, (uint64_t)opt->seed, opt->B, batches, &loss, &accuracy);
-        printf("step %4d/%d | %s len %d | loss %.6f | accuracy %.4f\n", step, opt->max_steps, name, lens[i], loss, accuracy);
-        if (log) {
-            if (split == SPLIT_VAL && i == 0) { fprintf(log, "s:%d tel:%.4f\n", step, loss); }
-            fprintf(log, "s:%d %s_len:%d loss:%.4f acc:%.4f\n", step, name, lens[i], loss, accuracy);
-            fflush(log);
-        }
-    }
-}
 
 int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
     require(opt.recompute == 0, "-r", "activation recomputation is an option of train_kla.cu (the CPU trainer keeps every activation)");
-    if (opt.generate > 0 || opt.eval) {  // --generate, --eval: use the model of -e and exit, no training
-        Model model;
-        model_load(&model, opt.init_file, opt.chunk);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
-        use_model_without_training(&model, &opt);
-        model_free(&model);
-        return 0;
-    }
-    int64_t resume_step = prepare_run_dir(&opt, argc, argv);
-    if (opt.task.kind == TASK_NONE) { check_default_data(&opt); }
-
-    // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
-    Model model;
-    static TrainState state;  // static: zeroed, and its flag block stays off the stack
-    char path[4096];
-    if (resume_step >= 0) {
-        checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
-        model_load(&model, path, opt.chunk);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, path);
-        use_checkpoint_task(&opt, &model.config, path);
-        printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
-    } else if (opt.init_file) {
-        model_load(&model, opt.init_file, opt.chunk);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
-        use_checkpoint_task(&opt, &model.config, opt.init_file);
-    } else {
-        model_build(&model, &opt.config, opt.chunk);
-        init_parameters(model.params_memory, &model.config, &model.table, (uint64_t)opt.seed);
-    }
-    const Config* cfg = &model.config;
-    int task = opt.task.kind != TASK_NONE;  // the data come from tasks.h's generator (spec-defined synthetic tasks)
-    if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) {
-        die("flag %s: sequence length %d exceeds the model's max_seq_len %d", task ? "--task-len" : "-t", opt.T, cfg->max_seq_len);
-    }
-
-    // ---- data (token shards, or a task's generator: one micro-batch of inputs and targets) and tokenizer
-    DataLoader train_loader = {0}, val_loader = {0};
-    int *task_inputs = NULL, *task_targets = NULL;
-    if (task) {
-        task_inputs = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
-        task_targets = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
-    } else {
-        dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
-        // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
-        // representative sample of the whole split (documents are stored grouped by source)
-        dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
-    }
-    int grad_accum = opt.total_batch / (opt.B * opt.T);
-    if (opt.max_steps == -1) {
-        opt.max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
-        if (opt.max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
-    }
-    exit_if_nothing_to_do(resume_step, opt.max_steps, opt.out_dir);
-    note_if_all_warmup(&opt, opt.max_steps);
-    Tokenizer tokenizer;
-    size_t prompt_len;
-    uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
-    if (resume_step >= 0) {
-        checkpoint_path(path, sizeof(path), opt.out_dir, "state", resume_step);
-        if (model.m_memory == NULL) {
-            model.m_memory = (float*)calloc_or_die(model.num_parameters, sizeof(float));
-            model.v_memory = (float*)calloc_or_die(model.num_parameters, sizeof(float));
-        }
-        read_state_file(&state, model.num_parameters, model.m_memory, model.v_memory, path);
-        if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
-        if (!task) { dataloader_set_state(&train_loader, &state.loader); }  // a task's stream is a function of the step
-    }
-    // the checkpoints keep the flags of this run (the command line over those of a resumed run)
-    memcpy(state.run_flags, opt.run_flags, (size_t)opt.run_flags_bytes);
-    state.run_flags_bytes = opt.run_flags_bytes;
-
-    // ---- the parameter table
-    char compute[64];
-    snprintf(compute, sizeof(compute), "CPU, fp32, %d threads", max_threads());
-    print_run_table(cfg, model.num_parameters, &opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
-                    grad_accum, opt.max_steps, compute);
-
-    FILE* log = NULL;
-    int start = (int)state.step;
-    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt.out_dir, start);
-    if (opt.out_dir) {
-        snprintf(path, sizeof(path), "%s/main.log", opt.out_dir);
-        log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
-    }
-
-    // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
-    double ema_ms = 0.0;
-    EvalTimes eval = {0};
-    for (int step = start; step <= opt.max_steps; step++) {
-        int last = step == opt.max_steps;
-        int evaluate = ((opt.val_every > 0 && step % opt.val_every == 0) || last) && !(step == start && val_logged_at_start);
-        double t_eval = now_seconds();
-        if (evaluate && task) {
-            task_report(&model, &opt, SPLIT_VAL, step, log);
-            if (last) { task_report(&model, &opt, SPLIT_TEST, step, log); }  // the held-out numbers to report
-        } else if (evaluate) {
-            float vl = validation_loss(&model, &val_loader, opt.val_batches);
-            printf("step %4d/%d | val loss %.6f\n", step, opt.max_steps, vl);
-            if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
-        }
-        if (evaluate) {
-            eval.val_s += now_seconds() - t_eval;
-            eval.vals++;
-        }
-        if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
-            double t0 = now_seconds();
-            generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, &opt);
-            eval.sample_s += now_seconds() - t0;
-            eval.samples++;
-        }
-        if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
-            state.step = step;
-            if (!task) { dataloader_get_state(&train_loader, &state.loader); }
-            write_checkpoint(&model.config, &model.table, model.params_memory, model.m_memory, model.v_memory, &state, opt.out_dir);
-            delete_old_checkpoints(opt.out_dir, opt.ckpt_keep);
-            printf("wrote checkpoint %s/model_%08d.bin\n", opt.out_dir, step);
-        }
-        if (last) { break; }
-
-        double t0 = now_seconds();
-        model_zero_grad(&model);
-        double loss = 0.0;
-        for (int micro = 0; micro < grad_accum; micro++) {
-            if (task) {  // micro-batch number step*grad_accum+micro of the training stream: resumes with no state
-                uint64_t first = ((uint64_t)step * grad_accum + micro) * opt.B;
-                task_batch(&opt.task, opt.task.len, SPLIT_TRAIN, (uint64_t)opt.seed, first, opt.B, task_inputs, task_targets);
-                model_forward(&model, task_inputs, task_targets, opt.B, opt.T);
-            } else {
-                dataloader_next_batch(&train_loader);
-                model_forward(&model, train_loader.inputs, train_loader.targets, opt.B, opt.T);
-            }
-            model_backward(&model, 1.0f / grad_accum);
-            loss += model.mean_loss / grad_accum;
-        }
-        float norm = model_grad_norm(&model);
-        stop_if_diverged(step + 1, loss, norm, opt.out_dir);
-        float grad_scale = opt.grad_clip > 0.0f && norm > opt.grad_clip ? opt.grad_clip / norm : 1.0f;
-        float step_lr = learning_rate(opt.sched, step, opt.max_steps, opt.warmup, opt.lr, opt.final_frac);
-        model_update(&model, step_lr, opt.beta1, opt.beta2, opt.adam_eps, opt.weight_decay, grad_scale, step + 1);
-        double ms = (now_seconds() - t0) * 1000.0;
-        ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
-        double eta = eta_seconds(&opt, &eval, step, opt.max_steps, ema_ms);
-        printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %dm%02ds\n", step + 1, opt.max_steps,
-               loss, step_lr, norm, ms, opt.total_batch / (ms / 1000.0), (int)(eta / 60), (int)eta % 60);
-        fflush(stdout);
-        if (log) { fprintf(log, "s:%d trl:%.4f lr:%.6f norm:%.2f\n", step, loss, step_lr, norm); fflush(log); }
-    }
-
-    if (log) { fclose(log); }
-    if (opt.gen_tokens > 0) { tokenizer_free(&tokenizer); }
-    free(prompt_ids);
-    if (!task) {
-        dataloader_free(&train_loader);
-        dataloader_free(&val_loader);
-    }
-    free(task_inputs);
-    free(task_targets);
-    model_free(&model);
-    return 0;
+    return train_main(&opt, argc, argv);
 }
 #endif // TESTING

@@ -165,6 +165,7 @@ typedef struct {
     int *inputs, *targets;              // device copies of the last forward's batch
     int* inputs_host;                   // host copy (the deterministic encoder backward groups by token id)
     int has_targets;
+    int num_labelled;                   // positions of the last forward whose target is >= 0 (negative = ignored)
     float* losses_host;                 // (B,T)
     float mean_loss;                    // of the last forward with targets
     cudaStream_t stream;
@@ -410,13 +411,14 @@ static void check_tokens(const Config* c, const int* inputs, const int* targets,
     int V = c->vocab_size;
     for (int i = 0; i < B * T; i++) {
         if (inputs[i] < 0 || inputs[i] >= V) { die("input token %d at position %d is outside [0, %d)", inputs[i], i, V); }
-        if (targets && (targets[i] < 0 || targets[i] >= V)) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
+        if (targets && targets[i] >= V) { die("target token %d at position %d is outside [0, %d)", targets[i], i, V); }
     }
     if (config_has_wpe(c) && T > c->max_seq_len) { die("sequence length %d exceeds the model's max_seq_len %d", T, c->max_seq_len); }
 }
 
 // Forward pass of a batch (host token arrays). With targets, m->mean_loss is the mean cross-entropy over the
-// B*T positions; the logits stay on the device in m->acts.logits.
+// labelled positions: all B*T for token shards; a task's targets mark the positions that cost nothing with a
+// negative id (TASK_IGNORE, tasks.h). The logits stay on the device in m->acts.logits.
 static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
     const Config* c = &m->config;
     check_tokens(c, inputs, targets, B, T);
@@ -462,8 +464,10 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
         cudaCheck(cudaMemcpyAsync(m->losses_host, a->losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, st));
         cudaCheck(cudaStreamSynchronize(st));
         double sum = 0.0;
-        for (int i = 0; i < BT; i++) { sum += m->losses_host[i]; }
-        m->mean_loss = (float)(sum / BT);
+        int n = 0;
+        for (int i = 0; i < BT; i++) { sum += m->losses_host[i]; n += targets[i] >= 0; }
+        m->num_labelled = n;
+        m->mean_loss = n > 0 ? (float)(sum / n) : 0.0f;  // a batch without labels costs nothing
     }
 }
 
@@ -482,7 +486,8 @@ static void model_backward(Model* m, float loss_scale) {
     cudaStream_t st = m->stream;
     // classifier: dlogits overwrite the logits; dlnf -> dresidual
     profile_mark("host");
-    fused_classifier(a->logits, a->losses, m->targets, loss_scale / BT, BT, c->vocab_size, c->padded_vocab_size, 1, st);
+    const float dloss = m->num_labelled > 0 ? loss_scale / m->num_labelled : 0.0f;
+    fused_classifier(a->logits, a->losses, m->targets, dloss, BT, c->vocab_size, c->padded_vocab_size, 1, st);
     profile_mark("bwd classifier");
     matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(&m->ctx, p->wte), BT, C, c->padded_vocab_size, 0, st);
     profile_mark("bwd lm head matmul");
@@ -735,172 +740,80 @@ static void profile_print(int steps) {
     printf("  %-28s %8.3f ms\n", "total", total / steps);
 }
 
+// ---- what the training program of train_common.h asks of a trainer (its comment there)
+
+static void trainer_open_model(Model* m, const char* path, const Options* opt) {
+    if (path) {
+        model_load(m, path, opt->recompute);
+    } else {
+        model_build(m, &opt->config, opt->recompute);
+        init_parameters(m->host_params, &m->config, &m->table, (uint64_t)opt->seed);
+        model_upload_parameters(m);
+    }
+    profile_init(m->stream);
+}
+
+// the labelled positions of the last forward (targets >= 0) and how many of them the logits' argmax predicts
+static void model_count_correct(Model* m, const int* targets, int N, long* labelled, long* correct) {
+    const Config* c = &m->config;
+    size_t n = (size_t)N * c->padded_vocab_size;
+    float* dev = NULL;
+    cudaCheck(cudaMalloc((void**)&dev, n * sizeof(float)));
+    float* host = (float*)malloc_or_die(n * sizeof(float));
+    convert_to_float(dev, m->acts.logits, n, m->stream);
+    cudaCheck(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    task_count_correct(host, targets, N, c->vocab_size, c->padded_vocab_size, labelled, correct);
+    free(host);
+    cudaCheck(cudaFree(dev));
+}
+
+static cudaDeviceProp device_properties;   // of device 0, read by main
+
+static void trainer_describe(char* buf, size_t n, const Config* c) {
+    snprintf(buf, n, "%s, %s, attention: %s", device_properties.name, PRECISION_NAME,
+             config_has_mixer(c, MIXER_ATTN) ? ATTENTION_NAME : "none");
+}
+
+static double trainer_peak_flops(void) { return PEAK_FLOPS; }
+
+static void trainer_step_begin(Model* m) {
+    (void)m;
+    profile.num_marks = 0;
+}
+
+// the step is timed once the GPU has finished it; the profile counts the timed steps only
+static void trainer_step_end(Model* m, int timed) {
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    if (timed) { profile_collect(); } else { profile.num_marks = 0; }
+}
+
+static void trainer_finish(Model* m, int timed_steps) {
+    (void)m;
+    profile_print(timed_steps);
+}
+
+static void trainer_memory(char* buf, size_t n) { snprintf(buf, n, " | peak mem %.0f MiB", cuda_bytes_allocated / 1048576.0); }
+
 #include "train_common.h"
 
 int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
-    require(opt.task.kind == TASK_NONE, "--task", "the synthetic tasks run in the CPU trainer ./train_kla only (train_kla.cu does not have them yet)");
     require(opt.chunk == GDN_CHUNK, "--chunk", "train_kla.cu's gdn/kaczmarz kernels use chunks of 64 tokens");
     int num_devices = 0;
     if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) {
         die("no CUDA device found (train_kla.cu needs an NVIDIA GPU; the CPU trainer is train_kla)");
     }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&device_properties, 0));
     cudaCheck(cudaSetDevice(0));
     matmul_setup();
-    if (opt.generate > 0 || opt.eval) {  // --generate, --eval: use the model of -e and exit, no training
-        Model model;
-        model_load(&model, opt.init_file, 0);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
-        use_model_without_training(&model, &opt);
-        model_free(&model);
-        return 0;
-    }
-    int64_t resume_step = prepare_run_dir(&opt, argc, argv);
-    check_default_data(&opt);
-
-    // ---- the model: from the newest checkpoint (-y 1), from a file (-e), or a fresh random init
-    Model model;
-    static TrainState state;  // static: zeroed, and its flag block stays off the stack
-    char path[4096];
-    if (resume_step >= 0) {
-        checkpoint_path(path, sizeof(path), opt.out_dir, "model", resume_step);
-        model_load(&model, path, opt.recompute);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, path);
-        printf("resuming from %s (step %lld)\n", path, (long long)resume_step);
-    } else if (opt.init_file) {
-        model_load(&model, opt.init_file, opt.recompute);
-        check_model_flags(&model.config, opt.flags, opt.num_flags, opt.init_file);
-    } else {
-        model_build(&model, &opt.config, opt.recompute);
-        init_parameters(model.host_params, &model.config, &model.table, (uint64_t)opt.seed);
-        model_upload_parameters(&model);
-    }
-    const Config* cfg = &model.config;
-    if (cfg->task.kind != TASK_NONE) {
-        die("%s: the model was trained on the %s task, which only the CPU trainer ./train_kla runs so far",
-            resume_step >= 0 ? path : opt.init_file, TASK_NAMES[cfg->task.kind]);
-    }
-    if (config_has_wpe(cfg) && opt.T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt.T, cfg->max_seq_len); }
-    profile_init(model.stream);
-
-    // ---- data and tokenizer
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
-    dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
-    int grad_accum = opt.total_batch / (opt.B * opt.T);
-    int max_steps = opt.max_steps;
-    if (max_steps == -1) {
-        max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
-        if (max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt.train_glob, opt.total_batch); }
-    }
-    exit_if_nothing_to_do(resume_step, max_steps, opt.out_dir);
-    note_if_all_warmup(&opt, max_steps);
-    Tokenizer tokenizer;
-    size_t prompt_len;
-    uint32_t* prompt_ids = prepare_prompt(&opt, cfg, &tokenizer, &prompt_len);
-    if (resume_step >= 0) {
-        checkpoint_path(path, sizeof(path), opt.out_dir, "state", resume_step);
-        model_read_state(&model, &state, path);
-        if (state.step != resume_step) { die("%s: holds step %lld, expected %lld", path, (long long)state.step, (long long)resume_step); }
-        dataloader_set_state(&train_loader, &state.loader);
-    }
-    // the checkpoints keep the flags of this run (the command line over those of a resumed run)
-    memcpy(state.run_flags, opt.run_flags, (size_t)opt.run_flags_bytes);
-    state.run_flags_bytes = opt.run_flags_bytes;
-
-    // ---- the parameter table
-    char pattern[512], device[300];
-    format_mixer_pattern(cfg, pattern, sizeof(pattern));
-    snprintf(device, sizeof(device), "%s, %s, attention: %s", prop.name, PRECISION_NAME,
-             config_has_mixer(cfg, MIXER_ATTN) ? ATTENTION_NAME : "none");
-    print_run_table(cfg, model.num_parameters, &opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
-                    grad_accum, max_steps, device);
-
-    FILE* log = NULL;
-    int start = (int)state.step;
-    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt.out_dir, start);
-    if (opt.out_dir) {
-        snprintf(path, sizeof(path), "%s/main.log", opt.out_dir);
-        log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
-    }
-
-    // ---- the loop. Iteration `step` evaluates the model after `step` updates, then makes update step+1.
-    double ema_ms = 0.0, timed_ms = 0.0, flops_per_token = model_flops_per_token(&model.config, opt.T, NULL);
-    int timed_steps = 0;
-    EvalTimes eval = {0, 0, 0, 0};
-    for (int step = start; step <= max_steps; step++) {
-        int last = step == max_steps;
-        if (((opt.val_every > 0 && step % opt.val_every == 0) || last) && !(step == start && val_logged_at_start)) {
-            double t0 = now_seconds();
-            float vl = validation_loss(&model, &val_loader, opt.val_batches);
-            eval.val_s += now_seconds() - t0;
-            eval.vals++;
-            printf("step %4d/%d | val loss %.6f\n", step, max_steps, vl);
-            if (log) { fprintf(log, "s:%d tel:%.4f\n", step, vl); fflush(log); }
-        }
-        if (opt.gen_tokens > 0 && ((opt.sample_every > 0 && step % opt.sample_every == 0 && step > start) || last)) {
-            double t0 = now_seconds();
-            generate(&model, &tokenizer, prompt_ids, prompt_len, opt.gen_tokens, &opt);
-            eval.sample_s += now_seconds() - t0;
-            eval.samples++;
-        }
-        if (opt.out_dir && step > start && ((opt.ckpt_every > 0 && step % opt.ckpt_every == 0) || last)) {
-            state.step = step;
-            dataloader_get_state(&train_loader, &state.loader);
-            model_write_checkpoint(&model, &state, opt.out_dir);
-            delete_old_checkpoints(opt.out_dir, opt.ckpt_keep);
-            printf("wrote checkpoint %s/model_%08d.bin\n", opt.out_dir, step);
-        }
-        if (last) { break; }
-
-        double t0 = now_seconds();
-        profile.num_marks = 0;
-        model_zero_grad(&model);
-        double loss = 0.0;
-        for (int micro = 0; micro < grad_accum; micro++) {
-            dataloader_next_batch(&train_loader);
-            model_forward(&model, train_loader.inputs, train_loader.targets, opt.B, opt.T);
-            model_backward(&model, 1.0f / grad_accum);
-            loss += model.mean_loss / grad_accum;
-        }
-        float norm = model_grad_norm(&model);
-        stop_if_diverged(step + 1, loss, norm, opt.out_dir);
-        float grad_scale = opt.grad_clip > 0.0f && norm > opt.grad_clip ? opt.grad_clip / norm : 1.0f;
-        float step_lr = learning_rate(opt.sched, step, max_steps, opt.warmup, opt.lr, opt.final_frac);
-        model_update(&model, step_lr, opt.beta1, opt.beta2, opt.adam_eps, opt.weight_decay, grad_scale, step + 1);
-        cudaCheck(cudaStreamSynchronize(model.stream));
-        double ms = (now_seconds() - t0) * 1000.0;
-        ema_ms = step == start ? ms : 0.9 * ema_ms + 0.1 * ms;
-        if (step - start >= 10) { timed_ms += ms; timed_steps++; }  // the summary skips 10 warm-up steps
-        if (step - start >= 10) { profile_collect(); } else { profile.num_marks = 0; }
-        double eta = eta_seconds(&opt, &eval, step, max_steps, ema_ms), tok_s = opt.total_batch / (ms / 1000.0);
-        printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | mfu %.1f%% | eta %dm%02ds\n",
-               step + 1, max_steps, loss, step_lr, norm, ms, tok_s, 100.0 * tok_s * flops_per_token / PEAK_FLOPS,
-               (int)(eta / 60), (int)eta % 60);
-        fflush(stdout);
-        if (log) { fprintf(log, "s:%d trl:%.4f lr:%.6f norm:%.2f\n", step, loss, step_lr, norm); fflush(log); }
-    }
-    if (timed_steps > 0) {
-        double ms = timed_ms / timed_steps, tok_s = opt.total_batch / (ms / 1000.0);
-        printf("summary | ms/step %.2f | tok/s %.0f | mfu %.1f%% | peak mem %.0f MiB\n", ms, tok_s,
-               100.0 * tok_s * flops_per_token / PEAK_FLOPS, cuda_bytes_allocated / 1048576.0);
-    }
-    profile_print(timed_steps);
-
-    if (log) { fclose(log); }
-    if (opt.gen_tokens > 0) { tokenizer_free(&tokenizer); }
-    free(prompt_ids);
-    dataloader_free(&train_loader);
-    dataloader_free(&val_loader);
-    model_free(&model);
+    int code = train_main(&opt, argc, argv);
     encoder_teardown();
     matmul_teardown();
 #ifdef USE_CUDNN
     attention_cudnn_destroy();
 #endif
-    return 0;
+    return code;
 }
 #endif // TESTING

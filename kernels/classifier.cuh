@@ -7,6 +7,8 @@ Per row i of logits [BT, Vp] (only the first V columns are real tokens):
   losses[i] = -log p[target[i]] = log(sum_j exp(z_j - max)) - (z_target - max)
   with write_dlogits: logits[i, :] is overwritten in place by dlogits = (p - onehot(target)) * dloss, and the
   padding columns V..Vp-1 by 0. The probabilities themselves are never stored.
+A negative target (TASK_IGNORE of tasks.h: a synthetic task's unlabelled position) costs nothing: its loss is 0
+and its whole dlogits row 0.
 
 One block of CLASSIFIER_BLOCK threads per row, which is read exactly twice: once for the running max and sum
 (an "online" softmax: when the max grows, the sum so far is rescaled by exp(old max - new max)), and once to
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_kernel(floa
         if (lane == 0) {
             warp_m[0] = m;
             warp_s[0] = s;
-            if (losses != NULL && target >= 0) { losses[row] = logf(s) - (z_target - m); }
+            if (losses != NULL && targets != NULL) { losses[row] = target >= 0 ? logf(s) - (z_target - m) : 0.0f; }
         }
     }
     __syncthreads();
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_kernel(floa
         for (int k = 0; k < CLASSIFIER_VEC; k++) {
             const int j = i + k;
             float d = 0.0f;
-            if (j < V) {
+            if (j < V && target >= 0) {
                 const float p = expf(to_float(pack.v[k]) - row_max) * inv_sum;
                 d = (p - (j == target ? 1.0f : 0.0f)) * dloss;
             }
@@ -109,8 +111,8 @@ __global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_kernel(floa
 }
 
 // logits [BT, Vp] floatX; losses [BT] fp32 (written when not NULL and targets is not NULL); targets [BT] on the
-// device, in 0..V-1 (needed when write_dlogits). dloss: the gradient of the total loss w.r.t. each row's loss,
-// e.g. 1 / (B * T * grad_accum) for a mean.
+// device, in 0..V-1 or negative (ignored; needed when write_dlogits). dloss: the gradient of the total loss w.r.t.
+// each labelled row's loss, e.g. 1 / (labelled rows * grad_accum) for a mean.
 static void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss, int BT, int V, int Vp,
                              int write_dlogits, cudaStream_t stream) {
     if (Vp % CLASSIFIER_VEC != 0 || (uintptr_t)logits % 16 != 0) {
