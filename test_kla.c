@@ -174,56 +174,442 @@ static void test_checksums(const char* ref_dir) {
 }
 
 // ----------------------------------------------------------------------------
-// unit tests of the gdn / kaczmarz mixer (spec section 9). Needs gdn_layer.c, matmul_forward/backward,
-// <math.h>, <stdio.h>, <stdlib.h>, <string.h>, <stdint.h>.
+// the mixers' property tests (each spec's section 9): the helpers every family uses (rng, checks, the layer
+// harness), then gdn / kaczmarz, pdn, gka and kalman.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative:
 // max_i |a_i - b_i| / max_i |b_i| unless stated. fp32 tolerances follow spec 5 (1e-5 on outputs, 1e-4 on
 // gradients): fp32 round-off in these small problems is ~1e-7..1e-6, so they leave a 10-100x margin.
 
-static uint64_t gdnt_rng_state = 0x9E3779B97F4A7C15ull;
-static void gdnt_seed(uint64_t s) { gdnt_rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
+static uint64_t test_rng_state = 0x9E3779B97F4A7C15ull;
+static void test_seed(uint64_t s) { test_rng_state = s * 0x9E3779B97F4A7C15ull + 1; }
 // splitmix64
-static uint64_t gdnt_next(void) {
-    uint64_t z = (gdnt_rng_state += 0x9E3779B97F4A7C15ull);
+static uint64_t test_next(void) {
+    uint64_t z = (test_rng_state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-static double gdnt_unif(void) { return (double)(gdnt_next() >> 11) * (1.0 / 9007199254740992.0); }  // [0,1)
-static double gdnt_normal(void) {
-    double u1 = gdnt_unif() + 1e-300, u2 = gdnt_unif();
+static double test_unif(void) { return (double)(test_next() >> 11) * (1.0 / 9007199254740992.0); }  // [0,1)
+static double test_normal(void) {
+    double u1 = test_unif() + 1e-300, u2 = test_unif();
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static int gdnt_check(const char* name, double err, double tol) {
+static int test_check(const char* name, double err, double tol) {
     int ok = err <= tol;   // false for NaN
     printf("%s %s: err %.3e (tol %.1e)\n", ok ? "PASS" : "FAIL", name, err, tol);
     return ok ? 0 : 1;
 }
 
-static double gdnt_relerr(const float* a, const float* b, size_t n) {
+// max_i |a_i - b_i| / max_i |b_i|, one pair at a time; NaN propagates into num
+static void relerr_add(double* num, double* den, double a, double b) {
+    const double d = fabs(a - b);
+    if (!(d <= *num)) { *num = d; }
+    if (fabs(b) > *den) { *den = fabs(b); }
+}
+static double relerr_of(double num, double den) { return num / (den > 0.0 ? den : 1.0); }
+
+// of two fp32 arrays, of fp32 values against a float64 reference, of two float64 arrays
+static double test_relerr(const float* a, const float* b, size_t n) {
     double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= num)) { num = d; }   // propagates NaN
-        if (fabs((double)b[i]) > den) { den = fabs((double)b[i]); }
-    }
-    return num / (den > 0.0 ? den : 1.0);
+    for (size_t i = 0; i < n; i++) { relerr_add(&num, &den, a[i], b[i]); }
+    return relerr_of(num, den);
+}
+static double test_relerr_fd(const float* a, const double* b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) { relerr_add(&num, &den, a[i], b[i]); }
+    return relerr_of(num, den);
+}
+static double test_relerr64(const double* a, const double* b, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) { relerr_add(&num, &den, a[i], b[i]); }
+    return relerr_of(num, den);
 }
 
 // dst [B, t1-t0, width] = src [B, T, width] restricted to times [t0, t1)
-static void gdnt_slice(float* dst, const float* src, int B, int T, int t0, int t1, int width) {
+static void test_slice(float* dst, const float* src, int B, int T, int t0, int t1, int width) {
     for (int b = 0; b < B; b++) {
         memcpy(dst + (size_t)b * (t1 - t0) * width, src + ((size_t)b * T + t0) * width,
                (size_t)(t1 - t0) * width * sizeof(float));
     }
 }
-// inverse of gdnt_slice
-static void gdnt_unslice(float* dst, const float* src, int B, int T, int t0, int t1, int width) {
+// inverse of test_slice
+static void test_unslice(float* dst, const float* src, int B, int T, int t0, int t1, int width) {
     for (int b = 0; b < B; b++) {
         memcpy(dst + ((size_t)b * T + t0) * width, src + (size_t)b * (t1 - t0) * width,
                (size_t)(t1 - t0) * width * sizeof(float));
     }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the layer harness: one mixer layer of a one-layer model, driven by the mixer's row of MIXER_TABLE (settings,
+// saved activations, forward, backward, decode) and its parameter layout in model.h (the tensors, their names and
+// sizes, in FORMATS.md order). A family's layer tests are a MixerLayerTest (general-position weights, an
+// independent float64 forward, how its gradient is checked) plus its own property checks. The loss of every layer
+// test is sum(out * R) for a fixed random R, so the backward runs with dout = R.
+
+typedef struct TestLayer TestLayer;
+
+// the check of the layer backward against finite differences of the float64 forward (test_layer_fd)
+typedef struct {
+    int per_tensor;       // entries sampled from each parameter tensor (all of a smaller one); 0: every entry
+    int x_samples;        // entries sampled from x
+    int points;           // 2: [L(h) - L(-h)] / 2h; 4: [8(L(h) - L(-h)) - (L(2h) - L(-2h))] / 12h
+    double h;
+    double fwd_tol;       // the fp32 forward against the float64 forward, max-norm relative
+    double (*grad_tol)(const char* tensor);  // per tensor (and "x"), max-norm relative over its samples
+    double fd32_tol;      // > 0: also the 4-point differences of the fp32 forward itself, h = 2^-7
+    const char* control;  // the negative control shifts one sampled gradient of this tensor
+} LayerFD;
+
+typedef struct {
+    // general-position weights into the mixer's member of L->p (the harness then draws x and R)
+    void (*draw)(TestLayer* L);
+    // an independent float64 forward (the spec's token-by-token recurrence): prm the layer's tensors in layout
+    // order, x [B,T,C]; out [B,T,C] may be NULL; returns sum(out * R)
+    double (*ref_forward)(const TestLayer* L, const double* prm, const double* x, double* out);
+    LayerFD fd;
+    // the decode state of sequence b after a forward over L's T tokens, from that forward's saved activations:
+    // the last W-1 pre-conv inputs and the final recurrent state (NULL: no layer state-carry test)
+    void (*state_from_acts)(MixerState* st, const MixerActs* a, const TestLayer* L, int b);
+} MixerLayerTest;
+
+#define LAYER_MAX_TENSORS 16
+struct TestLayer {
+    const MixerLayerTest* test;
+    char tag[48];          // starts the checks' names: the mixer, and its variant or shape where it has several
+    Config cfg;            // a one-layer model whose mixer[0] is the mixer under test
+    const MixerOps* ops;   // MIXER_TABLE[cfg.mixer[0]]
+    MixerSettings s;       // ops->build(&cfg, 0, chunk)
+    int chunk, B, T;
+    uint64_t seed;         // of the weights, x and R
+    int nt;                // the layer's tensors in layout order: names ("in_proj_w"), sizes, offsets in prm
+    char name[LAYER_MAX_TENSORS][24];
+    size_t n[LAYER_MAX_TENSORS], off[LAYER_MAX_TENSORS], nprm;
+    float *prm, *grad, *x, *dx, *R, *out;
+    LayerParams p, gp;     // the mixer's member points into prm, grad
+};
+
+// w[0..n) ~ U(-sqrt(3/fan_in), sqrt(3/fan_in)): variance 1/fan_in, so a matmul over fan_in inputs of O(1) stays O(1)
+static void test_draw_uniform(float* w, size_t n, int fan_in) {
+    for (size_t i = 0; i < n; i++) { w[i] = (float)((2.0 * test_unif() - 1.0) * sqrt(3.0 / fan_in)); }
+}
+
+// a dt_bias entry as FORMATS.md draws it: dt log-uniform in [0.001, 0.1], dt_bias = softplus^-1(dt)
+static double test_draw_dt_bias(void) {
+    const double dt = exp(test_unif() * (log(0.1) - log(0.001)) + log(0.001));
+    return dt + log(-expm1(-dt));
+}
+
+// lays out the mixer's tensors into tt, pointing lp's mixer member into base (lp, base NULL: the table only)
+static void test_layer_layout(TensorTable* tt, LayerParams* lp, float* base, const Config* c) {
+    LayoutContext k = {tt, base, NULL, 0, 0.02f, 0.02f, ""};
+    memset(tt, 0, sizeof(*tt));
+    tt->align = 1;
+    MIXER_PARAMETER_LAYOUT[c->mixer[0]](&k, lp, c);
+}
+
+static void test_layer_init(TestLayer* L, const MixerLayerTest* test, const char* tag, const Config* c, int chunk,
+                            int B, int T, uint64_t seed) {
+    memset(L, 0, sizeof(*L));
+    L->test = test;
+    snprintf(L->tag, sizeof(L->tag), "%s", tag);
+    L->cfg = *c;
+    L->ops = MIXER_TABLE[c->mixer[0]];
+    L->s = L->ops->build(c, 0, chunk);
+    L->chunk = chunk; L->B = B; L->T = T; L->seed = seed;
+    TensorTable* tt = (TensorTable*)malloc(sizeof(TensorTable));
+    test_layer_layout(tt, NULL, NULL, c);
+    L->nt = tt->num_tensors;
+    for (int i = 0; i < L->nt; i++) {   // "h0.<mixer>.in_proj.w" -> "in_proj_w"
+        const char* nm = strchr(strchr(tt->t[i].name, '.') + 1, '.') + 1;
+        snprintf(L->name[i], sizeof(L->name[i]), "%s", nm);
+        for (char* ch = L->name[i]; *ch; ch++) { if (*ch == '.') { *ch = '_'; } }
+        L->n[i] = tt->t[i].numel;
+        L->off[i] = tt->t[i].offset;
+    }
+    L->nprm = tt->num_parameters;
+    const size_t nx = (size_t)B * T * c->channels;
+    L->prm = (float*)malloc(L->nprm * sizeof(float));
+    L->grad = (float*)calloc(L->nprm, sizeof(float));
+    L->x = (float*)malloc(nx * sizeof(float));
+    L->dx = (float*)calloc(nx, sizeof(float));
+    L->R = (float*)malloc(nx * sizeof(float));
+    L->out = (float*)malloc(nx * sizeof(float));
+    test_layer_layout(tt, &L->p, L->prm, c);
+    test_layer_layout(tt, &L->gp, L->grad, c);
+    free(tt);
+    test_seed(seed);
+    test->draw(L);
+    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)test_normal(); L->R[i] = (float)test_normal(); }
+}
+
+static void test_layer_free(TestLayer* L) {
+    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
+}
+
+// index of the tensor named nm, -1 if the layer has none
+static int test_layer_tensor(const TestLayer* L, const char* nm) {
+    for (int i = 0; i < L->nt; i++) { if (strcmp(L->name[i], nm) == 0) { return i; } }
+    return -1;
+}
+
+static size_t test_layer_numel(const TestLayer* L, const char* nm) {
+    const int i = test_layer_tensor(L, nm);
+    return i < 0 ? 0 : L->n[i];
+}
+
+// tensor nm of prm (a float64 copy of the parameters) in layout order; NULL if the layer has none
+static const double* test_layer_param64(const TestLayer* L, const double* prm, const char* nm) {
+    const int i = test_layer_tensor(L, nm);
+    return i < 0 ? NULL : prm + L->off[i];
+}
+
+// dst's tensor nm = src's (same size)
+static void test_layer_copy(TestLayer* dst, const TestLayer* src, const char* nm) {
+    const int i = test_layer_tensor(dst, nm), j = test_layer_tensor(src, nm);
+    memcpy(dst->prm + dst->off[i], src->prm + src->off[j], dst->n[i] * sizeof(float));
+}
+
+// the forward into L->out; returns sum(out * R) accumulated in double. With keep, the saved activations are
+// handed back (*keep, freed by the caller; *akeep points into it), else freed
+static double test_layer_loss(TestLayer* L, float** keep, MixerActs* akeep) {
+    float* acts = (float*)malloc(L->ops->acts_floats(&L->s, L->B, L->T) * sizeof(float));
+    MixerActs a;
+    L->ops->acts_point(&a, acts, &L->s, L->B, L->T);
+    L->ops->forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->s);
+    double loss = 0.0;
+    for (size_t i = 0; i < (size_t)L->B * L->T * L->cfg.channels; i++) { loss += (double)L->out[i] * L->R[i]; }
+    if (keep) { *keep = acts; *akeep = a; } else { free(acts); }
+    return loss;
+}
+
+// forward, then backward with dout = R (the gradient of sum(out * R)); gradients into L->grad and L->dx
+static void test_layer_grad(TestLayer* L) {
+    float* acts = (float*)malloc(L->ops->acts_floats(&L->s, L->B, L->T) * sizeof(float));
+    float* scratch = (float*)malloc(L->ops->scratch_floats(&L->s, L->B, L->T) * sizeof(float));
+    MixerActs a;
+    L->ops->acts_point(&a, acts, &L->s, L->B, L->T);
+    L->ops->forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->s);
+    memset(L->grad, 0, L->nprm * sizeof(float));
+    memset(L->dx, 0, (size_t)L->B * L->T * L->cfg.channels * sizeof(float));
+    L->ops->backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->s);
+    free(acts); free(scratch);
+}
+
+// decode token by token from a reset state (the row's decode step) == the forward over the same sequences,
+// max-norm relative at tolerance tol (the caller says why)
+static int test_layer_decode(TestLayer* L, double tol) {
+    const int C = L->cfg.channels;
+    test_layer_loss(L, NULL, NULL);
+    float* st = (float*)malloc(L->ops->state_floats(&L->s, L->T) * sizeof(float));
+    float* scratch = (float*)malloc(L->ops->decode_scratch_floats(&L->s, L->T) * sizeof(float));
+    float* dec = (float*)malloc((size_t)L->B * L->T * C * sizeof(float));
+    MixerState s;
+    L->ops->state_point(&s, st, &L->s, L->T);
+    for (int b = 0; b < L->B; b++) {
+        L->ops->state_reset(&s, &L->s);
+        for (int t = 0; t < L->T; t++) {
+            const size_t r = (size_t)b * L->T + t;
+            L->ops->decode_step(dec + r * C, &s, &L->p, L->x + r * C, scratch, t, &L->s);
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "%s_decode_equals_forward_chunk%d", L->tag, L->chunk);
+    const int fails = test_check(name, test_relerr(dec, L->out, (size_t)L->B * L->T * C), tol);
+    free(st); free(scratch); free(dec);
+    return fails;
+}
+
+// the conv window of a decode state: the last W-1 pre-conv inputs (the first D of the P channels of proj [B,T,P])
+// of sequence b, zero before its start (as a reset state holds them)
+static void test_conv_window(float* conv, const float* proj, int b, int T, int P, int D, int W) {
+    for (int j = 0; j < W - 1; j++) {
+        const int t = T - (W - 1) + j;
+        if (t >= 0) { memcpy(conv + (size_t)j * D, proj + ((size_t)b * T + t) * P, (size_t)D * sizeof(float)); }
+    }
+}
+
+// layer state carry: the forward over [0, T1), its final state as a decode state (state_from_acts), then decode
+// over [T1, T) == the forward over [0, T), max-norm relative over those tokens at tolerance tol. The layer of the
+// first T1 tokens is drawn from L's seed: the weights are drawn first, so they are L's.
+static int test_layer_state_carry(TestLayer* L, int T1, double tol) {
+    const int C = L->cfg.channels, T = L->T;
+    test_layer_loss(L, NULL, NULL);
+    TestLayer Lp;
+    test_layer_init(&Lp, L->test, L->tag, &L->cfg, L->chunk, L->B, T1, L->seed);
+    test_slice(Lp.x, L->x, L->B, T, 0, T1, C);
+    float* acts;
+    MixerActs a;
+    test_layer_loss(&Lp, &acts, &a);
+    float* st = (float*)malloc(L->ops->state_floats(&L->s, T) * sizeof(float));
+    float* scratch = (float*)malloc(L->ops->decode_scratch_floats(&L->s, T) * sizeof(float));
+    float* dec = (float*)malloc((size_t)C * sizeof(float));
+    double num = 0.0, den = 0.0;
+    for (int b = 0; b < L->B; b++) {
+        MixerState s;
+        L->ops->state_point(&s, st, &L->s, T);
+        L->ops->state_reset(&s, &L->s);
+        L->test->state_from_acts(&s, &a, &Lp, b);
+        for (int t = T1; t < T; t++) {
+            const size_t r = (size_t)b * T + t;
+            L->ops->decode_step(dec, &s, &L->p, L->x + r * C, scratch, t, &L->s);
+            for (int i = 0; i < C; i++) { relerr_add(&num, &den, dec[i], L->out[r * C + i]); }
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof(name), "%s_layer_state_carry_T1_%d", L->tag, T1);
+    free(st); free(scratch); free(dec); free(acts);
+    test_layer_free(&Lp);
+    return test_check(name, relerr_of(num, den), tol);
+}
+
+// determinism: the layer backward with 1 thread == with the default thread count, bit for bit
+static int test_layer_thread_invariance(TestLayer* L) {
+    const int nt = max_threads();
+    test_layer_grad(L);
+    float* g1 = (float*)malloc(L->nprm * sizeof(float));
+    memcpy(g1, L->grad, L->nprm * sizeof(float));
+#ifdef OMP
+    omp_set_num_threads(1);
+#endif
+    test_layer_grad(L);
+#ifdef OMP
+    omp_set_num_threads(nt);
+#endif
+    size_t diff = 0;
+    for (size_t i = 0; i < L->nprm; i++) { diff += memcmp(&g1[i], &L->grad[i], sizeof(float)) != 0; }
+    char name[128];
+    snprintf(name, sizeof(name), "%s_param_grads_thread_count_invariant (%d vs 1 threads; differing)", L->tag, nt);
+    free(g1);
+    return test_check(name, (double)diff, 0.0);
+}
+
+// the samples of test_layer_fd: sample i is entry off[i] of tensor tensor[i] (L->nt: of x), off counted from the
+// start of prm (or of x); a tensor's samples are consecutive. a: the backward's gradient, f: the finite differences
+typedef struct {
+    int ns, *tensor;
+    size_t* off;
+    double *a, *f;
+    double *pd, *xd;   // the parameters and x in float64, as the float64 forward takes them
+} GradSamples;
+
+static void grad_samples_free(GradSamples* g) {
+    free(g->tensor); free(g->off); free(g->a); free(g->f); free(g->pd); free(g->xd);
+}
+
+// the max-norm relative error of the gradient a against finite differences f over the samples of tensor t
+static double grad_samples_err(const GradSamples* g, const double* f, int t) {
+    int i0 = 0, n = 0;
+    while (i0 < g->ns && g->tensor[i0] != t) { i0++; }
+    while (i0 + n < g->ns && g->tensor[i0 + n] == t) { n++; }
+    return test_relerr64(g->a + i0, f + i0, (size_t)n);
+}
+
+// layer backward vs central finite differences of the loss sum(out * R), as L->test->fd says:
+//  - the fp32 forward vs the float64 forward (fwd_tol);
+//  - fd64: of the float64 forward, per tensor and x (grad_tol): at the steps used the truncation is ~h^2 (~1e-10)
+//    or ~h^4 and the round-off ~1e-16 |L| / h, so the differences are exact to ~1e-8 relative or better;
+//  - fd32 (gdn): of the fp32 forward itself, the 4-point stencil at h = 2^-7: truncation O(h^4 f^(5)) ~ 1e-8, but
+//    the forward's round-off (~1e-7 relative per output, ~1e-6 absolute on L) over ~1.5h gives ~1e-4 absolute noise
+//    on gradients of O(1), hence fd32_tol;
+//  - negative control: the first sampled gradient of the tensor `control` shifted by 1% of that tensor's largest
+//    |finite difference| must fail the fd64 check (and the fd32 one).
+// The backward runs first (test_layer_grad). With keep, the samples are handed back (grad_samples_free).
+static int test_layer_fd(TestLayer* L, GradSamples* keep) {
+    const LayerFD* fd = &L->test->fd;
+    const size_t nx = (size_t)L->B * L->T * L->cfg.channels;
+    test_layer_grad(L);
+    GradSamples g;
+    const size_t cap = L->nprm + (size_t)fd->x_samples;
+    g.tensor = (int*)malloc(cap * sizeof(int));
+    g.off = (size_t*)malloc(cap * sizeof(size_t));
+    g.a = (double*)malloc(cap * sizeof(double));
+    g.f = (double*)malloc(cap * sizeof(double));
+    double* f32 = (double*)malloc(cap * sizeof(double));
+    g.ns = 0;
+    for (int t = 0; t <= L->nt; t++) {
+        const size_t n = t < L->nt ? L->n[t] : nx;
+        const size_t take = t < L->nt ? (fd->per_tensor ? (size_t)fd->per_tensor : n) : (size_t)fd->x_samples;
+        for (size_t i = 0; i < take && i < n; i++) {
+            g.tensor[g.ns] = t;
+            g.off[g.ns] = (t < L->nt ? L->off[t] : 0) + (n <= take ? i : (size_t)(test_unif() * n));
+            g.ns++;
+        }
+    }
+    g.pd = (double*)malloc(L->nprm * sizeof(double));
+    g.xd = (double*)malloc(nx * sizeof(double));
+    double* outd = (double*)malloc(nx * sizeof(double));
+    for (size_t i = 0; i < L->nprm; i++) { g.pd[i] = L->prm[i]; }
+    for (size_t i = 0; i < nx; i++) { g.xd[i] = L->x[i]; }
+    int fails = 0;
+    char name[128];
+    L->test->ref_forward(L, g.pd, g.xd, outd);
+    snprintf(name, sizeof(name), "%s_layer_forward_vs_ref64", L->tag);
+    fails += test_check(name, test_relerr_fd(L->out, outd, nx), fd->fwd_tol);
+
+    for (int i = 0; i < g.ns; i++) {
+        const int isx = g.tensor[i] == L->nt;
+        g.a[i] = isx ? L->dx[g.off[i]] : L->grad[g.off[i]];
+        double* vd = isx ? g.xd + g.off[i] : g.pd + g.off[i];
+        const double h = fd->h, v0 = *vd, steps[4] = {h, -h, 2 * h, -2 * h};
+        double l[4];
+        for (int k = 0; k < fd->points; k++) { *vd = v0 + steps[k]; l[k] = L->test->ref_forward(L, g.pd, g.xd, NULL); }
+        *vd = v0;
+        g.f[i] = fd->points == 2 ? (l[0] - l[1]) / (2.0 * h) : (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h);
+        if (fd->fd32_tol > 0.0) {
+            float* vf = isx ? L->x + g.off[i] : L->prm + g.off[i];
+            const float h32 = 0.0078125f, f0 = *vf, steps32[4] = {h32, -h32, 2.0f * h32, -2.0f * h32};
+            for (int k = 0; k < 4; k++) { *vf = f0 + steps32[k]; l[k] = test_layer_loss(L, NULL, NULL); }
+            *vf = f0;
+            f32[i] = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h32);
+        }
+    }
+    for (int t = 0; t <= L->nt; t++) {
+        const char* tn = t < L->nt ? L->name[t] : "x";
+        snprintf(name, sizeof(name), "%s_layer_grad_fd64_%s", L->tag, tn);
+        fails += test_check(name, grad_samples_err(&g, g.f, t), fd->grad_tol(tn));
+    }
+    if (fd->fd32_tol > 0.0) {
+        for (int t = 0; t <= L->nt; t++) {
+            snprintf(name, sizeof(name), "%s_layer_grad_fd32_%s", L->tag, t < L->nt ? L->name[t] : "x");
+            fails += test_check(name, grad_samples_err(&g, f32, t), fd->fd32_tol);
+        }
+    }
+
+    // negative control
+    const int ct = test_layer_tensor(L, fd->control);
+    double amax = 0.0;
+    int first = -1;
+    for (int i = 0; i < g.ns; i++) {
+        if (g.tensor[i] != ct) { continue; }
+        if (first < 0) { first = i; }
+        amax = fmax(amax, fabs(g.f[i]));
+    }
+    const double a0 = g.a[first], tol = fd->grad_tol(fd->control);
+    g.a[first] += 0.01 * amax;
+    const double e64 = grad_samples_err(&g, g.f, ct);
+    int caught = e64 > tol;
+    char e32s[64] = "";
+    if (fd->fd32_tol > 0.0) {
+        const double e32 = grad_samples_err(&g, f32, ct);
+        caught = caught && e32 > fd->fd32_tol;
+        snprintf(e32s, sizeof(e32s), ", fd32 err %.3e (tol %.0e)", e32, fd->fd32_tol);
+    }
+    g.a[first] = a0;
+    printf("%s %s_negative_control: %s gradient shifted by 1%%: fd64 err %.3e (tol %.0e)%s %s\n",
+           caught ? "PASS" : "FAIL", L->tag, fd->control, e64, tol, e32s, caught ? "caught" : "NOT caught");
+    fails += caught ? 0 : 1;
+
+    free(outd); free(f32);
+    if (keep) { *keep = g; } else { grad_samples_free(&g); }
+    return fails;
+}
+
+// spec 5's gradient tolerance, for every tensor: 1e-4 max-norm relative (fp32 round-off here is ~1e-7..1e-6)
+static double spec5_grad_tol(const char* tensor) {
+    (void)tensor;
+    return 1e-4;
 }
 
 // random core inputs: unit q; gdn: unit k, beta = eta in (0,1); kaczmarz: raw k with norms spread over
@@ -232,16 +618,16 @@ static void gdnt_core_inputs(float* qkv, float* beta, float* g, int B, int T, in
     const int D = 2 * H * dk + H * dv;
     for (size_t r = 0; r < (size_t)B * T; r++) {
         float* row = qkv + r * D;
-        for (int i = 0; i < D; i++) { row[i] = (float)gdnt_normal(); }
+        for (int i = 0; i < D; i++) { row[i] = (float)test_normal(); }
         for (int hh = 0; hh < H; hh++) {
             float* q = row + hh * dk;
             float* k = row + H * dk + hh * dk;
             float nq = sqrtf(vec_dot(q, q, dk)), nk = sqrtf(vec_dot(k, k, dk));
-            float knew = kaczmarz ? (float)(0.05 * exp(gdnt_unif() * log(60.0))) : 1.0f;
+            float knew = kaczmarz ? (float)(0.05 * exp(test_unif() * log(60.0))) : 1.0f;
             for (int d = 0; d < dk; d++) { q[d] /= nq; k[d] *= knew / nk; }
-            float eta = (float)gdnt_unif();
+            float eta = (float)test_unif();
             beta[r * H + hh] = kaczmarz ? eta / (vec_dot(k, k, dk) + 1e-6f) : eta;
-            g[r * H + hh] = gdnt_unif() < 0.05 ? -50.0f : (float)-exp(-6.0 + 7.0 * gdnt_unif());
+            g[r * H + hh] = test_unif() < 0.05 ? -50.0f : (float)-exp(-6.0 + 7.0 * test_unif());
         }
     }
 }
@@ -264,14 +650,14 @@ static int gdnt_chunk_vs_recurrent(void) {
     float* h = (float*)malloc(nS * gdn_NT(T, 16) * sizeof(float));
     float* work = (float*)malloc((size_t)max_threads() * gdn_core_work_floats(64, dk, dv) * sizeof(float));
     for (int kacz = 0; kacz <= 1; kacz++) {
-        gdnt_seed(100 + kacz);
+        test_seed(100 + kacz);
         gdnt_core_inputs(qkv, beta, g, B, T, H, dk, dv, kacz);
         for (int z = 0; kacz && z < 3; z++) {
             const int r = 17 + 70 * z, hh = z % H;   // rows 17, 87 (sequence 0), 157 (sequence 1)
             memset(qkv + (size_t)r * D + H * dk + hh * dk, 0, dk * sizeof(float));
             beta[r * H + hh] = 0.5f / 1e-6f;
         }
-        for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * gdnt_normal()); }
+        for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * test_normal()); }
         for (int init = 0; init <= 1; init++) {
             for (int BT = 16; BT <= 64; BT *= 2) {
                 char name[96];
@@ -279,9 +665,9 @@ static int gdnt_chunk_vs_recurrent(void) {
                 gdn_core_recurrent(o1, S1, qkv, beta, g, B, T, H, dk, dv);
                 gdn_core_chunk_forward(o2, h, S2, qkv, beta, g, B, T, H, dk, dv, BT, work, max_threads());
                 snprintf(name, sizeof(name), "chunk_vs_recurrent_%s_BT%d_%s_out", kacz ? "kaczmarz" : "gdn", BT, init ? "S0" : "zeroS0");
-                fails += gdnt_check(name, gdnt_relerr(o2, o1, nO), 1e-5);
+                fails += test_check(name, test_relerr(o2, o1, nO), 1e-5);
                 snprintf(name, sizeof(name), "chunk_vs_recurrent_%s_BT%d_%s_state", kacz ? "kaczmarz" : "gdn", BT, init ? "S0" : "zeroS0");
-                fails += gdnt_check(name, gdnt_relerr(S2, S1, nS), 1e-5);
+                fails += test_check(name, test_relerr(S2, S1, nS), 1e-5);
             }
         }
         if (kacz) {
@@ -290,8 +676,8 @@ static int gdnt_chunk_vs_recurrent(void) {
             float* dbeta = (float*)malloc((size_t)B * T * H * sizeof(float));
             float* dg = (float*)malloc((size_t)B * T * H * sizeof(float));
             float* scratch = (float*)malloc((size_t)max_threads() * gdn_core_bwd_floats(16, dk, dv) * sizeof(float));
-            for (size_t i = 0; i < nO; i++) { o1[i] = (float)gdnt_normal(); }
-            for (size_t i = 0; i < nS; i++) { S1[i] = (float)gdnt_normal(); }
+            for (size_t i = 0; i < nO; i++) { o1[i] = (float)test_normal(); }
+            for (size_t i = 0; i < nS; i++) { S1[i] = (float)test_normal(); }
             gdn_core_chunk_forward(o2, h, NULL, qkv, beta, g, B, T, H, dk, dv, 16, work, max_threads());
             gdn_core_backward(dqkv, dbeta, dg, S2, o1, S1, h, qkv, beta, g, B, T, H, dk, dv, 16, scratch, max_threads());
             int finite = 1;
@@ -326,9 +712,9 @@ static int gdnt_state_split(void) {
     float* h = (float*)malloc(nS * gdn_NT(T, BT) * sizeof(float));
     float* work = (float*)malloc((size_t)max_threads() * gdn_core_work_floats(BT, dk, dv) * sizeof(float));
     for (int kacz = 0; kacz <= 1; kacz++) {
-        gdnt_seed(200 + kacz);
+        test_seed(200 + kacz);
         gdnt_core_inputs(qkv, beta, g, B, T, H, dk, dv, kacz);
-        for (size_t i = 0; i < nS; i++) { S1[i] = (float)(0.5 * gdnt_normal()); S2[i] = S1[i]; }
+        for (size_t i = 0; i < nS; i++) { S1[i] = (float)(0.5 * test_normal()); S2[i] = S1[i]; }
         gdn_core_chunk_forward(o1, h, S1, qkv, beta, g, B, T, H, dk, dv, BT, work, max_threads());
         const int splits[2] = {64, 45};
         float* S0 = (float*)malloc(nS * sizeof(float));
@@ -339,17 +725,17 @@ static int gdnt_state_split(void) {
             const int seg[3] = {0, T1, T};
             for (int part = 0; part < 2; part++) {
                 const int t0 = seg[part], t1 = seg[part + 1], Tp = t1 - t0;
-                gdnt_slice(sq, qkv, B, T, t0, t1, D);
-                gdnt_slice(sb, beta, B, T, t0, t1, H);
-                gdnt_slice(sg, g, B, T, t0, t1, H);
+                test_slice(sq, qkv, B, T, t0, t1, D);
+                test_slice(sb, beta, B, T, t0, t1, H);
+                test_slice(sg, g, B, T, t0, t1, H);
                 gdn_core_chunk_forward(so, h, S2, sq, sb, sg, B, Tp, H, dk, dv, BT, work, max_threads());
-                gdnt_unslice(o2, so, B, T, t0, t1, H * dv);
+                test_unslice(o2, so, B, T, t0, t1, H * dv);
             }
             char name[96];
             snprintf(name, sizeof(name), "state_split_%s_T1_%d_out", kacz ? "kaczmarz" : "gdn", T1);
-            fails += gdnt_check(name, gdnt_relerr(o2, o1, nO), 1e-5);
+            fails += test_check(name, test_relerr(o2, o1, nO), 1e-5);
             snprintf(name, sizeof(name), "state_split_%s_T1_%d_state", kacz ? "kaczmarz" : "gdn", T1);
-            fails += gdnt_check(name, gdnt_relerr(S2, S1, nS), 1e-5);
+            fails += test_check(name, test_relerr(S2, S1, nS), 1e-5);
         }
         free(S0);
     }
@@ -373,7 +759,7 @@ static int gdnt_kaczmarz_exact(void) {
     float* Sc = (float*)malloc(nS * sizeof(float));
     float* h = (float*)malloc(nS * gdn_NT(T, BT) * sizeof(float));
     float* work = (float*)malloc((size_t)max_threads() * gdn_core_work_floats(BT, dk, dv) * sizeof(float));
-    gdnt_seed(300);
+    test_seed(300);
     gdnt_core_inputs(qkv, beta, g, 1, T, H, dk, dv, 1);
     for (int t = 0; t < T * H; t++) {
         const float* k = qkv + (size_t)(t / H) * D + H * dk + (t % H) * dk;
@@ -407,8 +793,8 @@ static int gdnt_kaczmarz_exact(void) {
             if (!(sqrt(resc) / ref <= err_chunk)) { err_chunk = sqrt(resc) / ref; }
         }
     }
-    int fails = gdnt_check("kaczmarz_exact_projection_recurrent", err_rec, 1e-5);
-    fails += gdnt_check("kaczmarz_exact_projection_chunk", err_chunk, 1e-5);
+    int fails = test_check("kaczmarz_exact_projection_recurrent", err_rec, 1e-5);
+    fails += test_check("kaczmarz_exact_projection_chunk", err_chunk, 1e-5);
     free(qkv); free(beta); free(g); free(o); free(S); free(Sprev); free(Sc); free(h); free(work);
     return fails;
 }
@@ -426,7 +812,7 @@ static int gdnt_deltanet(void) {
     float* work = (float*)malloc((size_t)max_threads() * gdn_core_work_floats(BT, dk, dv) * sizeof(float));
     double* S = (double*)malloc((size_t)dk * dv * sizeof(double));
     double* e = (double*)malloc((size_t)dv * sizeof(double));
-    gdnt_seed(400);
+    test_seed(400);
     gdnt_core_inputs(qkv, beta, g, 1, T, H, dk, dv, 0);
     for (int i = 0; i < T * H; i++) { g[i] = 0.0f; }
     gdn_core_chunk_forward(o, h, NULL, qkv, beta, g, 1, T, H, dk, dv, BT, work, max_threads());
@@ -451,102 +837,44 @@ static int gdnt_deltanet(void) {
             }
         }
     }
-    int fails = gdnt_check("gdn_alpha1_equals_deltanet", gdnt_relerr(o, oref, (size_t)T * H * dv), 1e-5);
+    int fails = test_check("gdn_alpha1_equals_deltanet", test_relerr(o, oref, (size_t)T * H * dv), 1e-5);
     free(qkv); free(beta); free(g); free(o); free(oref); free(h); free(work); free(S); free(e);
     return fails;
 }
 
 // ----------------------------------------------------------------------------
-// layer-level tests: a small random layer
-
-typedef struct {
-    GDNConfig c;
-    int B, T;
-    size_t n[7], nprm;            // sizes of the 7 tensors (GDNParams order) and their total
-    float *prm, *grad, *x, *dx, *R, *out;
-    GDNParams p, gp;
-} GDNTLayer;
-
-static const char* gdnt_names[8] = {"in_proj_w", "conv_w", "b_bias", "A_log", "dt_bias", "onorm_w", "out_proj_w", "x"};
-
-static void gdnt_point(GDNParams* p, float* base, const size_t* n) {
-    float** f[7] = {&p->in_proj_w, &p->conv_w, &p->b_bias, &p->A_log, &p->dt_bias, &p->onorm_w, &p->out_proj_w};
-    for (int i = 0; i < 7; i++) { *f[i] = base; base += n[i]; }
-}
+// layer-level tests: a small random layer on the harness above
 
 // random weights sized so that activations are O(1); A_log and dt_bias drawn as in FORMATS.md;
 // b_bias and onorm_w away from their init so that their gradients are checked in general position
-static void gdnt_layer_init(GDNTLayer* L, const GDNConfig* c, int B, int T, uint64_t seed) {
-    L->c = *c; L->B = B; L->T = T;
-    const int P = gdn_P(c), D = gdn_D(c), H = c->H, HV = c->H * c->dv, C = c->C;
-    const size_t n[7] = {(size_t)P * C, (size_t)D * c->W, (size_t)H, (size_t)H, (size_t)H, (size_t)c->dv, (size_t)C * HV};
-    L->nprm = 0;
-    for (int i = 0; i < 7; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
-    const size_t nx = (size_t)B * T * C;
-    L->prm = (float*)malloc(L->nprm * sizeof(float));
-    L->grad = (float*)calloc(L->nprm, sizeof(float));
-    L->x = (float*)malloc(nx * sizeof(float));
-    L->dx = (float*)calloc(nx, sizeof(float));
-    L->R = (float*)malloc(nx * sizeof(float));
-    L->out = (float*)malloc(nx * sizeof(float));
-    gdnt_point(&L->p, L->prm, L->n);
-    gdnt_point(&L->gp, L->grad, L->n);
-    gdnt_seed(seed);
-    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
-    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
+static void gdnt_draw(TestLayer* L) {
+    GDNParams* p = &L->p.gdn;
+    const GDNConfig* c = &L->s.gdn;
+    const int H = c->H, HV = c->H * c->dv, C = c->C;
+    test_draw_uniform(p->in_proj_w, test_layer_numel(L, "in_proj_w"), C);
+    for (size_t i = 0; i < test_layer_numel(L, "conv_w"); i++) { p->conv_w[i] = (float)(test_unif() - 0.5); }
     for (int hh = 0; hh < H; hh++) {
-        L->p.b_bias[hh] = (float)(0.5 * gdnt_normal());
-        L->p.A_log[hh] = (float)log(0.1 + 15.9 * gdnt_unif());
-        double dt = exp(gdnt_unif() * (log(0.1) - log(0.001)) + log(0.001));
-        L->p.dt_bias[hh] = (float)(dt + log(-expm1(-dt)));
+        p->b_bias[hh] = (float)(0.5 * test_normal());
+        p->A_log[hh] = (float)log(0.1 + 15.9 * test_unif());
+        p->dt_bias[hh] = (float)test_draw_dt_bias();
     }
-    for (int i = 0; i < c->dv; i++) { L->p.onorm_w[i] = (float)(1.0 + 0.2 * gdnt_normal()); }
-    for (size_t i = 0; i < n[6]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / HV)); }
-    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
-}
-
-static void gdnt_layer_free(GDNTLayer* L) {
-    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
-}
-
-// gdn_forward into L->out; returns the loss sum(out * R) accumulated in double
-static double gdnt_layer_loss(GDNTLayer* L) {
-    float* acts = (float*)malloc(gdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    GDNActs a;
-    gdn_acts_point(&a, acts, L->B, L->T, &L->c);
-    gdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    double loss = 0.0;
-    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
-    free(acts);
-    return loss;
-}
-
-// forward, then backward with dout = R (the gradient of sum(out * R)); gradients into L->grad and L->dx
-static void gdnt_layer_grad(GDNTLayer* L) {
-    float* acts = (float*)malloc(gdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    float* scratch = (float*)malloc(gdn_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
-    GDNActs a;
-    gdn_acts_point(&a, acts, L->B, L->T, &L->c);
-    gdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    memset(L->grad, 0, L->nprm * sizeof(float));
-    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
-    gdn_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
-    free(acts); free(scratch);
+    for (int i = 0; i < c->dv; i++) { p->onorm_w[i] = (float)(1.0 + 0.2 * test_normal()); }
+    test_draw_uniform(p->out_proj_w, test_layer_numel(L, "out_proj_w"), HV);
 }
 
 // independent double-precision layer forward (spec 1.2 with the token-by-token recurrence 2.1).
 // prm: the 7 tensors in GDNParams order; out [B,T,C] (may be NULL); returns sum(out * R)
-static double gdnt_ref_forward(const GDNTLayer* L, const double* prm, const double* x, double* out) {
-    const GDNConfig* c = &L->c;
+static double gdnt_ref_forward(const TestLayer* L, const double* prm, const double* x, double* out) {
+    const GDNConfig* c = &L->s.gdn;
     const int B = L->B, T = L->T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
     const int HV = H * dv, D = gdn_D(c), P = gdn_P(c);
-    const double* Win = prm;
-    const double* Wc = Win + L->n[0];
-    const double* bb = Wc + L->n[1];
-    const double* Al = bb + H;
-    const double* dtb = Al + H;
-    const double* wo = dtb + H;
-    const double* Wout = wo + dv;
+    const double* Win = test_layer_param64(L, prm, "in_proj_w");
+    const double* Wc = test_layer_param64(L, prm, "conv_w");
+    const double* bb = test_layer_param64(L, prm, "b_bias");
+    const double* Al = test_layer_param64(L, prm, "A_log");
+    const double* dtb = test_layer_param64(L, prm, "dt_bias");
+    const double* wo = test_layer_param64(L, prm, "onorm_w");
+    const double* Wout = test_layer_param64(L, prm, "out_proj_w");
     double* proj = (double*)malloc((size_t)T * P * sizeof(double));
     double* S = (double*)malloc((size_t)H * dk * dv * sizeof(double));
     double* f = (double*)malloc((size_t)D * sizeof(double));
@@ -625,148 +953,40 @@ static double gdnt_ref_forward(const GDNTLayer* L, const double* prm, const doub
     return loss;
 }
 
-// the small configuration of the layer tests (T = 37 is not a multiple of any chunk size)
-static GDNConfig gdnt_small_config(int kaczmarz, int chunk) {
-    GDNConfig c = {24, 2, 8, 12, 4, kaczmarz, 1e-6f, 1e-5f, 1e-6f, chunk};
-    return c;
+static const MixerLayerTest GDN_LAYER_TEST = {
+    gdnt_draw, gdnt_ref_forward,
+    // 6. layer backward (gdn_backward) vs finite differences, B = 2, T = 37, BT = 16: 6 samples of every tensor (all
+    //    of those with <= 6 entries), 8 of x; fd64 with the 2-point step 1e-5, tolerance 1e-4 (spec 5), and fd32 at
+    //    2e-3; the forward vs the float64 one at 1e-5 (spec 5). 7. negative control: an A_log gradient entry.
+    {.per_tensor = 6, .x_samples = 8, .points = 2, .h = 1e-5, .fwd_tol = 1e-5, .grad_tol = spec5_grad_tol,
+     .fd32_tol = 2e-3, .control = "A_log"},
+    NULL,
+};
+
+// the small layer of the tests: C = 24, H = 2, dk = 8, dv = 12, W = 4; B = 2, T = 37 (not a multiple of any chunk)
+static void gdnt_layer(TestLayer* L, int kaczmarz, int chunk, uint64_t seed) {
+    Config c = {.num_layers = 1, .channels = 24, .lin_heads = 2, .lin_dk = 8, .lin_dv = 12, .conv_size = 4,
+                .l2norm_eps = 1e-6f, .onorm_eps = 1e-5f, .kaczmarz_eps = 1e-6f,
+                .mixer = {kaczmarz ? MIXER_KACZMARZ : MIXER_GDN}};
+    test_layer_init(L, &GDN_LAYER_TEST, kaczmarz ? "kaczmarz" : "gdn", &c, chunk, 2, 37, seed);
 }
 
-// 5. decode token by token (gdn_decode_step) == gdn_forward over the same sequences
+// 5. decode token by token (gdn_decode_step) == gdn_forward over the same sequences: fp32 round-off of two
+//    evaluation orders, 1e-5 (spec 5)
 static int gdnt_decode(int kaczmarz, int chunk) {
-    GDNTLayer L;
-    GDNConfig c = gdnt_small_config(kaczmarz, chunk);
-    gdnt_layer_init(&L, &c, 2, 37, 500 + kaczmarz);
-    gdnt_layer_loss(&L);
-    const int C = c.C;
-    float* st = (float*)malloc(gdn_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(gdn_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
-    GDNState s;
-    gdn_state_point(&s, st, &c);
-    for (int b = 0; b < L.B; b++) {
-        gdn_state_reset(&s, &c);
-        for (int t = 0; t < L.T; t++) {
-            const size_t r = (size_t)b * L.T + t;
-            gdn_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
-        }
-    }
-    char name[96];
-    snprintf(name, sizeof(name), "decode_equals_forward_%s_BT%d", kaczmarz ? "kaczmarz" : "gdn", chunk);
-    int fails = gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 1e-5);
-    free(st); free(scratch); free(dec);
-    gdnt_layer_free(&L);
+    TestLayer L;
+    gdnt_layer(&L, kaczmarz, chunk, 500 + kaczmarz);
+    const int fails = test_layer_decode(&L, 1e-5);
+    test_layer_free(&L);
     return fails;
 }
 
-// sampled entries for the finite-difference checks: 6 of every parameter tensor (all of those with
-// <= 6 entries) and 8 of x (tensor 7); off is the offset in the parameter block, or in x
-#define GDNT_MAXS 64
-typedef struct { int tensor; size_t off; } GDNTSample;
-
-static int gdnt_samples(GDNTSample* s, const GDNTLayer* L) {
-    int ns = 0;
-    size_t base = 0;
-    for (int t = 0; t < 8; t++) {
-        const size_t n = t < 7 ? L->n[t] : (size_t)L->B * L->T * L->c.C;
-        const int take = t < 7 ? 6 : 8;
-        for (int i = 0; i < take && (size_t)i < n; i++) {
-            s[ns].tensor = t;
-            s[ns].off = (t < 7 ? base : 0) + (n <= (size_t)take ? (size_t)i : (size_t)(gdnt_unif() * n));
-            ns++;
-        }
-        if (t < 7) { base += n; }
-    }
-    return ns;
-}
-
-// max-norm relative error over the samples of tensor t: max_i |a_i - f_i| / max_i |f_i|
-static double gdnt_tensor_err(const GDNTSample* s, const double* a, const double* f, int ns, int t) {
-    double num = 0.0, den = 0.0;
-    for (int i = 0; i < ns; i++) {
-        if (s[i].tensor != t) { continue; }
-        const double d = fabs(a[i] - f[i]);
-        if (!(d <= num)) { num = d; }
-        if (fabs(f[i]) > den) { den = fabs(f[i]); }
-    }
-    return num / (den > 0.0 ? den : 1.0);
-}
-
-// 6. layer backward (gdn_backward) vs central finite differences of the loss sum(out * R), B = 2, T = 37, BT = 16:
-//  (a) fd64: of the independent double-precision forward gdnt_ref_forward, step 1e-5 (truncation ~1e-10 and
-//      round-off ~1e-16 |L| / 1e-5 ~ 1e-10 absolute, so the reference is exact to ~1e-9 relative). Tolerance 1e-4
-//      (spec 5). Also checks gdn_forward against that forward (1e-5).
-//  (b) fd32: of gdn_forward itself, 4-point stencil [8(L(h)-L(-h)) - (L(2h)-L(-2h))] / 12h, h = 2^-7:
-//      truncation O(h^4 f^(5)) ~ 1e-8, but the fp32 forward's round-off (~1e-7 relative per output, ~1e-6
-//      absolute on L) divided by ~1.5h gives ~1e-4 absolute noise on gradients of O(1): tolerance 2e-3.
-// 7. negative control: the same comparisons with one A_log gradient entry shifted by 1% of the tensor's
-//    largest sampled gradient must fail both checks.
+// 6, 7. layer backward vs finite differences, and its negative control (GDN_LAYER_TEST.fd)
 static int gdnt_layer_fd(int kaczmarz) {
-    const char* kind = kaczmarz ? "kaczmarz" : "gdn";
-    GDNTLayer L;
-    GDNConfig c = gdnt_small_config(kaczmarz, 16);
-    gdnt_layer_init(&L, &c, 2, 37, 600 + kaczmarz);
-    gdnt_layer_grad(&L);
-    const size_t nx = (size_t)L.B * L.T * c.C;
-    GDNTSample s[GDNT_MAXS];
-    const int ns = gdnt_samples(s, &L);
-    double a[GDNT_MAXS], f64[GDNT_MAXS], f32[GDNT_MAXS];
-    double* pd = (double*)calloc(L.nprm, sizeof(double));
-    double* xd = (double*)calloc(nx, sizeof(double));
-    double* outd = (double*)malloc(nx * sizeof(double));
-    float* outf = (float*)malloc(nx * sizeof(float));
-    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
-    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
-    int fails = 0;
-    char name[96];
-
-    gdnt_ref_forward(&L, pd, xd, outd);
-    for (size_t i = 0; i < nx; i++) { outf[i] = (float)outd[i]; }
-    snprintf(name, sizeof(name), "layer_forward_vs_ref64_%s", kind);
-    fails += gdnt_check(name, gdnt_relerr(L.out, outf, nx), 1e-5);
-
-    for (int i = 0; i < ns; i++) {
-        const int x_ = s[i].tensor == 7;
-        a[i] = x_ ? L.dx[s[i].off] : L.grad[s[i].off];
-        double* vd = x_ ? xd + s[i].off : pd + s[i].off;
-        const double h64 = 1e-5, v0 = *vd;
-        *vd = v0 + h64; const double lp = gdnt_ref_forward(&L, pd, xd, NULL);
-        *vd = v0 - h64; const double lm = gdnt_ref_forward(&L, pd, xd, NULL);
-        *vd = v0;
-        f64[i] = (lp - lm) / (2.0 * h64);
-        float* vf = x_ ? L.x + s[i].off : L.prm + s[i].off;
-        const float h32 = 0.0078125f, f0 = *vf;
-        double l[4];
-        const float steps[4] = {h32, -h32, 2.0f * h32, -2.0f * h32};
-        for (int k = 0; k < 4; k++) { *vf = f0 + steps[k]; l[k] = gdnt_layer_loss(&L); }
-        *vf = f0;
-        f32[i] = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h32);
-    }
-    for (int t = 0; t < 8; t++) {
-        snprintf(name, sizeof(name), "layer_grad_fd64_%s_%s", kind, gdnt_names[t]);
-        fails += gdnt_check(name, gdnt_tensor_err(s, a, f64, ns, t), 1e-4);
-    }
-    for (int t = 0; t < 8; t++) {
-        snprintf(name, sizeof(name), "layer_grad_fd32_%s_%s", kind, gdnt_names[t]);
-        fails += gdnt_check(name, gdnt_tensor_err(s, a, f32, ns, t), 2e-3);
-    }
-
-    // 7. negative control
-    double amax = 0.0;
-    int first = -1;
-    for (int i = 0; i < ns; i++) {
-        if (s[i].tensor != 3) { continue; }
-        if (first < 0) { first = i; }
-        if (fabs(f64[i]) > amax) { amax = fabs(f64[i]); }
-    }
-    a[first] += 0.01 * amax;
-    const double e64 = gdnt_tensor_err(s, a, f64, ns, 3), e32 = gdnt_tensor_err(s, a, f32, ns, 3);
-    const int caught = e64 > 1e-4 && e32 > 2e-3;
-    printf("%s negative_control_%s: A_log gradient shifted by 1%%: fd64 err %.3e (tol 1e-4), fd32 err %.3e (tol 2e-3) %s\n",
-           caught ? "PASS" : "FAIL", kind, e64, e32, caught ? "both caught" : "NOT caught");
-    fails += caught ? 0 : 1;
-
-    free(pd); free(xd); free(outd); free(outf);
-    gdnt_layer_free(&L);
+    TestLayer L;
+    gdnt_layer(&L, kaczmarz, 16, 600 + kaczmarz);
+    const int fails = test_layer_fd(&L, NULL);
+    test_layer_free(&L);
     return fails;
 }
 
@@ -983,7 +1203,7 @@ static void test_grad_accumulation(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// pdn / pgdn / pkda mixer properties (spec/pdn.md section 9). Uses the gdnt_ rng and check helpers above.
+// pdn / pgdn / pkda mixer properties (spec/pdn.md section 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative unless stated.
 
 static const char* pdnt_vname[3] = {"pdn", "pgdn", "pkda"};
@@ -1024,16 +1244,6 @@ static void pdnt_core_ref(double* o, double* S, double* A, double* mo, const flo
     free(m); free(p);
 }
 
-static double pdnt_relerr_d(const float* a, const double* b, size_t n) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= num)) { num = d; }
-        if (fabs(b[i]) > den) { den = fabs(b[i]); }
-    }
-    return num / (den > 0.0 ? den : 1.0);
-}
-
 // 1. golden vector of spec 11 (PGDN, T = 2, dk = dv = 2, q = k passed pre-scaled: qscale = 1)
 static int pdnt_golden(void) {
     const float qkv[2][6] = {{1, 0, 1, 0, 1, 2}, {0.6f, 0.8f, 0.6f, 0.8f, 3, -1}};
@@ -1053,7 +1263,7 @@ static int pdnt_golden(void) {
         err = fmax(err, fabs(m[i] - m_ref[i]));
     }
     for (int i = 0; i < 2; i++) { err = fmax(err, fabs(Af[i] - A_ref[2 + i])); }
-    return gdnt_check("pdn_golden_vector_spec11 (max abs)", err, 1e-6);
+    return test_check("pdn_golden_vector_spec11 (max abs)", err, 1e-6);
 }
 
 // random core inputs for B, T, H: unit q, k; v ~ N(0,1); beta in (0,1); g per variant (pkda: per channel);
@@ -1063,23 +1273,23 @@ static void pdnt_core_inputs(float* qkv, float* beta, float* g, float* gP, float
     const int D = 2 * H * dk + H * dv;
     for (size_t r = 0; r < (size_t)B * T; r++) {
         float* row = qkv + r * D;
-        for (int i = 0; i < D; i++) { row[i] = (float)gdnt_normal(); }
+        for (int i = 0; i < D; i++) { row[i] = (float)test_normal(); }
         for (int hh = 0; hh < H; hh++) {
             float* q = row + hh * dk;
             float* k = row + H * dk + hh * dk;
             const float nq = sqrtf(vec_dot(q, q, dk)), nk = sqrtf(vec_dot(k, k, dk));
             for (int d = 0; d < dk; d++) { q[d] /= nq; k[d] /= nk; }
             const size_t e = r * H + hh;
-            beta[e] = (float)gdnt_unif();
-            gP[e] = (float)-exp(-4.0 + 5.0 * gdnt_unif());
-            bP[e] = (float)gdnt_unif();
-            const float gs = (float)-exp(-5.0 + 5.0 * gdnt_unif());
+            beta[e] = (float)test_unif();
+            gP[e] = (float)-exp(-4.0 + 5.0 * test_unif());
+            bP[e] = (float)test_unif();
+            const float gs = (float)-exp(-5.0 + 5.0 * test_unif());
             for (int d = 0; d < dk; d++) {
-                g[e * dk + d] = variant == 0 ? 0.0f : variant == 1 ? gs : (float)-exp(-5.0 + 5.0 * gdnt_unif());
+                g[e * dk + d] = variant == 0 ? 0.0f : variant == 1 ? gs : (float)-exp(-5.0 + 5.0 * test_unif());
             }
         }
     }
-    for (int hh = 0; hh < H; hh++) { cs[hh] = (float)(-0.2 + 0.5 * gdnt_normal()); }
+    for (int hh = 0; hh < H; hh++) { cs[hh] = (float)(-0.2 + 0.5 * test_normal()); }
 }
 
 // 2. x = 1: m = 1, so pdn == DeltaNet and pgdn == GDN (against the plain double recurrence without the
@@ -1113,7 +1323,7 @@ static int pdnt_x1(void) {
     double Ad[8];
     float cs[2];
     for (int variant = 0; variant < 2; variant++) {
-        gdnt_seed(700 + variant);
+        test_seed(700 + variant);
         pdnt_core_inputs(qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, variant);
         memset(S, 0, (size_t)B * H * dk * dv * sizeof(float));
         memset(Af, 0, (size_t)B * H * dk * sizeof(float));
@@ -1152,25 +1362,25 @@ static int pdnt_x1(void) {
         char name[96];
         snprintf(name, sizeof(name), "pdn_x1_%s_equals_%s (m != 1: %d)", pdnt_vname[variant],
                  variant ? "gdn" : "deltanet", m_not_one);
-        fails += gdnt_check(name, m_not_one ? 1.0 : err, 1e-6);
+        fails += test_check(name, m_not_one ? 1.0 : err, 1e-6);
         if (variant == 1) {
             // gdn_core_recurrent takes the per-head scalar g and the same normalised q (it scales by dk^-1/2)
             float* gs = (float*)malloc(BT * H * sizeof(float));
             float* Sg = (float*)calloc((size_t)B * H * dk * dv, sizeof(float));
             for (size_t e = 0; e < BT * H; e++) { gs[e] = g[e * dk]; }
             gdn_core_recurrent(o2, Sg, qkv, beta, gs, B, T, H, dk, dv);
-            fails += gdnt_check("pdn_x1_pgdn_equals_gdn_core_recurrent", gdnt_relerr(o, o2, nO), 1e-6);
-            fails += gdnt_check("pdn_x1_pgdn_final_S_equals_gdn", gdnt_relerr(S, Sg, (size_t)B * H * dk * dv), 1e-6);
+            fails += test_check("pdn_x1_pgdn_equals_gdn_core_recurrent", test_relerr(o, o2, nO), 1e-6);
+            fails += test_check("pdn_x1_pgdn_final_S_equals_gdn", test_relerr(S, Sg, (size_t)B * H * dk * dv), 1e-6);
             free(gs); free(Sg);
         }
-        for (size_t i = 0; i < nO; i++) { dO[i] = (float)gdnt_normal(); }
+        for (size_t i = 0; i < nO; i++) { dO[i] = (float)test_normal(); }
         pdn_core_backward(dqkv, dbeta, dg, dgP, dbP, dcs, NULL, NULL, dO, NULL, NULL, Sck, qkv, beta, g, gP, bP, A, m,
                           cs, B, T, H, dk, dv, CK, 1.0f / sqrtf((float)dk), logf(1.0f), 1e-6f, scr, max_threads());
         double z = 0.0;
         for (size_t e = 0; e < BT * H; e++) { z = fmax(z, fmax(fabs(dgP[e]), fabs(dbP[e]))); }
         for (int i = 0; i < B * H; i++) { z = fmax(z, fabs(dcs[i])); }
         snprintf(name, sizeof(name), "pdn_x1_%s_precond_grads_exactly_zero (max |dgP|,|dbP|,|dc|)", pdnt_vname[variant]);
-        fails += gdnt_check(name, z, 0.0);
+        fails += test_check(name, z, 0.0);
     }
     free(qkv); free(beta); free(gP); free(bP); free(g); free(A); free(m); free(o); free(o2); free(Sck); free(S);
     free(Af); free(dqkv); free(dO); free(dbeta); free(dgP); free(dbP); free(dg); free(dcs); free(scr); free(od); free(Sd);
@@ -1178,100 +1388,28 @@ static int pdnt_x1(void) {
 }
 
 // ----------------------------------------------------------------------------
-// layer-level tests: a small random layer
-
-typedef struct {
-    PDNConfig c;
-    int B, T;
-    size_t n[12], nprm;            // sizes of the 12 tensors (PDNParams order, 0 = absent) and their total
-    float *prm, *grad, *x, *dx, *R, *out;
-    PDNParams p, gp;
-} PDNTLayer;
-
-static const char* pdnt_names[13] = {"in_proj_w", "conv_w", "A_log", "dt_bias", "f2_w", "g2_w", "g2_b",
-                                     "A_log_P", "dt_bias_P", "log_scale", "onorm_w", "out_proj_w", "x"};
-
-// the i-th tensor pointer of a PDNParams, in FORMATS.md order
-static float** pdnt_tensor(PDNParams* p, int i) {
-    float** f[12] = {&p->in_proj_w, &p->conv_w, &p->A_log, &p->dt_bias, &p->f2_w, &p->g2_w, &p->g2_b,
-                     &p->A_log_P, &p->dt_bias_P, &p->log_scale, &p->onorm_w, &p->out_proj_w};
-    return f[i];
-}
-
-static void pdnt_point(PDNParams* p, float* base, const size_t* n) {
-    for (int i = 0; i < 12; i++) { *pdnt_tensor(p, i) = n[i] ? base : NULL; base += n[i]; }
-}
-
-static double pdnt_dt_bias_draw(void) {
-    const double dt = exp(gdnt_unif() * (log(0.1) - log(0.001)) + log(0.001));
-    return dt + log(-expm1(-dt));
-}
+// layer-level tests: a small random layer on the harness above
 
 // random weights with O(1) activations; decays as in FORMATS.md; the centre, gate bias and onorm_w away
 // from their init so that their gradients are checked in general position
-static void pdnt_layer_init(PDNTLayer* L, const PDNConfig* c, int B, int T, uint64_t seed) {
-    L->c = *c; L->B = B; L->T = T;
-    const int P = pdn_P(c), D = pdn_D(c), H = c->H, HV = c->H * c->dv, HK = c->H * c->dk, C = c->C, dv = c->dv;
-    const int v = c->variant;
-    const size_t n[12] = {(size_t)P * C, (size_t)D * c->W, v ? (size_t)H : 0, v == 1 ? (size_t)H : v == 2 ? (size_t)HK : 0,
-                          v == 2 ? (size_t)HK * dv : 0, v == 2 ? (size_t)HV * dv : 0, v == 2 ? (size_t)HV : 0,
-                          (size_t)H, (size_t)H, (size_t)H, (size_t)dv, (size_t)C * HV};
-    L->nprm = 0;
-    for (int i = 0; i < 12; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
-    const size_t nx = (size_t)B * T * C;
-    L->prm = (float*)malloc(L->nprm * sizeof(float));
-    L->grad = (float*)calloc(L->nprm, sizeof(float));
-    L->x = (float*)malloc(nx * sizeof(float));
-    L->dx = (float*)calloc(nx, sizeof(float));
-    L->R = (float*)malloc(nx * sizeof(float));
-    L->out = (float*)malloc(nx * sizeof(float));
-    pdnt_point(&L->p, L->prm, L->n);
-    pdnt_point(&L->gp, L->grad, L->n);
-    gdnt_seed(seed);
-    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
-    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
-    for (size_t i = 0; i < n[2]; i++) { L->p.A_log[i] = (float)log(1.0 + 15.0 * gdnt_unif()); }
-    for (size_t i = 0; i < n[3]; i++) { L->p.dt_bias[i] = (float)pdnt_dt_bias_draw(); }
-    for (size_t i = 0; i < n[4]; i++) { L->p.f2_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / dv)); }
-    for (size_t i = 0; i < n[5]; i++) { L->p.g2_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / dv)); }
-    for (size_t i = 0; i < n[6]; i++) { L->p.g2_b[i] = (float)(0.5 * gdnt_normal()); }
+static void pdnt_draw(TestLayer* L) {
+    PDNParams* p = &L->p.pdn;
+    const PDNConfig* c = &L->s.pdn;
+    const int H = c->H, HV = c->H * c->dv, C = c->C, dv = c->dv;
+    test_draw_uniform(p->in_proj_w, test_layer_numel(L, "in_proj_w"), C);
+    for (size_t i = 0; i < test_layer_numel(L, "conv_w"); i++) { p->conv_w[i] = (float)(test_unif() - 0.5); }
+    for (size_t i = 0; i < test_layer_numel(L, "A_log"); i++) { p->A_log[i] = (float)log(1.0 + 15.0 * test_unif()); }
+    for (size_t i = 0; i < test_layer_numel(L, "dt_bias"); i++) { p->dt_bias[i] = (float)test_draw_dt_bias(); }
+    test_draw_uniform(p->f2_w, test_layer_numel(L, "f2_w"), dv);
+    test_draw_uniform(p->g2_w, test_layer_numel(L, "g2_w"), dv);
+    for (size_t i = 0; i < test_layer_numel(L, "g2_b"); i++) { p->g2_b[i] = (float)(0.5 * test_normal()); }
     for (int hh = 0; hh < H; hh++) {
-        L->p.A_log_P[hh] = (float)log(1.0 + 15.0 * gdnt_unif());
-        L->p.dt_bias_P[hh] = (float)pdnt_dt_bias_draw();
-        L->p.log_scale[hh] = (float)(-0.2 + 0.5 * gdnt_normal());
+        p->A_log_P[hh] = (float)log(1.0 + 15.0 * test_unif());
+        p->dt_bias_P[hh] = (float)test_draw_dt_bias();
+        p->log_scale[hh] = (float)(-0.2 + 0.5 * test_normal());
     }
-    for (int i = 0; i < dv; i++) { L->p.onorm_w[i] = (float)(1.0 + 0.2 * gdnt_normal()); }
-    for (size_t i = 0; i < n[11]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / HV)); }
-    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
-}
-
-static void pdnt_layer_free(PDNTLayer* L) {
-    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
-}
-
-// pdn_forward into L->out (acts returned if keep != NULL, else freed); returns sum(out * R) in double
-static double pdnt_layer_loss(PDNTLayer* L, float** keep, PDNActs* akeep) {
-    float* acts = (float*)malloc(pdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    PDNActs a;
-    pdn_acts_point(&a, acts, L->B, L->T, &L->c);
-    pdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    double loss = 0.0;
-    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
-    if (keep) { *keep = acts; *akeep = a; } else { free(acts); }
-    return loss;
-}
-
-// forward, then backward with dout = R; gradients into L->grad and L->dx
-static void pdnt_layer_grad(PDNTLayer* L) {
-    float* acts = (float*)malloc(pdn_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    float* scratch = (float*)malloc(pdn_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
-    PDNActs a;
-    pdn_acts_point(&a, acts, L->B, L->T, &L->c);
-    pdn_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    memset(L->grad, 0, L->nprm * sizeof(float));
-    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
-    pdn_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
-    free(acts); free(scratch);
+    for (int i = 0; i < dv; i++) { p->onorm_w[i] = (float)(1.0 + 0.2 * test_normal()); }
+    test_draw_uniform(p->out_proj_w, test_layer_numel(L, "out_proj_w"), HV);
 }
 
 static double pdnt_sigmoid(double u) { return 1.0 / (1.0 + exp(-u)); }
@@ -1279,15 +1417,16 @@ static double pdnt_softplus(double u) { return u > 20.0 ? u : log1p(exp(u)); }
 
 // independent double-precision layer forward (spec 1.1-1.5 with the token recurrence 2.1).
 // prm: the 12 tensors in PDNParams order (absent ones empty); out [B,T,C] (may be NULL); returns sum(out * R)
-static double pdnt_ref_forward(const PDNTLayer* L, const double* prm, const double* x, double* out) {
-    const PDNConfig* c = &L->c;
+static double pdnt_ref_forward(const TestLayer* L, const double* prm, const double* x, double* out) {
+    const PDNConfig* c = &L->s.pdn;
     const int B = L->B, T = L->T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W, v = c->variant;
     const int HV = H * dv, D = pdn_D(c), P = pdn_P(c);
-    const double* t_[12];
-    const double* base = prm;
-    for (int i = 0; i < 12; i++) { t_[i] = base; base += L->n[i]; }
-    const double *Win = t_[0], *Wc = t_[1], *Al = t_[2], *dtb = t_[3], *f2 = t_[4], *g2 = t_[5], *g2b = t_[6];
-    const double *AlP = t_[7], *dtbP = t_[8], *cs = t_[9], *wo = t_[10], *Wout = t_[11];
+    const double *Win = test_layer_param64(L, prm, "in_proj_w"), *Wc = test_layer_param64(L, prm, "conv_w");
+    const double *Al = test_layer_param64(L, prm, "A_log"), *dtb = test_layer_param64(L, prm, "dt_bias");
+    const double *f2 = test_layer_param64(L, prm, "f2_w"), *g2 = test_layer_param64(L, prm, "g2_w");
+    const double *g2b = test_layer_param64(L, prm, "g2_b"), *AlP = test_layer_param64(L, prm, "A_log_P");
+    const double *dtbP = test_layer_param64(L, prm, "dt_bias_P"), *cs = test_layer_param64(L, prm, "log_scale");
+    const double *wo = test_layer_param64(L, prm, "onorm_w"), *Wout = test_layer_param64(L, prm, "out_proj_w");
     double* proj = (double*)malloc((size_t)T * P * sizeof(double));
     double* S = (double*)malloc((size_t)H * dk * dv * sizeof(double));
     double* A = (double*)malloc((size_t)H * dk * sizeof(double));
@@ -1386,10 +1525,39 @@ static double pdnt_ref_forward(const PDNTLayer* L, const double* prm, const doub
     return loss;
 }
 
-// the small configuration of the layer tests (T = 37 is not a multiple of the checkpoint interval)
-static PDNConfig pdnt_small_config(int variant, int chunk) {
-    PDNConfig c = {24, 2, 8, 6, 4, variant, 1.5f, 1e-6f, 1e-6f, 1e-6f, chunk};
-    return c;
+// the decode state after a forward over [0, T): the conv window, the final S and A of sequence b
+static void pdnt_state_from_acts(MixerState* st, const MixerActs* a, const TestLayer* L, int b) {
+    const PDNConfig* c = &L->s.pdn;
+    const int H = c->H, dk = c->dk, dv = c->dv;
+    test_conv_window(st->pdn.conv, a->pdn.proj, b, L->T, pdn_P(c), pdn_D(c), c->W);
+    memcpy(st->pdn.S, a->pdn.S + (size_t)b * H * dk * dv, (size_t)H * dk * dv * sizeof(float));
+    memcpy(st->pdn.A, a->pdn.Af + (size_t)b * H * dk, (size_t)H * dk * sizeof(float));
+}
+
+// 7. the gradient tolerances: 1e-4 (spec 5), A_log_P, dt_bias_P, log_scale 1e-3 (spec 5: the 1/(A + eps) factor
+//    amplifies fp32 round-off)
+static double pdnt_grad_tol(const char* tensor) {
+    const int loose = !strcmp(tensor, "A_log_P") || !strcmp(tensor, "dt_bias_P") || !strcmp(tensor, "log_scale");
+    return loose ? 1e-3 : 1e-4;
+}
+
+static const MixerLayerTest PDN_LAYER_TEST = {
+    pdnt_draw, pdnt_ref_forward,
+    // 7. layer backward (pdn_backward) vs the 4-point differences of the float64 forward, h = 1e-4 (truncation
+    //    ~h^4, round-off ~1e-16 |L| / h ~ 1e-11: exact to ~1e-9), 5 samples of every tensor (all if fewer), 8 of x;
+    //    the fp32 forward vs the float64 one at 1e-5 (spec 5). 8. negative control: an in_proj_w gradient entry.
+    {.per_tensor = 5, .x_samples = 8, .points = 4, .h = 1e-4, .fwd_tol = 1e-5, .grad_tol = pdnt_grad_tol,
+     .control = "in_proj_w"},
+    pdnt_state_from_acts,
+};
+
+// the small layer of the tests: C = 24, H = 2, dk = 8, dv = 6, W = 4, x = 1.5 (T = 37 is not a multiple of the
+// checkpoint interval)
+static void pdnt_layer(TestLayer* L, int variant, int chunk, int B, uint64_t seed) {
+    Config c = {.num_layers = 1, .channels = 24, .lin_heads = 2, .lin_dk = 8, .lin_dv = 6, .conv_size = 4,
+                .l2norm_eps = 1e-6f, .precond_x = 1.5f, .precond_eps = 1e-6f, .precond_onorm_eps = 1e-6f,
+                .mixer = {MIXER_PDN + variant}};
+    test_layer_init(L, &PDN_LAYER_TEST, pdnt_vname[variant], &c, chunk, B, 37, seed);
 }
 
 // 3. pgdn with g = 0 (A_log = -200) == pdn; pkda with equal channels (f2 = 0, dt_bias[h,:] = pgdn's dt_bias[h],
@@ -1397,61 +1565,62 @@ static PDNConfig pdnt_small_config(int variant, int chunk) {
 //    channels of a head == pgdn's (that is dg summed over channels, through the same softplus chain), dA_log equal.
 static int pdnt_variants(void) {
     int fails = 0;
-    PDNTLayer L0, L1, L2;
-    PDNConfig c0 = pdnt_small_config(0, 8), c1 = pdnt_small_config(1, 8), c2 = pdnt_small_config(2, 8);
-    pdnt_layer_init(&L0, &c0, 2, 37, 800);
-    pdnt_layer_init(&L1, &c1, 2, 37, 801);
-    pdnt_layer_init(&L2, &c2, 2, 37, 802);
-    const int C = c0.C, H = c0.H, dk = c0.dk, dv = c0.dv, P0 = pdn_P(&c0), D = pdn_D(&c0);
+    TestLayer L0, L1, L2;
+    pdnt_layer(&L0, 0, 8, 2, 800);
+    pdnt_layer(&L1, 1, 8, 2, 801);
+    pdnt_layer(&L2, 2, 8, 2, 802);
+    const PDNConfig* c0 = &L0.s.pdn;
+    const int C = c0->C, H = c0->H, dk = c0->dk, P0 = pdn_P(c0), D = pdn_D(c0);
     const size_t nx = (size_t)2 * 37 * C;
+    // the tensors after the decays, the same in every variant
+    const char* shared[5] = {"A_log_P", "dt_bias_P", "log_scale", "onorm_w", "out_proj_w"};
     // pgdn: copy pdn's weights, A_log = -200 (g = -0 exactly)
-    memcpy(L1.p.in_proj_w, L0.p.in_proj_w, (size_t)P0 * C * sizeof(float));
-    memcpy(L1.p.conv_w, L0.p.conv_w, L0.n[1] * sizeof(float));
-    for (int i = 7; i < 12; i++) { memcpy(*pdnt_tensor(&L1.p, i), *pdnt_tensor(&L0.p, i), L0.n[i] * sizeof(float)); }
+    memcpy(L1.p.pdn.in_proj_w, L0.p.pdn.in_proj_w, (size_t)P0 * C * sizeof(float));
+    test_layer_copy(&L1, &L0, "conv_w");
+    for (int i = 0; i < 5; i++) { test_layer_copy(&L1, &L0, shared[i]); }
     memcpy(L1.x, L0.x, nx * sizeof(float));
     memcpy(L1.R, L0.R, nx * sizeof(float));
-    for (int hh = 0; hh < H; hh++) { L1.p.A_log[hh] = -200.0f; }
-    pdnt_layer_loss(&L0, NULL, NULL);
-    pdnt_layer_loss(&L1, NULL, NULL);
-    fails += gdnt_check("pdn_pgdn_g0_equals_pdn", gdnt_relerr(L1.out, L0.out, nx), 1e-6);
+    for (int hh = 0; hh < H; hh++) { L1.p.pdn.A_log[hh] = -200.0f; }
+    test_layer_loss(&L0, NULL, NULL);
+    test_layer_loss(&L1, NULL, NULL);
+    fails += test_check("pdn_pgdn_g0_equals_pdn", test_relerr(L1.out, L0.out, nx), 1e-6);
     // pkda from pgdn (with pgdn's own A_log restored to a random value)
-    gdnt_seed(803);
-    for (int hh = 0; hh < H; hh++) { L1.p.A_log[hh] = (float)log(1.0 + 15.0 * gdnt_unif()); }
+    test_seed(803);
+    for (int hh = 0; hh < H; hh++) { L1.p.pdn.A_log[hh] = (float)log(1.0 + 15.0 * test_unif()); }
     for (int i = 0; i < C; i++) {
-        for (int hh = 0; hh < H; hh++) { L1.p.in_proj_w[(size_t)(D + 3 * H + hh) * C + i] = 0.0f; }
+        for (int hh = 0; hh < H; hh++) { L1.p.pdn.in_proj_w[(size_t)(D + 3 * H + hh) * C + i] = 0.0f; }
     }
-    memcpy(L2.p.in_proj_w, L1.p.in_proj_w, (size_t)P0 * C * sizeof(float));   // f1, g1 rows stay random
-    memcpy(L2.p.conv_w, L1.p.conv_w, L1.n[1] * sizeof(float));
-    memcpy(L2.p.A_log, L1.p.A_log, H * sizeof(float));
+    memcpy(L2.p.pdn.in_proj_w, L1.p.pdn.in_proj_w, (size_t)P0 * C * sizeof(float));   // f1, g1 rows stay random
+    test_layer_copy(&L2, &L1, "conv_w");
+    test_layer_copy(&L2, &L1, "A_log");
     for (int hh = 0; hh < H; hh++) {
-        for (int d = 0; d < dk; d++) { L2.p.dt_bias[hh * dk + d] = L1.p.dt_bias[hh]; }
+        for (int d = 0; d < dk; d++) { L2.p.pdn.dt_bias[hh * dk + d] = L1.p.pdn.dt_bias[hh]; }
     }
-    memset(L2.p.f2_w, 0, L2.n[4] * sizeof(float));
-    memset(L2.p.g2_w, 0, L2.n[5] * sizeof(float));
-    for (size_t i = 0; i < L2.n[6]; i++) { L2.p.g2_b[i] = 30.0f; }
-    for (int i = 7; i < 12; i++) { memcpy(*pdnt_tensor(&L2.p, i), *pdnt_tensor(&L1.p, i), L1.n[i] * sizeof(float)); }
+    memset(L2.p.pdn.f2_w, 0, test_layer_numel(&L2, "f2_w") * sizeof(float));
+    memset(L2.p.pdn.g2_w, 0, test_layer_numel(&L2, "g2_w") * sizeof(float));
+    for (size_t i = 0; i < test_layer_numel(&L2, "g2_b"); i++) { L2.p.pdn.g2_b[i] = 30.0f; }
+    for (int i = 0; i < 5; i++) { test_layer_copy(&L2, &L1, shared[i]); }
     memcpy(L2.x, L1.x, nx * sizeof(float));
     memcpy(L2.R, L1.R, nx * sizeof(float));
-    pdnt_layer_grad(&L1);
-    pdnt_layer_grad(&L2);
-    fails += gdnt_check("pdn_pkda_equal_channels_equals_pgdn", gdnt_relerr(L2.out, L1.out, nx), 1e-6);
+    test_layer_grad(&L1);
+    test_layer_grad(&L2);
+    fails += test_check("pdn_pkda_equal_channels_equals_pgdn", test_relerr(L2.out, L1.out, nx), 1e-6);
     float dts[8];
     for (int hh = 0; hh < H; hh++) {
         double s = 0.0;
-        for (int d = 0; d < dk; d++) { s += L2.gp.dt_bias[hh * dk + d]; }
+        for (int d = 0; d < dk; d++) { s += L2.gp.pdn.dt_bias[hh * dk + d]; }
         dts[hh] = (float)s;
     }
-    fails += gdnt_check("pdn_pkda_dg_channel_sum_equals_pgdn_dg (ddt_bias)", gdnt_relerr(dts, L1.gp.dt_bias, H), 1e-5);
-    fails += gdnt_check("pdn_pkda_dA_log_equals_pgdn", gdnt_relerr(L2.gp.A_log, L1.gp.A_log, H), 1e-5);
-    fails += gdnt_check("pdn_pkda_dx_equals_pgdn", gdnt_relerr(L2.dx, L1.dx, nx), 1e-5);
-    (void)dv;
-    pdnt_layer_free(&L0); pdnt_layer_free(&L1); pdnt_layer_free(&L2);
+    fails += test_check("pdn_pkda_dg_channel_sum_equals_pgdn_dg (ddt_bias)", test_relerr(dts, L1.gp.pdn.dt_bias, H), 1e-5);
+    fails += test_check("pdn_pkda_dA_log_equals_pgdn", test_relerr(L2.gp.pdn.A_log, L1.gp.pdn.A_log, H), 1e-5);
+    fails += test_check("pdn_pkda_dx_equals_pgdn", test_relerr(L2.dx, L1.dx, nx), 1e-5);
+    test_layer_free(&L0); test_layer_free(&L1); test_layer_free(&L2);
     return fails;
 }
 
 // 4. state carry. (a) core: [0,T1) then [T1,T) with S and A carried (random S0, A0) == one pass, T1 on and off
 //    a checkpoint boundary; (b) layer: pdn_forward over [0,T1), its final S, A and the last W-1 pre-conv inputs
-//    as a PDNState, then decode [T1,T) == pdn_forward over [0,T).
+//    as a PDNState, then decode [T1,T) == pdn_forward over [0,T) (test_layer_state_carry).
 static int pdnt_state_carry(int variant) {
     int fails = 0;
     char name[96];
@@ -1473,12 +1642,12 @@ static int pdnt_state_carry(int variant) {
     float* sl[6];
     for (int i = 0; i < 6; i++) { sl[i] = (float*)malloc(BT * D * sizeof(float)); }
     float cs[2];
-    gdnt_seed(900 + variant);
+    test_seed(900 + variant);
     pdnt_core_inputs(qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, variant);
     float* S0 = (float*)malloc(nS * sizeof(float));
     float* A0 = (float*)malloc(nA * sizeof(float));
-    for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * gdnt_normal()); }
-    for (size_t i = 0; i < nA; i++) { A0[i] = (float)gdnt_unif(); }
+    for (size_t i = 0; i < nS; i++) { S0[i] = (float)(0.5 * test_normal()); }
+    for (size_t i = 0; i < nA; i++) { A0[i] = (float)test_unif(); }
     const float qs = 1.0f / sqrtf((float)dk), lnx = logf(1.5f);
     memcpy(S1, S0, nS * sizeof(float)); memcpy(A1, A0, nA * sizeof(float));
     pdn_core_forward(o1, A, m, NULL, S1, A1, qkv, beta, g, gP, bP, cs, B, T, H, dk, dv, CK, qs, lnx, 1e-6f);
@@ -1488,99 +1657,49 @@ static int pdnt_state_carry(int variant) {
         int t0 = 0;
         for (int part = 0; part < 2; part++) {
             const int t1 = part == 0 ? splits[si] : T, Tn = t1 - t0;
-            gdnt_slice(sl[0], qkv, B, T, t0, t1, D);
-            gdnt_slice(sl[1], beta, B, T, t0, t1, H);
-            gdnt_slice(sl[2], g, B, T, t0, t1, H * dk);
-            gdnt_slice(sl[3], gP, B, T, t0, t1, H);
-            gdnt_slice(sl[4], bP, B, T, t0, t1, H);
+            test_slice(sl[0], qkv, B, T, t0, t1, D);
+            test_slice(sl[1], beta, B, T, t0, t1, H);
+            test_slice(sl[2], g, B, T, t0, t1, H * dk);
+            test_slice(sl[3], gP, B, T, t0, t1, H);
+            test_slice(sl[4], bP, B, T, t0, t1, H);
             pdn_core_forward(sl[5], A, m, NULL, S2, A2, sl[0], sl[1], sl[2], sl[3], sl[4], cs, B, Tn, H, dk, dv, CK,
                              qs, lnx, 1e-6f);
-            gdnt_unslice(o2, sl[5], B, T, t0, t1, H * dv);
+            test_unslice(o2, sl[5], B, T, t0, t1, H * dv);
             t0 = t1;
         }
-        double err = fmax(gdnt_relerr(o2, o1, BT * H * dv), fmax(gdnt_relerr(S2, S1, nS), gdnt_relerr(A2, A1, nA)));
+        double err = fmax(test_relerr(o2, o1, BT * H * dv), fmax(test_relerr(S2, S1, nS), test_relerr(A2, A1, nA)));
         snprintf(name, sizeof(name), "pdn_core_state_carry_%s_T1_%d", pdnt_vname[variant], splits[si]);
-        fails += gdnt_check(name, err, 1e-6);
+        fails += test_check(name, err, 1e-6);
     }
-    // (b) layer
-    PDNConfig c = pdnt_small_config(variant, 8);
-    PDNTLayer L, Lp;
-    pdnt_layer_init(&L, &c, 2, 37, 950 + variant);
-    pdnt_layer_loss(&L, NULL, NULL);
-    const int Dl = pdn_D(&c), P = pdn_P(&c), W = c.W, Cm = c.C;
-    float* st = (float*)malloc(pdn_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(pdn_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)Cm * sizeof(float));
-    for (int si = 0; si < 2; si++) {
-        const int T1 = splits[si];
-        pdnt_layer_init(&Lp, &c, 2, T1, 950 + variant);    // same weights (same seed, same draws first)
-        gdnt_slice(Lp.x, L.x, 2, 37, 0, T1, Cm);
-        float* acts;
-        PDNActs a;
-        pdnt_layer_loss(&Lp, &acts, &a);
-        double num = 0.0, den = 0.0;
-        for (int b = 0; b < 2; b++) {
-            PDNState s;
-            pdn_state_point(&s, st, &c);
-            pdn_state_reset(&s, &c);
-            for (int j = 0; j < W - 1; j++) {
-                const int t = T1 - (W - 1) + j;
-                if (t >= 0) { memcpy(s.conv + (size_t)j * Dl, a.proj + ((size_t)b * T1 + t) * P, Dl * sizeof(float)); }
-            }
-            memcpy(s.S, a.S + (size_t)b * H * dk * dv, (size_t)H * dk * dv * sizeof(float));
-            memcpy(s.A, a.Af + (size_t)b * H * dk, (size_t)H * dk * sizeof(float));
-            for (int t = T1; t < 37; t++) {
-                const size_t r = (size_t)b * 37 + t;
-                pdn_decode_step(dec, &s, &L.p, L.x + r * Cm, scratch, &c);
-                for (int i = 0; i < Cm; i++) {
-                    num = fmax(num, fabs(dec[i] - L.out[r * Cm + i]));
-                    den = fmax(den, fabs(L.out[r * Cm + i]));
-                }
-            }
-        }
-        snprintf(name, sizeof(name), "pdn_layer_state_carry_%s_T1_%d", pdnt_vname[variant], T1);
-        fails += gdnt_check(name, num / den, 1e-5);
-        free(acts);
-        pdnt_layer_free(&Lp);
-    }
-    free(st); free(scratch); free(dec);
-    pdnt_layer_free(&L);
+    // (b) layer, tolerance 1e-5: fp32 round-off of two evaluation orders (spec 5)
+    TestLayer L;
+    pdnt_layer(&L, variant, 8, 2, 950 + variant);
+    for (int si = 0; si < 2; si++) { fails += test_layer_state_carry(&L, splits[si], 1e-5); }
+    test_layer_free(&L);
     free(qkv); free(beta); free(gP); free(bP); free(g); free(A); free(m); free(o1); free(o2);
     free(S1); free(S2); free(A1); free(A2); free(S0); free(A0);
     for (int i = 0; i < 6; i++) { free(sl[i]); }
     return fails;
 }
 
-// 5. decode token by token == layer forward; 6. bounds 1/x <= m <= x and |k|^2/x <= k.k~ <= x|k|^2 in that forward
+// 5. decode token by token == layer forward (1e-5, spec 5); 6. bounds 1/x <= m <= x and |k|^2/x <= k.k~ <= x|k|^2
+//    in that forward
 static int pdnt_decode_bounds(int variant, int chunk) {
     int fails = 0;
     char name[96];
-    PDNTLayer L;
-    PDNConfig c = pdnt_small_config(variant, chunk);
-    pdnt_layer_init(&L, &c, 2, 37, 1000 + variant);
+    TestLayer L;
+    pdnt_layer(&L, variant, chunk, 2, 1000 + variant);
+    fails += test_layer_decode(&L, 1e-5);
     float* acts;
-    PDNActs a;
-    pdnt_layer_loss(&L, &acts, &a);
-    const int C = c.C, H = c.H, dk = c.dk, D = pdn_D(&c);
-    float* st = (float*)malloc(pdn_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(pdn_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
-    PDNState s;
-    pdn_state_point(&s, st, &c);
-    for (int b = 0; b < L.B; b++) {
-        pdn_state_reset(&s, &c);
-        for (int t = 0; t < L.T; t++) {
-            const size_t r = (size_t)b * L.T + t;
-            pdn_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
-        }
-    }
-    snprintf(name, sizeof(name), "pdn_decode_equals_forward_%s_chunk%d", pdnt_vname[variant], chunk);
-    fails += gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 1e-5);
+    MixerActs a;
+    test_layer_loss(&L, &acts, &a);
+    const PDNConfig* c = &L.s.pdn;
+    const int H = c->H, dk = c->dk, D = pdn_D(c);
     double viol = 0.0, mmin = 1e30, mmax = 0.0;
-    const double xx = c.x;
+    const double xx = c->x;
     for (size_t e = 0; e < (size_t)L.B * L.T * H; e++) {
-        const float* m = a.m + e * dk;
-        const float* k = a.qkv + (e / H) * D + H * dk + (e % H) * dk;
+        const float* m = a.pdn.m + e * dk;
+        const float* k = a.pdn.qkv + (e / H) * D + H * dk + (e % H) * dk;
         double kk = 0.0, kkt = 0.0;
         for (int d = 0; d < dk; d++) {
             mmin = fmin(mmin, m[d]); mmax = fmax(mmax, m[d]);
@@ -1591,119 +1710,28 @@ static int pdnt_decode_bounds(int variant, int chunk) {
         viol = fmax(viol, fmax(kk / xx - kkt, kkt - xx * kk) - 1e-6);
     }
     snprintf(name, sizeof(name), "pdn_bounds_%s (m in [%.4f, %.4f]; violation)", pdnt_vname[variant], mmin, mmax);
-    fails += gdnt_check(name, fmax(viol, 0.0), 0.0);
-    free(st); free(scratch); free(dec); free(acts);
-    pdnt_layer_free(&L);
+    fails += test_check(name, fmax(viol, 0.0), 0.0);
+    free(acts);
+    test_layer_free(&L);
     return fails;
 }
 
-// 7. layer backward (pdn_backward) vs central finite differences of the independent double forward
-//    pdnt_ref_forward, 4-point stencil [8(L(h)-L(-h)) - (L(2h)-L(-2h))]/12h, h = 1e-4 (truncation ~h^4,
-//    round-off ~1e-16 |L| / h ~ 1e-11: exact to ~1e-9). 5 samples of every tensor (all if fewer), 8 of x.
-//    Tolerance 1e-4 max-norm relative per tensor; A_log_P, dt_bias_P, log_scale 1e-3 (spec 5: the
-//    1/(A + eps) factor amplifies fp32 round-off). Also the fp32 forward vs the double forward (1e-5).
-//    8. negative control: one sampled in_proj_w gradient shifted by 1% of the tensor's max must fail.
-#define PDNT_MAXS 96
+// 7, 8. layer backward vs finite differences, and its negative control (PDN_LAYER_TEST.fd)
 static int pdnt_layer_fd(int variant) {
-    const char* kind = pdnt_vname[variant];
-    PDNTLayer L;
-    PDNConfig c = pdnt_small_config(variant, 8);
-    pdnt_layer_init(&L, &c, 2, 37, 1100 + variant);
-    pdnt_layer_grad(&L);
-    const size_t nx = (size_t)L.B * L.T * c.C;
-    int st[PDNT_MAXS];
-    size_t so[PDNT_MAXS];
-    int ns = 0;
-    size_t base = 0;
-    for (int t = 0; t < 13; t++) {
-        const size_t n = t < 12 ? L.n[t] : nx;
-        const int take = t < 12 ? 5 : 8;
-        for (int i = 0; i < take && (size_t)i < n; i++) {
-            st[ns] = t;
-            so[ns] = (t < 12 ? base : 0) + (n <= (size_t)take ? (size_t)i : (size_t)(gdnt_unif() * n));
-            ns++;
-        }
-        if (t < 12) { base += n; }
-    }
-    double a[PDNT_MAXS], f[PDNT_MAXS];
-    double* pd = (double*)malloc(L.nprm * sizeof(double));
-    double* xd = (double*)calloc(nx, sizeof(double));
-    double* outd = (double*)malloc(nx * sizeof(double));
-    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
-    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
-    int fails = 0;
-    char name[128];
-    pdnt_ref_forward(&L, pd, xd, outd);
-    snprintf(name, sizeof(name), "pdn_layer_forward_vs_ref64_%s", kind);
-    fails += gdnt_check(name, pdnt_relerr_d(L.out, outd, nx), 1e-5);
-    for (int i = 0; i < ns; i++) {
-        const int isx = st[i] == 12;
-        a[i] = isx ? L.dx[so[i]] : L.grad[so[i]];
-        double* vd = isx ? xd + so[i] : pd + so[i];
-        const double h = 1e-4, v0 = *vd;
-        double l[4];
-        const double off[4] = {h, -h, 2 * h, -2 * h};
-        for (int j = 0; j < 4; j++) { *vd = v0 + off[j]; l[j] = pdnt_ref_forward(&L, pd, xd, NULL); }
-        *vd = v0;
-        f[i] = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h);
-    }
-    for (int t = 0; t < 13; t++) {
-        if (t < 12 && L.n[t] == 0) { continue; }
-        double num = 0.0, den = 0.0;
-        for (int i = 0; i < ns; i++) {
-            if (st[i] != t) { continue; }
-            num = fmax(num, fabs(a[i] - f[i])); if (!(num == num)) { break; }
-            den = fmax(den, fabs(f[i]));
-        }
-        const double tol = (t == 7 || t == 8 || t == 9) ? 1e-3 : 1e-4;
-        snprintf(name, sizeof(name), "pdn_layer_grad_vs_fd64_%s_%s", kind, pdnt_names[t]);
-        fails += gdnt_check(name, num / (den > 0.0 ? den : 1.0), tol);
-    }
-    // negative control
-    {
-        double num = 0.0, den = 0.0;
-        int first = -1;
-        for (int i = 0; i < ns; i++) { if (st[i] == 0) { den = fmax(den, fabs(f[i])); if (first < 0) { first = i; } } }
-        for (int i = 0; i < ns; i++) {
-            if (st[i] != 0) { continue; }
-            const double ai = a[i] + (i == first ? 0.01 * den : 0.0);
-            num = fmax(num, fabs(ai - f[i]));
-        }
-        const int caught = !(num / den <= 1e-4);
-        snprintf(name, sizeof(name), "pdn_negative_control_%s (perturbed gradient err %.2e must exceed 1e-4)", kind,
-                 num / den);
-        printf("%s %s\n", caught ? "PASS" : "FAIL", name);
-        fails += !caught;
-    }
-    free(pd); free(xd); free(outd);
-    pdnt_layer_free(&L);
+    TestLayer L;
+    pdnt_layer(&L, variant, 8, 2, 1100 + variant);
+    const int fails = test_layer_fd(&L, NULL);
+    test_layer_free(&L);
     return fails;
 }
 
 // determinism: the layer backward with 1 thread == with the default thread count, bit for bit
 static int pdnt_thread_invariance(int variant) {
-    PDNTLayer L;
-    PDNConfig c = pdnt_small_config(variant, 8);
-    pdnt_layer_init(&L, &c, 3, 37, 1200 + variant);
-    const int nt = max_threads();
-    pdnt_layer_grad(&L);
-    float* g1 = (float*)malloc(L.nprm * sizeof(float));
-    memcpy(g1, L.grad, L.nprm * sizeof(float));
-#ifdef OMP
-    omp_set_num_threads(1);
-#endif
-    pdnt_layer_grad(&L);
-#ifdef OMP
-    omp_set_num_threads(nt);
-#endif
-    size_t diff = 0;
-    for (size_t i = 0; i < L.nprm; i++) { diff += memcmp(&g1[i], &L.grad[i], sizeof(float)) != 0; }
-    char name[96];
-    snprintf(name, sizeof(name), "pdn_param_grads_thread_count_invariant_%s (%d vs 1 threads; differing)",
-             pdnt_vname[variant], nt);
-    free(g1);
-    pdnt_layer_free(&L);
-    return gdnt_check(name, (double)diff, 0.0);
+    TestLayer L;
+    pdnt_layer(&L, variant, 8, 3, 1200 + variant);
+    const int fails = test_layer_thread_invariance(&L);
+    test_layer_free(&L);
+    return fails;
 }
 
 static int test_pdn_properties(void) {
@@ -1722,7 +1750,7 @@ static int test_pdn_properties(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// gka property tests (spec/gka.md section 9). Uses the gdnt_* RNG and comparison helpers above.
+// gka property tests (spec/gka.md section 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative:
 // max_i |a_i - b_i| / max_i |b_i|. fp32 tolerances as for gdn/pdn: 1e-5 on outputs, 1e-4 on gradients (fp32
 // round-off here is ~1e-7..1e-6; the solve has condition number <= (1+a)/a = 51, which costs up to ~50x more).
@@ -1821,30 +1849,20 @@ static void gkat_core_inputs(float* qkv, float* alpha, float* g, int B, int T, i
     const int D = 2 * H * dk + H * dv;
     for (size_t r = 0; r < (size_t)B * T; r++) {
         float* row = qkv + r * D;
-        for (int i = 0; i < D; i++) { row[i] = (float)gdnt_normal(); }
+        for (int i = 0; i < D; i++) { row[i] = (float)test_normal(); }
         for (int hh = 0; hh < H; hh++) {
             float* q = row + hh * dk;
             float* k = row + H * dk + hh * dk;
             float* v = row + 2 * H * dk + hh * dv;
-            const double beta = gdnt_unif() < 0.1 ? 0.01 : gdnt_unif();
+            const double beta = test_unif() < 0.1 ? 0.01 : test_unif();
             double nq = 0.0, nk = 0.0;
             for (int d = 0; d < dk; d++) { nq += (double)q[d] * q[d]; nk += (double)k[d] * k[d]; }
             for (int d = 0; d < dk; d++) { q[d] = (float)(q[d] / sqrt(nq)); k[d] = (float)((beta + 1e-6) * k[d] / sqrt(nk)); }
             for (int d = 0; d < dv; d++) { v[d] = (float)((beta + 1e-6) * v[d]); }
-            alpha[r * H + hh] = (float)gdnt_unif();
-            g[r * H + hh] = (float)(-exp(-5.0 + 6.0 * gdnt_unif()));
+            alpha[r * H + hh] = (float)test_unif();
+            g[r * H + hh] = (float)(-exp(-5.0 + 6.0 * test_unif()));
         }
     }
-}
-
-static double gkat_relerr_fd(const float* a, const double* b, size_t n) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        if (!(d <= num)) { num = d; }
-        if (fabs(b[i]) > den) { den = fabs(b[i]); }
-    }
-    return num / (den > 0.0 ? den : 1.0);
 }
 
 // 1. CHEB vs the exact ridge solve (spec 9.1) on the states H_t of a random sequence (T = 40, dk = 16, a = 0.02):
@@ -1858,12 +1876,12 @@ static int gkat_cheb_exact(void) {
     double om[201];
     gka_omegas(om, 200, a);
     for (int i = 0; i < dk * dk; i++) { Hd[i] = 0.0; }
-    gdnt_seed(3100);
+    test_seed(3100);
     double e200 = 0.0, e32 = 0.0, e30 = 0.0;
     for (int t = 0; t < T; t++) {
         double k[dk], nk = 0.0, nq = 0.0;
-        for (int i = 0; i < dk; i++) { k[i] = gdnt_normal(); q[i] = gdnt_normal(); nk += k[i] * k[i]; nq += q[i] * q[i]; }
-        const double bs = 0.05 + gdnt_unif(), gam = exp(-exp(-4.0 + 4.0 * gdnt_unif()));
+        for (int i = 0; i < dk; i++) { k[i] = test_normal(); q[i] = test_normal(); nk += k[i] * k[i]; nq += q[i] * q[i]; }
+        const double bs = 0.05 + test_unif(), gam = exp(-exp(-4.0 + 4.0 * test_unif()));
         for (int i = 0; i < dk; i++) { k[i] *= bs / sqrt(nk); q[i] /= sqrt(nq); }
         double ff = 0.0;
         for (int i = 0; i < dk; i++) {
@@ -1890,9 +1908,9 @@ static int gkat_cheb_exact(void) {
         e200 = fmax(e200, sqrt(d1 / n)); e32 = fmax(e32, sqrt(d2 / n)); e30 = fmax(e30, sqrt(d3 / n));
     }
     int fails = 0;
-    fails += gdnt_check("gka_cheb_r200_double_vs_exact_solve", e200, 1e-10);
-    fails += gdnt_check("gka_cheb_r200_fp32_vs_exact_solve", e32, 2e-5);
-    fails += gdnt_check("gka_cheb_r30_double_vs_exact_solve", e30, 1e-3);
+    fails += test_check("gka_cheb_r200_double_vs_exact_solve", e200, 1e-10);
+    fails += test_check("gka_cheb_r200_fp32_vs_exact_solve", e32, 2e-5);
+    fails += test_check("gka_cheb_r30_double_vs_exact_solve", e30, 1e-3);
     // spec 9.2: omega_1 = 1/(1 - rho^2/2), strictly decreasing, > omega*, 4 - rho^2 omega in [2, 4]
     const double rho = 1.0 / (1.0 + 2.0 * a), ws = 2.0 * (1.0 - sqrt(1.0 - rho * rho)) / (rho * rho);
     double viol = fabs(om[0] - 1.0 / (1.0 - rho * rho / 2.0));
@@ -1902,7 +1920,7 @@ static int gkat_cheb_exact(void) {
         const double c = 4.0 - rho * rho * om[i];
         viol = fmax(viol, fmax(2.0 - c, c - 4.0));
     }
-    fails += gdnt_check("gka_omega_schedule (violation)", fmax(viol, 0.0), 1e-15);
+    fails += test_check("gka_omega_schedule (violation)", fmax(viol, 0.0), 1e-15);
     return fails;
 }
 
@@ -1932,19 +1950,19 @@ static int gkat_implicit_grad(void) {
     float* dH0 = (float*)malloc(nH * sizeof(float));
     float* dU0 = (float*)malloc(nU * sizeof(float));
     float* scr = (float*)malloc((size_t)max_threads() * gka_core_bwd_floats(CK, dk, dv) * sizeof(float));
-    gdnt_seed(3200);
+    test_seed(3200);
     gkat_core_inputs(qkv, al, g, B, T, H, dk, dv);
-    for (size_t i = 0; i < BTn * H * dv; i++) { R[i] = (float)gdnt_normal(); }
+    for (size_t i = 0; i < BTn * H * dv; i++) { R[i] = (float)test_normal(); }
     // random carried states: H0 = sum of a few k k^T (symmetric PSD), U0 ~ N(0, 0.3)
     for (size_t i = 0; i < nH; i++) { Hs[i] = 0.0f; }
     for (int bh = 0; bh < B * H; bh++) {
         for (int m = 0; m < 3; m++) {
             float kk[dk];
-            for (int d = 0; d < dk; d++) { kk[d] = (float)(0.4 * gdnt_normal()); }
+            for (int d = 0; d < dk; d++) { kk[d] = (float)(0.4 * test_normal()); }
             for (int i = 0; i < dk; i++) { for (int j = 0; j < dk; j++) { Hs[(size_t)bh * dk * dk + i * dk + j] += kk[i] * kk[j]; } }
         }
     }
-    for (size_t i = 0; i < nU; i++) { Us[i] = (float)(0.3 * gdnt_normal()); }
+    for (size_t i = 0; i < nU; i++) { Us[i] = (float)(0.3 * test_normal()); }
     double* H0d = (double*)malloc(nH * sizeof(double));
     double* U0d = (double*)malloc(nU * sizeof(double));
     for (size_t i = 0; i < nH; i++) { H0d[i] = Hs[i]; }
@@ -2008,13 +2026,13 @@ static int gkat_implicit_grad(void) {
         eU = fmax(eU, fabs(fd - dU0[i])); nUm = fmax(nUm, fabs(fd));
     }
     int fails = 0;
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dq_hat", eq / nq, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dk", ek / nk, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dv", ev / nv, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dalpha", ea / na, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dg", eg / ng, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dH0_sym", eH / nHm, 1e-4);
-    fails += gdnt_check("gka_implicit_grad_vs_exact_solve_fd_dU0", eU / nUm, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dq_hat", eq / nq, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dk", ek / nk, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dv", ev / nv, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dalpha", ea / na, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dg", eg / ng, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dH0_sym", eH / nHm, 1e-4);
+    fails += test_check("gka_implicit_grad_vs_exact_solve_fd_dU0", eU / nUm, 1e-4);
     free(qkv); free(al); free(g); free(o); free(x); free(f); free(R); free(Hck); free(Uck); free(Hs); free(Us);
     free(dqkv); free(dal); free(dg); free(dH0); free(dU0); free(scr); free(H0d); free(U0d); free(qd); free(ad); free(gd);
     return fails;
@@ -2034,7 +2052,7 @@ static int gkat_alpha0(void) {
     float* Hs = (float*)calloc((size_t)B * H * dk * dk, sizeof(float));
     float* Us = (float*)calloc((size_t)B * H * dk * dv, sizeof(float));
     double* od = (double*)malloc(BTn * H * dv * sizeof(double));
-    gdnt_seed(3300);
+    test_seed(3300);
     gkat_core_inputs(qkv, al, g, B, T, H, dk, dv);
     for (size_t i = 0; i < BTn * H; i++) { al[i] = 0.0f; }
     gka_core_forward(o, x, f, NULL, NULL, Hs, Us, qkv, al, g, B, T, H, dk, dv, 8, 30, 0.02f);
@@ -2059,118 +2077,48 @@ static int gkat_alpha0(void) {
             }
         }
     }
-    const int fails = gdnt_check("gka_alpha0_equals_gated_linear_attention", gkat_relerr_fd(o, od, BTn * H * dv), 1e-5);
+    const int fails = test_check("gka_alpha0_equals_gated_linear_attention", test_relerr_fd(o, od, BTn * H * dv), 1e-5);
     free(qkv); free(al); free(g); free(o); free(x); free(f); free(Hs); free(Us); free(od);
     return fails;
 }
 
 // ----------------------------------------------------------------------------
-// layer-level tests: a small random layer (C = 24, H = 2, dk = 8, dv = 12: dk != dv; T = 37 is not a multiple
-// of the checkpoint interval)
-
-typedef struct {
-    GKAConfig c;
-    int B, T;
-    size_t n[8], nprm;            // sizes of the 8 tensors (GKAParams order) and their total
-    float *prm, *grad, *x, *dx, *R, *out;
-    GKAParams p, gp;
-} GKATLayer;
-
-static const char* gkat_names[9] = {"in_proj_w", "conv_w", "b_bias", "alpha_bias", "A_log", "dt_bias", "onorm_w",
-                                    "out_proj_w", "x"};
-
-static void gkat_point(GKAParams* p, float* base, const size_t* n) {
-    float** f[8] = {&p->in_proj_w, &p->conv_w, &p->b_bias, &p->alpha_bias, &p->A_log, &p->dt_bias, &p->onorm_w,
-                    &p->out_proj_w};
-    for (int i = 0; i < 8; i++) { *f[i] = base; base += n[i]; }
-}
-
-// H heads, Hkv key/value heads (GQA when Hkv < H)
-static GKAConfig gkat_config(int iters, int chunk, int H, int Hkv) {
-    GKAConfig c = {.C = 24, .H = H, .dk = 8, .dv = 12, .W = 4, .Hkv = Hkv, .iters = iters, .ridge = 0.02f,
-                   .onorm_eps = 1e-6f, .chunk = chunk};
-    return c;
-}
-
-static GKAConfig gkat_small_config(int iters, int chunk) { return gkat_config(iters, chunk, 2, 2); }
+// layer-level tests: a small random layer on the harness above (C = 24, H = 2, dk = 8, dv = 12: dk != dv; T = 37 is
+// not a multiple of the checkpoint interval)
 
 // random weights with O(1) activations; A_log, dt_bias as in FORMATS.md; biases and onorm_w away from their init
-static void gkat_layer_init(GKATLayer* L, const GKAConfig* c, int B, int T, uint64_t seed) {
-    L->c = *c; L->B = B; L->T = T;
-    const int P = gka_P(c), D = gka_D(c), H = c->H, HV = c->H * c->dv, C = c->C;
-    const size_t n[8] = {(size_t)P * C, (size_t)D * c->W, (size_t)H, (size_t)H, (size_t)H, (size_t)H, (size_t)c->dv,
-                         (size_t)C * HV};
-    L->nprm = 0;
-    for (int i = 0; i < 8; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
-    const size_t nx = (size_t)B * T * C;
-    L->prm = (float*)malloc(L->nprm * sizeof(float));
-    L->grad = (float*)calloc(L->nprm, sizeof(float));
-    L->x = (float*)malloc(nx * sizeof(float));
-    L->dx = (float*)calloc(nx, sizeof(float));
-    L->R = (float*)malloc(nx * sizeof(float));
-    L->out = (float*)malloc(nx * sizeof(float));
-    gkat_point(&L->p, L->prm, L->n);
-    gkat_point(&L->gp, L->grad, L->n);
-    gdnt_seed(seed);
-    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
-    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
+static void gkat_draw(TestLayer* L) {
+    GKAParams* p = &L->p.gka;
+    const GKAConfig* c = &L->s.gka;
+    const int H = c->H, HV = c->H * c->dv, C = c->C;
+    test_draw_uniform(p->in_proj_w, test_layer_numel(L, "in_proj_w"), C);
+    for (size_t i = 0; i < test_layer_numel(L, "conv_w"); i++) { p->conv_w[i] = (float)(test_unif() - 0.5); }
     for (int hh = 0; hh < H; hh++) {
-        L->p.b_bias[hh] = (float)(0.5 * gdnt_normal());
-        L->p.alpha_bias[hh] = (float)(0.5 * gdnt_normal());
-        L->p.A_log[hh] = (float)log(0.1 + 15.9 * gdnt_unif());
-        const double dt = exp(gdnt_unif() * (log(0.1) - log(0.001)) + log(0.001));
-        L->p.dt_bias[hh] = (float)(dt + log(-expm1(-dt)));
+        p->b_bias[hh] = (float)(0.5 * test_normal());
+        p->alpha_bias[hh] = (float)(0.5 * test_normal());
+        p->A_log[hh] = (float)log(0.1 + 15.9 * test_unif());
+        p->dt_bias[hh] = (float)test_draw_dt_bias();
     }
-    for (int i = 0; i < c->dv; i++) { L->p.onorm_w[i] = (float)(1.0 + 0.2 * gdnt_normal()); }
-    for (size_t i = 0; i < n[7]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / HV)); }
-    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
-}
-
-static void gkat_layer_free(GKATLayer* L) {
-    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
-}
-
-// gka_forward into L->out (acts returned if keep != NULL, else freed); returns sum(out * R) in double
-static double gkat_layer_loss(GKATLayer* L, float** keep, GKAActs* akeep) {
-    float* acts = (float*)malloc(gka_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    GKAActs a;
-    gka_acts_point(&a, acts, L->B, L->T, &L->c);
-    gka_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    double loss = 0.0;
-    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
-    if (keep) { *keep = acts; *akeep = a; } else { free(acts); }
-    return loss;
-}
-
-// forward, then backward with dout = R; gradients into L->grad and L->dx
-static void gkat_layer_grad(GKATLayer* L) {
-    float* acts = (float*)malloc(gka_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    float* scratch = (float*)malloc(gka_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
-    GKAActs a;
-    gka_acts_point(&a, acts, L->B, L->T, &L->c);
-    gka_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    memset(L->grad, 0, L->nprm * sizeof(float));
-    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
-    gka_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
-    free(acts); free(scratch);
+    for (int i = 0; i < c->dv; i++) { p->onorm_w[i] = (float)(1.0 + 0.2 * test_normal()); }
+    test_draw_uniform(p->out_proj_w, test_layer_numel(L, "out_proj_w"), HV);
 }
 
 static double gkat_sigmoid(double u) { return 1.0 / (1.0 + exp(-u)); }
 
-// independent double-precision layer forward (spec 2.3, core via gkat_core_ref with CHEB at `iters`).
+// independent double-precision layer forward (spec 2.3, core via gkat_core_ref with CHEB at the layer's iters).
 // prm: the 8 tensors in GKAParams order; out [B,T,C] may be NULL; returns sum(out * R)
-static double gkat_ref_forward(const GKATLayer* L, const double* prm, const double* x, double* out, int iters) {
-    const GKAConfig* c = &L->c;
+static double gkat_ref_forward(const TestLayer* L, const double* prm, const double* x, double* out) {
+    const GKAConfig* c = &L->s.gka;
     const int B = L->B, T = L->T, C = c->C, H = c->H, dk = c->dk, dv = c->dv, W = c->W;
     const int Hkv = c->Hkv, G = H / Hkv, HV = H * dv, D = gka_D(c), DE = 2 * H * dk + H * dv, P = gka_P(c);
-    const double* Win = prm;
-    const double* Wc = Win + L->n[0];
-    const double* bb = Wc + L->n[1];
-    const double* ab = bb + H;
-    const double* Al = ab + H;
-    const double* dtb = Al + H;
-    const double* wo = dtb + H;
-    const double* Wout = wo + dv;
+    const double* Win = test_layer_param64(L, prm, "in_proj_w");
+    const double* Wc = test_layer_param64(L, prm, "conv_w");
+    const double* bb = test_layer_param64(L, prm, "b_bias");
+    const double* ab = test_layer_param64(L, prm, "alpha_bias");
+    const double* Al = test_layer_param64(L, prm, "A_log");
+    const double* dtb = test_layer_param64(L, prm, "dt_bias");
+    const double* wo = test_layer_param64(L, prm, "onorm_w");
+    const double* Wout = test_layer_param64(L, prm, "out_proj_w");
     const size_t BTn = (size_t)B * T;
     double* proj = (double*)malloc(BTn * P * sizeof(double));
     double* qkv = (double*)calloc(BTn * DE, sizeof(double));   // expanded to H heads (gkat_core_ref layout)
@@ -2215,7 +2163,7 @@ static double gkat_ref_forward(const GKATLayer* L, const double* prm, const doub
             g[r * H + hh] = -exp(Al[hh]) * (u > 20.0 ? u : log1p(exp(u)));
         }
     }
-    gkat_core_ref(o, NULL, qkv, al, g, NULL, NULL, NULL, B, T, H, dk, dv, iters, c->ridge, 0);
+    gkat_core_ref(o, NULL, qkv, al, g, NULL, NULL, NULL, B, T, H, dk, dv, c->iters, c->ridge, 0);
     double loss = 0.0;
     for (size_t r = 0; r < BTn; r++) {
         for (int hh = 0; hh < H; hh++) {
@@ -2239,10 +2187,43 @@ static double gkat_ref_forward(const GKATLayer* L, const double* prm, const doub
     return loss;
 }
 
+// the decode state after a forward over [0, T): the conv window, the final H and U of sequence b
+static void gkat_state_from_acts(MixerState* st, const MixerActs* a, const TestLayer* L, int b) {
+    const GKAConfig* c = &L->s.gka;
+    const int H = c->H, dk = c->dk, dv = c->dv;
+    test_conv_window(st->gka.conv, a->gka.proj, b, L->T, gka_P(c), gka_D(c), c->W);
+    memcpy(st->gka.H, a->gka.Hf + (size_t)b * H * dk * dk, (size_t)H * dk * dk * sizeof(float));
+    memcpy(st->gka.U, a->gka.Uf + (size_t)b * H * dk * dv, (size_t)H * dk * dv * sizeof(float));
+}
+
+static const MixerLayerTest GKA_LAYER_TEST = {
+    gkat_draw, gkat_ref_forward,
+    // 6. (gkat_layer_fd says why at r = 200) the 4-point differences of the float64 forward, h = 1e-4 (truncation
+    //    ~h^4, round-off ~1e-16 |L|/h: exact to ~1e-9), 5 samples of every tensor (all if fewer), 8 of x, tolerance
+    //    1e-4 (spec 5); the fp32 forward vs the float64 one at 5e-5 (measured up to 9e-6; gkat_layer_fd's r = 30
+    //    reason). 7. negative control: an in_proj_w gradient entry.
+    {.per_tensor = 5, .x_samples = 8, .points = 4, .h = 1e-4, .fwd_tol = 5e-5, .grad_tol = spec5_grad_tol,
+     .control = "in_proj_w"},
+    gkat_state_from_acts,
+};
+
+// the small layer of the tests: C = 24, H heads, Hkv key/value heads (GQA when Hkv < H), dk = 8, dv = 12, W = 4,
+// a = 0.02; T = 37. The checks' names carry "_gqa_H<H>_Hkv<Hkv>" with GQA, after `prefix`.
+static void gkat_layer(TestLayer* L, const char* prefix, int iters, int chunk, int H, int Hkv, int B, uint64_t seed) {
+    Config c = {.num_layers = 1, .channels = 24, .lin_heads = H, .lin_dk = 8, .lin_dv = 12, .conv_size = 4,
+                .gka_iters = iters, .gka_ridge = 0.02f, .gka_onorm_eps = 1e-6f, .gka_kv_heads = Hkv,
+                .mixer = {MIXER_GKA}};
+    char tag[48];
+    if (Hkv == H) { snprintf(tag, sizeof(tag), "%s", prefix); }
+    else { snprintf(tag, sizeof(tag), "%s_gqa_H%d_Hkv%d", prefix, H, Hkv); }
+    test_layer_init(L, &GKA_LAYER_TEST, tag, &c, chunk, B, 37, seed);
+}
+
 // 4. state carry. (a) core: [0,T1) then [T1,T) with H, U carried from random H0, U0 == one pass (o, final H, U),
 //    T1 on and off a checkpoint boundary: the same operations in the same order, so exact (tol 0 is met; 1e-6 is
 //    stated). (b) layer: gka_forward over [0,T1), its final H, U and the last W-1 pre-conv inputs as a GKAState,
-//    then decode [T1,T) == gka_forward over [0,T) (tol 1e-5).
+//    then decode [T1,T) == gka_forward over [0,T) (test_layer_state_carry, tol 1e-5: fp32 round-off of two
+//    evaluation orders).
 static int gkat_state_carry(void) {
     int fails = 0;
     char name[96];
@@ -2260,15 +2241,15 @@ static int gkat_state_carry(void) {
     float *H2 = (float*)malloc(nH * sizeof(float)), *U2 = (float*)malloc(nU * sizeof(float));
     float* sl[4];
     for (int i = 0; i < 4; i++) { sl[i] = (float*)malloc(BTn * D * sizeof(float)); }
-    gdnt_seed(3400);
+    test_seed(3400);
     gkat_core_inputs(qkv, al, g, B, T, H, dk, dv);
     for (size_t i = 0; i < nH; i++) { H0[i] = 0.0f; }
     for (int bh = 0; bh < B * H; bh++) {
         float kk[dk];
-        for (int d = 0; d < dk; d++) { kk[d] = (float)(0.5 * gdnt_normal()); }
+        for (int d = 0; d < dk; d++) { kk[d] = (float)(0.5 * test_normal()); }
         for (int i = 0; i < dk; i++) { for (int j = 0; j < dk; j++) { H0[(size_t)bh * dk * dk + i * dk + j] = kk[i] * kk[j]; } }
     }
-    for (size_t i = 0; i < nU; i++) { U0[i] = (float)(0.5 * gdnt_normal()); }
+    for (size_t i = 0; i < nU; i++) { U0[i] = (float)(0.5 * test_normal()); }
     memcpy(H1, H0, nH * sizeof(float)); memcpy(U1, U0, nU * sizeof(float));
     gka_core_forward(o1, x, f, NULL, NULL, H1, U1, qkv, al, g, B, T, H, dk, dv, CK, r, 0.02f);
     const int splits[2] = {16, 21};
@@ -2277,60 +2258,22 @@ static int gkat_state_carry(void) {
         int t0 = 0;
         for (int part = 0; part < 2; part++) {
             const int t1 = part == 0 ? splits[si] : T, Tn = t1 - t0;
-            gdnt_slice(sl[0], qkv, B, T, t0, t1, D);
-            gdnt_slice(sl[1], al, B, T, t0, t1, H);
-            gdnt_slice(sl[2], g, B, T, t0, t1, H);
+            test_slice(sl[0], qkv, B, T, t0, t1, D);
+            test_slice(sl[1], al, B, T, t0, t1, H);
+            test_slice(sl[2], g, B, T, t0, t1, H);
             gka_core_forward(sl[3], x, f, NULL, NULL, H2, U2, sl[0], sl[1], sl[2], B, Tn, H, dk, dv, CK, r, 0.02f);
-            gdnt_unslice(o2, sl[3], B, T, t0, t1, H * dv);
+            test_unslice(o2, sl[3], B, T, t0, t1, H * dv);
             t0 = t1;
         }
-        const double err = fmax(gdnt_relerr(o2, o1, BTn * H * dv), fmax(gdnt_relerr(H2, H1, nH), gdnt_relerr(U2, U1, nU)));
+        const double err = fmax(test_relerr(o2, o1, BTn * H * dv), fmax(test_relerr(H2, H1, nH), test_relerr(U2, U1, nU)));
         snprintf(name, sizeof(name), "gka_core_state_carry_T1_%d", splits[si]);
-        fails += gdnt_check(name, err, 1e-6);
+        fails += test_check(name, err, 1e-6);
     }
     // (b) layer
-    GKAConfig c = gkat_small_config(30, 8);
-    GKATLayer L, Lp;
-    gkat_layer_init(&L, &c, 2, 37, 3450);
-    gkat_layer_loss(&L, NULL, NULL);
-    const int Dl = gka_D(&c), P = gka_P(&c), W = c.W, Cm = c.C;
-    float* st = (float*)malloc(gka_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(gka_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)Cm * sizeof(float));
-    for (int si = 0; si < 2; si++) {
-        const int T1 = splits[si];
-        gkat_layer_init(&Lp, &c, 2, T1, 3450);    // same weights (same seed, same draws first)
-        gdnt_slice(Lp.x, L.x, 2, 37, 0, T1, Cm);
-        float* acts;
-        GKAActs a;
-        gkat_layer_loss(&Lp, &acts, &a);
-        double num = 0.0, den = 0.0;
-        for (int b = 0; b < 2; b++) {
-            GKAState s;
-            gka_state_point(&s, st, &c);
-            gka_state_reset(&s, &c);
-            for (int j = 0; j < W - 1; j++) {
-                const int t = T1 - (W - 1) + j;
-                if (t >= 0) { memcpy(s.conv + (size_t)j * Dl, a.proj + ((size_t)b * T1 + t) * P, Dl * sizeof(float)); }
-            }
-            memcpy(s.H, a.Hf + (size_t)b * H * dk * dk, (size_t)H * dk * dk * sizeof(float));
-            memcpy(s.U, a.Uf + (size_t)b * H * dk * dv, (size_t)H * dk * dv * sizeof(float));
-            for (int t = T1; t < 37; t++) {
-                const size_t rr = (size_t)b * 37 + t;
-                gka_decode_step(dec, &s, &L.p, L.x + rr * Cm, scratch, &c);
-                for (int i = 0; i < Cm; i++) {
-                    num = fmax(num, fabs(dec[i] - L.out[rr * Cm + i]));
-                    den = fmax(den, fabs(L.out[rr * Cm + i]));
-                }
-            }
-        }
-        snprintf(name, sizeof(name), "gka_layer_state_carry_T1_%d", T1);
-        fails += gdnt_check(name, num / den, 1e-5);
-        free(acts);
-        gkat_layer_free(&Lp);
-    }
-    free(st); free(scratch); free(dec);
-    gkat_layer_free(&L);
+    TestLayer L;
+    gkat_layer(&L, "gka", 30, 8, 2, 2, 2, 3450);
+    for (int si = 0; si < 2; si++) { fails += test_layer_state_carry(&L, splits[si], 1e-5); }
+    test_layer_free(&L);
     free(qkv); free(al); free(g); free(x); free(f); free(o1); free(o2);
     free(H0); free(U0); free(H1); free(U1); free(H2); free(U2);
     for (int i = 0; i < 4; i++) { free(sl[i]); }
@@ -2341,161 +2284,59 @@ static int gkat_state_carry(void) {
 //    not gdn's 1e-5: both sides are fp32, and the readout U^T x amplifies round-off (x reaches ~1/(a f) on early,
 //    small-beta tokens and U^T x cancels); measured 4e-6 to 2e-5 across seeds and head counts.
 static int gkat_decode(int chunk, int H, int Hkv) {
-    GKATLayer L;
-    GKAConfig c = gkat_config(30, chunk, H, Hkv);
-    gkat_layer_init(&L, &c, 2, 37, 3500);
-    gkat_layer_loss(&L, NULL, NULL);
-    const int C = c.C;
-    float* st = (float*)malloc(gka_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(gka_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
-    GKAState s;
-    gka_state_point(&s, st, &c);
-    for (int b = 0; b < L.B; b++) {
-        gka_state_reset(&s, &c);
-        for (int t = 0; t < L.T; t++) {
-            const size_t r = (size_t)b * L.T + t;
-            gka_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
-        }
-    }
-    char name[96];
-    if (Hkv == H) { snprintf(name, sizeof(name), "gka_decode_equals_forward_chunk%d", chunk); }
-    else { snprintf(name, sizeof(name), "gka_decode_equals_forward_chunk%d_gqa_H%d_Hkv%d", chunk, H, Hkv); }
-    const int fails = gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 5e-5);
-    free(st); free(scratch); free(dec);
-    gkat_layer_free(&L);
+    TestLayer L;
+    gkat_layer(&L, "gka", 30, chunk, H, Hkv, 2, 3500);
+    const int fails = test_layer_decode(&L, 5e-5);
+    test_layer_free(&L);
     return fails;
 }
 
 // 6. layer backward (gka_backward) vs central finite differences of the independent double forward
-//    gkat_ref_forward, 4-point stencil, h = 1e-4 (truncation ~h^4, round-off ~1e-16 |L|/h: exact to ~1e-9).
-//    The C layer implements the implicit gradient, which equals the gradient of the layer it computes only when
-//    CHEB has converged (spec 3.2: at r = 30 the dH parts differ by ~1e-3), so this check runs both at r = 200
-//    (solver converged to ~1e-14, implicit == exact gradient); the r = 30 implicit rule itself is checked against
-//    a PyTorch float64 implementation of it (gka_torch_check.py). 5 samples of every tensor (all if fewer), 8 of x.
-//    Tolerance 1e-4 max-norm relative per tensor (as gdn/pdn). Also the fp32 forward vs the double forward at
-//    r = 200 (1e-5) and r = 30 (5e-5: measured 1.2e-5; the unconverged r = 30 readout U^T x amplifies fp32
-//    round-off more -- x is up to ~1/(a f) on early, small-beta tokens and U^T x cancels -- while the solver
-//    itself agrees with a double CHEB to ~6e-7, test 1). 7. negative control: one sampled in_proj_w gradient shifted by 1% of the tensor's
-//    max must fail; and the r = 30 implicit gradient vs the r = 200 FD differs (reported, not a pass/fail).
+//    gkat_ref_forward (GKA_LAYER_TEST.fd). The C layer implements the implicit gradient, which equals the gradient
+//    of the layer it computes only when CHEB has converged (spec 3.2: at r = 30 the dH parts differ by ~1e-3), so
+//    this check runs at r = 200 (solver converged to ~1e-14, implicit == exact gradient); the r = 30 implicit rule
+//    itself is checked against a PyTorch float64 implementation of it (gka_torch_check.py). Tolerance 1e-4
+//    max-norm relative per tensor (as gdn/pdn). Also the fp32 forward vs the double forward at r = 200 and r = 30,
+//    both 5e-5 (measured up to 9e-6 and 1.2e-5: the unconverged r = 30 readout U^T x amplifies fp32 round-off
+//    more -- x is up to ~1/(a f) on early, small-beta tokens and U^T x cancels -- while the solver itself agrees
+//    with a double CHEB to ~6e-7, test 1). 7. negative control: one sampled in_proj_w gradient shifted by 1% of the
+//    tensor's max must fail; and the r = 30 implicit gradient vs the r = 200 FD differs (reported, not a pass/fail).
 //    With GQA (H = 4, Hkv = 2: the reference expands k, v itself) the same checks run with the names suffixed.
-#define GKAT_MAXS 96
 static int gkat_layer_fd(int H, int Hkv) {
-    GKATLayer L;
-    GKAConfig c = gkat_config(200, 8, H, Hkv);
-    char tag[48] = "";
-    if (Hkv != H) { snprintf(tag, sizeof(tag), "_gqa_H%d_Hkv%d", H, Hkv); }
-    gkat_layer_init(&L, &c, 2, 37, 3600);
-    gkat_layer_grad(&L);
-    const size_t nx = (size_t)L.B * L.T * c.C;
-    int st[GKAT_MAXS];
-    size_t so[GKAT_MAXS];
-    int ns = 0;
-    size_t base = 0;
-    for (int t = 0; t < 9; t++) {
-        const size_t n = t < 8 ? L.n[t] : nx;
-        const int take = t < 8 ? 5 : 8;
-        for (int i = 0; i < take && (size_t)i < n; i++) {
-            st[ns] = t;
-            so[ns] = (t < 8 ? base : 0) + (n <= (size_t)take ? (size_t)i : (size_t)(gdnt_unif() * n));
-            ns++;
-        }
-        if (t < 8) { base += n; }
-    }
-    double a[GKAT_MAXS], f[GKAT_MAXS];
-    double* pd = (double*)malloc(L.nprm * sizeof(double));
-    double* xd = (double*)calloc(nx, sizeof(double));
-    double* outd = (double*)malloc(nx * sizeof(double));
-    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
-    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
-    int fails = 0;
-    char name[192];
-    gkat_ref_forward(&L, pd, xd, outd, 200);
-    snprintf(name, sizeof(name), "gka_layer_forward_vs_ref64_r200%s", tag);
-    fails += gdnt_check(name, gkat_relerr_fd(L.out, outd, nx), 5e-5);  // the r = 30 reason below; measured up to 9e-6
-    for (int i = 0; i < ns; i++) {
-        const int isx = st[i] == 8;
-        a[i] = isx ? L.dx[so[i]] : L.grad[so[i]];
-        double* vd = isx ? xd + so[i] : pd + so[i];
-        const double h = 1e-4, v0 = *vd;
-        double l[4];
-        const double off[4] = {h, -h, 2 * h, -2 * h};
-        for (int j = 0; j < 4; j++) { *vd = v0 + off[j]; l[j] = gkat_ref_forward(&L, pd, xd, NULL, 200); }
-        *vd = v0;
-        f[i] = (8.0 * (l[0] - l[1]) - (l[2] - l[3])) / (12.0 * h);
-    }
-    for (int t = 0; t < 9; t++) {
-        double num = 0.0, den = 0.0;
-        for (int i = 0; i < ns; i++) {
-            if (st[i] != t) { continue; }
-            const double d = fabs(a[i] - f[i]);
-            if (!(d <= num)) { num = d; }
-            den = fmax(den, fabs(f[i]));
-        }
-        snprintf(name, sizeof(name), "gka_layer_grad_vs_fd64_r200_%s%s", gkat_names[t], tag);
-        fails += gdnt_check(name, num / (den > 0.0 ? den : 1.0), 1e-4);
-    }
-    // negative control
-    {
-        double num = 0.0, den = 0.0;
-        int first = -1;
-        for (int i = 0; i < ns; i++) { if (st[i] == 0) { den = fmax(den, fabs(f[i])); if (first < 0) { first = i; } } }
-        for (int i = 0; i < ns; i++) {
-            if (st[i] != 0) { continue; }
-            const double ai = a[i] + (i == first ? 0.01 * den : 0.0);
-            num = fmax(num, fabs(ai - f[i]));
-        }
-        const int caught = !(num / den <= 1e-4);
-        snprintf(name, sizeof(name), "gka_negative_control%s (perturbed in_proj_w gradient err %.2e must exceed 1e-4)",
-                 tag, num / den);
-        printf("%s %s\n", caught ? "PASS" : "FAIL", name);
-        fails += !caught;
-    }
+    TestLayer L;
+    gkat_layer(&L, "gka_r200", 200, 8, H, Hkv, 2, 3600);
+    GradSamples g;
+    int fails = test_layer_fd(&L, &g);
     // r = 30: forward vs the double forward with the same CHEB; the implicit gradient vs the r = 200 FD (info)
-    {
-        GKAConfig c30 = gkat_config(30, 8, H, Hkv);
-        L.c = c30;
-        gkat_layer_grad(&L);
-        gkat_ref_forward(&L, pd, xd, outd, 30);
-        snprintf(name, sizeof(name), "gka_layer_forward_vs_ref64_r30%s", tag);
-        fails += gdnt_check(name, gkat_relerr_fd(L.out, outd, nx), 5e-5);
-        double num = 0.0, den = 0.0;
-        for (int i = 0; i < ns; i++) {
-            const double ai = st[i] == 8 ? L.dx[so[i]] : L.grad[so[i]];
-            num = fmax(num, fabs(ai - f[i])); den = fmax(den, fabs(f[i]));
-        }
-        printf("INFO gka_layer_grad_r30_implicit_vs_fd64_r200%s: max rel diff %.3e (solver truncation, expected ~1e-4..1e-3)\n",
-               tag, num / den);
+    const size_t nx = (size_t)L.B * L.T * L.cfg.channels;
+    double* outd = (double*)malloc(nx * sizeof(double));
+    char gqa[32] = "", name[96];
+    if (Hkv != H) { snprintf(gqa, sizeof(gqa), "_gqa_H%d_Hkv%d", H, Hkv); }
+    L.s.gka.iters = 30;
+    test_layer_grad(&L);
+    gkat_ref_forward(&L, g.pd, g.xd, outd);
+    snprintf(name, sizeof(name), "gka_r30%s_layer_forward_vs_ref64", gqa);
+    fails += test_check(name, test_relerr_fd(L.out, outd, nx), 5e-5);
+    double num = 0.0, den = 0.0;
+    for (int i = 0; i < g.ns; i++) {
+        const double ai = g.tensor[i] == L.nt ? L.dx[g.off[i]] : L.grad[g.off[i]];
+        num = fmax(num, fabs(ai - g.f[i])); den = fmax(den, fabs(g.f[i]));
     }
-    free(pd); free(xd); free(outd);
-    gkat_layer_free(&L);
+    printf("INFO gka_layer_grad_r30_implicit_vs_fd64_r200%s: max rel diff %.3e (solver truncation, expected ~1e-4..1e-3)\n",
+           gqa, num / den);
+    free(outd);
+    grad_samples_free(&g);
+    test_layer_free(&L);
     return fails;
 }
 
 // determinism: the layer backward with 1 thread == with the default thread count, bit for bit
 static int gkat_thread_invariance(int H, int Hkv) {
-    GKATLayer L;
-    GKAConfig c = gkat_config(30, 8, H, Hkv);
-    gkat_layer_init(&L, &c, 3, 37, 3700);
-    const int nt = max_threads();
-    gkat_layer_grad(&L);
-    float* g1 = (float*)malloc(L.nprm * sizeof(float));
-    memcpy(g1, L.grad, L.nprm * sizeof(float));
-#ifdef OMP
-    omp_set_num_threads(1);
-#endif
-    gkat_layer_grad(&L);
-#ifdef OMP
-    omp_set_num_threads(nt);
-#endif
-    size_t diff = 0;
-    for (size_t i = 0; i < L.nprm; i++) { diff += memcmp(&g1[i], &L.grad[i], sizeof(float)) != 0; }
-    char name[96];
-    snprintf(name, sizeof(name), "gka_param_grads_thread_count_invariant%s (%d vs 1 threads; differing)",
-             Hkv != H ? "_gqa" : "", nt);
-    free(g1);
-    gkat_layer_free(&L);
-    return gdnt_check(name, (double)diff, 0.0);
+    TestLayer L;
+    gkat_layer(&L, "gka", 30, 8, H, Hkv, 3, 3700);
+    const int fails = test_layer_thread_invariance(&L);
+    test_layer_free(&L);
+    return fails;
 }
 
 // 8. GQA (spec 2.3 step 3, 2.4, 3.3): the layer with H = 4, Hkv = 2 == the plain layer (Hkv = 4) whose in_proj
@@ -2504,12 +2345,12 @@ static int gkat_thread_invariance(int H, int Hkv) {
 //    layer's repeated k/v rows (in_proj_w, conv_w) back into their source head (tol 1e-4), max-norm relative.
 static int gkat_gqa_equiv(void) {
     const int H = 4, Hkv = 2, G = H / Hkv, B = 2, T = 37;
-    GKAConfig cg = gkat_config(30, 8, H, Hkv), cf = gkat_config(30, 8, H, H);
-    GKATLayer Lg, Lf;
-    gkat_layer_init(&Lg, &cg, B, T, 3800);
-    gkat_layer_init(&Lf, &cf, B, T, 3801);   // shapes only: every tensor is overwritten below
-    const int C = cg.C, dk = cg.dk, dv = cg.dv, W = cg.W;
-    const int Dg = gka_D(&cg), Df = gka_D(&cf), Pg = gka_P(&cg);
+    TestLayer Lg, Lf;
+    gkat_layer(&Lg, "gka", 30, 8, H, Hkv, B, 3800);
+    gkat_layer(&Lf, "gka", 30, 8, H, H, B, 3801);   // shapes only: every tensor is overwritten below
+    const GKAConfig *cg = &Lg.s.gka, *cf = &Lf.s.gka;
+    const int C = cg->C, dk = cg->dk, dv = cg->dv, W = cg->W;
+    const int Dg = gka_D(cg), Df = gka_D(cf), Pg = gka_P(cg);
     // map of the plain layer's in_proj rows / conv channels [0, Df) to the GQA layer's [0, Dg)
     int* src = (int*)malloc((size_t)Df * sizeof(int));
     for (int i = 0; i < H * dk; i++) { src[i] = i; }   // q
@@ -2518,42 +2359,37 @@ static int gkat_gqa_equiv(void) {
         for (int d = 0; d < dv; d++) { src[2 * H * dk + e * dv + d] = H * dk + Hkv * dk + (e / G) * dv + d; }
     }
     for (int i = 0; i < Df; i++) {
-        memcpy(Lf.p.in_proj_w + (size_t)i * C, Lg.p.in_proj_w + (size_t)src[i] * C, (size_t)C * sizeof(float));
-        memcpy(Lf.p.conv_w + (size_t)i * W, Lg.p.conv_w + (size_t)src[i] * W, (size_t)W * sizeof(float));
+        memcpy(Lf.p.gka.in_proj_w + (size_t)i * C, Lg.p.gka.in_proj_w + (size_t)src[i] * C, (size_t)C * sizeof(float));
+        memcpy(Lf.p.gka.conv_w + (size_t)i * W, Lg.p.gka.conv_w + (size_t)src[i] * W, (size_t)W * sizeof(float));
     }
     // gate | a | b | alpha rows: the same
-    memcpy(Lf.p.in_proj_w + (size_t)Df * C, Lg.p.in_proj_w + (size_t)Dg * C, (size_t)(Pg - Dg) * C * sizeof(float));
-    {   // tensors 2..7 are contiguous after conv_w in both layers and have the same sizes
-        const size_t og = (size_t)(Lg.p.b_bias - Lg.prm), of = (size_t)(Lf.p.b_bias - Lf.prm);
-        memcpy(Lf.prm + of, Lg.prm + og, (Lg.nprm - og) * sizeof(float));
-    }
+    memcpy(Lf.p.gka.in_proj_w + (size_t)Df * C, Lg.p.gka.in_proj_w + (size_t)Dg * C, (size_t)(Pg - Dg) * C * sizeof(float));
+    // tensors 2..7 are contiguous after conv_w in both layers and have the same sizes
+    memcpy(Lf.prm + Lf.off[2], Lg.prm + Lg.off[2], (Lg.nprm - Lg.off[2]) * sizeof(float));
     const size_t nx = (size_t)B * T * C;
     memcpy(Lf.x, Lg.x, nx * sizeof(float));
     memcpy(Lf.R, Lg.R, nx * sizeof(float));
-    gkat_layer_grad(&Lg);
-    gkat_layer_grad(&Lf);
+    test_layer_grad(&Lg);
+    test_layer_grad(&Lf);
     int fails = 0;
     char name[96];
-    fails += gdnt_check("gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_out", gdnt_relerr(Lg.out, Lf.out, nx), 1e-5);
-    fails += gdnt_check("gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_dx", gdnt_relerr(Lg.dx, Lf.dx, nx), 1e-4);
+    fails += test_check("gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_out", test_relerr(Lg.out, Lf.out, nx), 1e-5);
+    fails += test_check("gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_dx", test_relerr(Lg.dx, Lf.dx, nx), 1e-4);
     // the plain layer's in_proj_w / conv_w gradients with the repeated rows summed back (in head order)
     float* rin = (float*)calloc(Lg.n[0], sizeof(float));
     float* rcv = (float*)calloc(Lg.n[1], sizeof(float));
     for (int i = 0; i < Df; i++) {
-        for (int j = 0; j < C; j++) { rin[(size_t)src[i] * C + j] += Lf.gp.in_proj_w[(size_t)i * C + j]; }
-        for (int j = 0; j < W; j++) { rcv[(size_t)src[i] * W + j] += Lf.gp.conv_w[(size_t)i * W + j]; }
+        for (int j = 0; j < C; j++) { rin[(size_t)src[i] * C + j] += Lf.gp.gka.in_proj_w[(size_t)i * C + j]; }
+        for (int j = 0; j < W; j++) { rcv[(size_t)src[i] * W + j] += Lf.gp.gka.conv_w[(size_t)i * W + j]; }
     }
-    memcpy(rin + (size_t)Dg * C, Lf.gp.in_proj_w + (size_t)Df * C, (size_t)(Pg - Dg) * C * sizeof(float));
-    const float* ref[8] = {rin, rcv, Lf.gp.b_bias, Lf.gp.alpha_bias, Lf.gp.A_log, Lf.gp.dt_bias, Lf.gp.onorm_w,
-                           Lf.gp.out_proj_w};
-    const float* got[8] = {Lg.gp.in_proj_w, Lg.gp.conv_w, Lg.gp.b_bias, Lg.gp.alpha_bias, Lg.gp.A_log, Lg.gp.dt_bias,
-                           Lg.gp.onorm_w, Lg.gp.out_proj_w};
-    for (int t = 0; t < 8; t++) {
-        snprintf(name, sizeof(name), "gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_grad_%s", gkat_names[t]);
-        fails += gdnt_check(name, gdnt_relerr(got[t], ref[t], Lg.n[t]), 1e-4);
+    memcpy(rin + (size_t)Dg * C, Lf.gp.gka.in_proj_w + (size_t)Df * C, (size_t)(Pg - Dg) * C * sizeof(float));
+    for (int t = 0; t < Lg.nt; t++) {   // in_proj_w, conv_w summed back; the others as they are
+        const float* ref = t == 0 ? rin : t == 1 ? rcv : Lf.grad + Lf.off[t];
+        snprintf(name, sizeof(name), "gka_gqa_H4_Hkv2_equals_repeated_kv_plain_layer_grad_%s", Lg.name[t]);
+        fails += test_check(name, test_relerr(Lg.grad + Lg.off[t], ref, Lg.n[t]), 1e-4);
     }
     free(rin); free(rcv); free(src);
-    gkat_layer_free(&Lg); gkat_layer_free(&Lf);
+    test_layer_free(&Lg); test_layer_free(&Lf);
     return fails;
 }
 
@@ -2577,7 +2413,7 @@ int test_gka_properties(void) {
 }
 
 // ----------------------------------------------------------------------------
-// kalman mixer properties (spec/kalman.md section 9). Uses the gdnt_ rng and check helpers above.
+// kalman mixer properties (spec/kalman.md section 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative,
 // max_i |a_i - b_i| / max_i |b_i|, unless stated.
 
@@ -2587,19 +2423,19 @@ static void kalt_filter_inputs(float* v, float* Lv, float* k, float* q, float* a
                                int Dk, int N, double amin, int zero_noise) {
     for (int r = 0; r < B * T; r++) {
         for (int d = 0; d < Dk; d++) {
-            v[(size_t)r * Dk + d] = (float)gdnt_normal();
-            Lv[(size_t)r * Dk + d] = (float)(1.0 / (log1p(exp(gdnt_normal())) + 1e-4));
+            v[(size_t)r * Dk + d] = (float)test_normal();
+            Lv[(size_t)r * Dk + d] = (float)(1.0 / (log1p(exp(test_normal())) + 1e-4));
         }
         double sk = 0.0, sq = 0.0;
         for (int n = 0; n < N; n++) {
-            k[(size_t)r * N + n] = (float)gdnt_normal(); sk += (double)k[(size_t)r * N + n] * k[(size_t)r * N + n];
-            q[(size_t)r * N + n] = (float)gdnt_normal(); sq += (double)q[(size_t)r * N + n] * q[(size_t)r * N + n];
+            k[(size_t)r * N + n] = (float)test_normal(); sk += (double)k[(size_t)r * N + n] * k[(size_t)r * N + n];
+            q[(size_t)r * N + n] = (float)test_normal(); sq += (double)q[(size_t)r * N + n] * q[(size_t)r * N + n];
         }
         for (int n = 0; n < N; n++) { k[(size_t)r * N + n] /= (float)sqrt(sk); q[(size_t)r * N + n] /= (float)sqrt(sq); }
     }
     for (int i = 0; i < Dk * N; i++) {
-        abar[i] = (float)(amin + (0.99 - amin) * gdnt_unif());
-        pbar[i] = zero_noise ? 0.0f : (float)exp(log(1e-3) + gdnt_unif() * (log(0.1) - log(1e-3)));
+        abar[i] = (float)(amin + (0.99 - amin) * test_unif());
+        pbar[i] = zero_noise ? 0.0f : (float)exp(log(1e-3) + test_unif() * (log(0.1) - log(1e-3)));
     }
 }
 
@@ -2643,16 +2479,6 @@ static double kalt_filter64(double* ys, double* lam_all, double* eta_all, double
 // that test's fp64 check (2e-15 at -O2 -march=native, -O3 generic, -O1, or with this noinline); cause not found.
 __attribute__((noinline)) static void kalt_to_double(double* dst, const float* src, size_t n) { for (size_t i = 0; i < n; i++) { dst[i] = src[i]; } }
 
-static double kalt_relerr64(const double* a, const double* b, size_t n) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = fabs(a[i] - b[i]);
-        if (!(d <= num)) { num = d; }
-        if (fabs(b[i]) > den) { den = fabs(b[i]); }
-    }
-    return num / (den > 0.0 ? den : 1.0);
-}
-
 // fp32 posteriors of kalman_filter_forward after every token, from checkpoints at interval 1 plus the final
 // state: lamf, etaf [B,T,Dk,N]
 static void kalt_filter32_all(double* lamf, double* etaf, const float* v, const float* Lv, const float* k,
@@ -2687,7 +2513,7 @@ static void kalt_filter32_all(double* lamf, double* etaf, const float* v, const 
 static int kalt_textbook_kf(void) {
     const int B = 2, T = 200, Dk = 3, N = 5;
     const size_t BT = (size_t)B * T, nl = BT * Dk * N;
-    gdnt_seed(901);
+    test_seed(901);
     float *v = malloc(BT * Dk * sizeof(float)), *Lv = malloc(BT * Dk * sizeof(float));
     float *k = malloc(BT * N * sizeof(float)), *q = malloc(BT * N * sizeof(float));
     float *ab = malloc((size_t)Dk * N * sizeof(float)), *pb = malloc((size_t)Dk * N * sizeof(float));
@@ -2724,14 +2550,14 @@ static int kalt_textbook_kf(void) {
     double *mi = malloc(nl * sizeof(double)), *vi = malloc(nl * sizeof(double));
     for (size_t i = 0; i < nl; i++) { mi[i] = ea[i] / la[i]; vi[i] = 1.0 / la[i]; }
     int fails = 0;
-    fails += gdnt_check("kalman_textbook_kf_mean_fp64", kalt_relerr64(mi, mkf, nl), 1e-12);
-    fails += gdnt_check("kalman_textbook_kf_var_fp64", kalt_relerr64(vi, pkf, nl), 1e-12);
+    fails += test_check("kalman_textbook_kf_mean_fp64", test_relerr64(mi, mkf, nl), 1e-12);
+    fails += test_check("kalman_textbook_kf_var_fp64", test_relerr64(vi, pkf, nl), 1e-12);
     float *l0 = malloc((size_t)B * Dk * N * sizeof(float)), *e0 = malloc((size_t)B * Dk * N * sizeof(float));
     for (int i = 0; i < B * Dk * N; i++) { l0[i] = 1.0f; e0[i] = 0.0f; }
     kalt_filter32_all(la, ea, v, Lv, k, q, ab, pb, l0, e0, B, T, Dk, N);
     for (size_t i = 0; i < nl; i++) { mi[i] = ea[i] / la[i]; vi[i] = 1.0 / la[i]; }
-    fails += gdnt_check("kalman_textbook_kf_mean_fp32", kalt_relerr64(mi, mkf, nl), 1e-5);
-    fails += gdnt_check("kalman_textbook_kf_var_fp32", kalt_relerr64(vi, pkf, nl), 1e-5);
+    fails += test_check("kalman_textbook_kf_mean_fp32", test_relerr64(mi, mkf, nl), 1e-5);
+    fails += test_check("kalman_textbook_kf_var_fp32", test_relerr64(vi, pkf, nl), 1e-5);
     free(v); free(Lv); free(k); free(q); free(ab); free(pb); free(vd); free(Lvd); free(kd); free(qd); free(abd);
     free(pbd); free(mkf); free(pkf); free(la); free(ea); free(lam); free(eta); free(mi); free(vi); free(l0); free(e0);
     return fails;
@@ -2765,7 +2591,7 @@ static int kalt_zero_noise(void) {
     const size_t BT = (size_t)B * T, nl = BT * Dk * N;
     int fails = 0;
     for (int lam0 = 0; lam0 <= 1; lam0++) {
-        gdnt_seed(910 + lam0);
+        test_seed(910 + lam0);
         float *v = malloc(BT * Dk * sizeof(float)), *Lv = malloc(BT * Dk * sizeof(float));
         float *k = malloc(BT * N * sizeof(float)), *q = malloc(BT * N * sizeof(float));
         float *ab = malloc((size_t)Dk * N * sizeof(float)), *pb = malloc((size_t)Dk * N * sizeof(float));
@@ -2786,20 +2612,20 @@ static int kalt_zero_noise(void) {
         kalt_filter64(NULL, la, ea, lam, eta, vd, Lvd, kd, qd, abd, pbd, NULL, NULL, NULL, B, T, Dk, N);
         for (int t = 0; t < T; t++) {
             const size_t o = (size_t)t * Dk * N;
-            e64 = fmax(e64, fmax(kalt_relerr64(la + o, lc + o, (size_t)Dk * N), kalt_relerr64(ea + o, ec + o, (size_t)Dk * N)));
+            e64 = fmax(e64, fmax(test_relerr64(la + o, lc + o, (size_t)Dk * N), test_relerr64(ea + o, ec + o, (size_t)Dk * N)));
         }
         float *l0 = malloc((size_t)Dk * N * sizeof(float)), *z0 = calloc((size_t)Dk * N, sizeof(float));
         for (int i = 0; i < Dk * N; i++) { l0[i] = (float)lam0; }
         kalt_filter32_all(la, ea, v, Lv, k, q, ab, pb, l0, z0, B, T, Dk, N);
         for (int t = 0; t < T; t++) {
             const size_t o = (size_t)t * Dk * N;
-            e32 = fmax(e32, fmax(kalt_relerr64(la + o, lc + o, (size_t)Dk * N), kalt_relerr64(ea + o, ec + o, (size_t)Dk * N)));
+            e32 = fmax(e32, fmax(test_relerr64(la + o, lc + o, (size_t)Dk * N), test_relerr64(ea + o, ec + o, (size_t)Dk * N)));
         }
         char name[96];
         snprintf(name, sizeof(name), "kalman_zero_noise_closed_form_lam0_%d_fp64", lam0);
-        fails += gdnt_check(name, e64, 1e-12);
+        fails += test_check(name, e64, 1e-12);
         snprintf(name, sizeof(name), "kalman_zero_noise_closed_form_lam0_%d_fp32", lam0);
-        fails += gdnt_check(name, e32, 1e-5);
+        fails += test_check(name, e32, 1e-5);
         free(v); free(Lv); free(k); free(q); free(ab); free(pb); free(lc); free(ec); free(la); free(ea); free(vd);
         free(Lvd); free(kd); free(qd); free(abd); free(pbd); free(lam); free(eta); free(l0); free(z0);
     }
@@ -2814,7 +2640,7 @@ static int kalt_zero_noise(void) {
 static int kalt_filter_adjoint(void) {
     const int B = 2, T = 23, Dk = 3, N = 4, CK = 5;
     const size_t BT = (size_t)B * T, nl = (size_t)B * Dk * N;
-    gdnt_seed(920);
+    test_seed(920);
     // float inputs packed: v | Lv | k | q | abar | pbar | lam0 | eta0
     const size_t nn[8] = {BT * Dk, BT * Dk, BT * N, BT * N, (size_t)Dk * N, (size_t)Dk * N, nl, nl};
     const char* names[8] = {"v", "Lv", "k", "q", "abar", "pbar", "lam0", "eta0"};
@@ -2822,10 +2648,10 @@ static int kalt_filter_adjoint(void) {
     for (int i = 0; i < 8; i++) { off[i + 1] = off[i] + nn[i]; }
     float* in = malloc(off[8] * sizeof(float));
     kalt_filter_inputs(in + off[0], in + off[1], in + off[2], in + off[3], in + off[4], in + off[5], B, T, Dk, N, 0.5, 0);
-    for (size_t i = 0; i < nl; i++) { in[off[6] + i] = (float)(0.5 + 2.0 * gdnt_unif()); in[off[7] + i] = (float)gdnt_normal(); }
+    for (size_t i = 0; i < nl; i++) { in[off[6] + i] = (float)(0.5 + 2.0 * test_unif()); in[off[7] + i] = (float)test_normal(); }
     float *dys = malloc(BT * Dk * sizeof(float)), *dlT = malloc(nl * sizeof(float)), *deT = malloc(nl * sizeof(float));
-    for (size_t i = 0; i < BT * Dk; i++) { dys[i] = (float)gdnt_normal(); }
-    for (size_t i = 0; i < nl; i++) { dlT[i] = (float)(0.1 * gdnt_normal()); deT[i] = (float)gdnt_normal(); }
+    for (size_t i = 0; i < BT * Dk; i++) { dys[i] = (float)test_normal(); }
+    for (size_t i = 0; i < nl; i++) { dlT[i] = (float)(0.1 * test_normal()); deT[i] = (float)test_normal(); }
     // fp32 forward + adjoint
     float *ys = malloc(BT * Dk * sizeof(float)), *ck = malloc(nl * kalman_NT(T, CK) * 2 * sizeof(float));
     float *lam = malloc(nl * sizeof(float)), *eta = malloc(nl * sizeof(float));
@@ -2862,7 +2688,7 @@ static int kalt_filter_adjoint(void) {
     char name[96];
     for (int t = 0; t < 8; t++) {
         snprintf(name, sizeof(name), "kalman_filter_adjoint_vs_fd64_%s", names[t]);
-        fails += gdnt_check(name, kalt_relerr64(gd + off[t], fd + off[t], nn[t]), 1e-4);
+        fails += test_check(name, test_relerr64(gd + off[t], fd + off[t], nn[t]), 1e-4);
     }
     free(in); free(dys); free(dlT); free(deT); free(ys); free(ck); free(lam); free(eta); free(g); free(scr); free(x);
     free(dysd); free(dlTd); free(deTd); free(l64); free(e64); free(fd); free(gd);
@@ -2870,109 +2696,48 @@ static int kalt_filter_adjoint(void) {
 }
 
 // ----------------------------------------------------------------------------
-// layer-level tests: a small random layer
-
-typedef struct {
-    KalmanConfig c;
-    int B, T;
-    size_t n[10], nprm;   // sizes of the 10 tensors (KalmanParams order; var_w 0 for plain) and their total
-    float *prm, *grad, *x, *dx, *R, *out;
-    KalmanParams p, gp;
-} KALTLayer;
-
-static const char* kalt_names[11] = {"in_proj_w", "conv_w", "conv_b", "sensor_w", "var_w", "out_proj_w",
-                                     "delta_raw", "lambda_log", "p_raw", "lambda_skip", "x"};
-
-static void kalt_point(KalmanParams* p, float* base, const size_t* n) {
-    float** f[10] = {&p->in_proj_w, &p->conv_w, &p->conv_b, &p->sensor_w, &p->var_w, &p->out_proj_w,
-                     &p->delta_raw, &p->lambda_log, &p->p_raw, &p->lambda_skip};
-    for (int i = 0; i < 10; i++) { *f[i] = n[i] ? base : NULL; base += n[i]; }
-}
+// layer-level tests: a small random layer on the harness above
 
 // random weights sized so that activations are O(1). The dynamics are drawn wider than the init so that every
 // parameter matters: Delta0 log-uniform in [0.01, 0.3], lambda_log ~ N(0, 0.5^2), p_raw in [0.005, 0.2] with
 // one entry negative (below the 1e-7 clamp: its gradient must be 0), lambda_skip ~ -1 + 0.3 N(0,1)
-static void kalt_layer_init(KALTLayer* L, const KalmanConfig* c, int B, int T, uint64_t seed) {
-    L->c = *c; L->B = B; L->T = T;
-    const int C = c->C, Dk = c->Dk, N = c->N, Ws = kalman_Ws(c);
-    const size_t n[10] = {(size_t)2 * Dk * C, (size_t)Dk * c->K, (size_t)Dk, (size_t)Ws * Dk,
-                          c->preset ? (size_t)Dk * c->R : 0, (size_t)C * Dk, (size_t)Dk * N, (size_t)Dk * N,
-                          (size_t)Dk * N, 1};
-    L->nprm = 0;
-    for (int i = 0; i < 10; i++) { L->n[i] = n[i]; L->nprm += n[i]; }
-    const size_t nx = (size_t)B * T * C;
-    L->prm = (float*)malloc(L->nprm * sizeof(float));
-    L->grad = (float*)calloc(L->nprm, sizeof(float));
-    L->x = (float*)malloc(nx * sizeof(float));
-    L->dx = (float*)calloc(nx, sizeof(float));
-    L->R = (float*)malloc(nx * sizeof(float));
-    L->out = (float*)malloc(nx * sizeof(float));
-    kalt_point(&L->p, L->prm, L->n);
-    kalt_point(&L->gp, L->grad, L->n);
-    gdnt_seed(seed);
-    for (size_t i = 0; i < n[0]; i++) { L->p.in_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / C)); }
-    for (size_t i = 0; i < n[1]; i++) { L->p.conv_w[i] = (float)(gdnt_unif() - 0.5); }
-    for (size_t i = 0; i < n[2]; i++) { L->p.conv_b[i] = (float)(0.3 * gdnt_normal()); }
-    for (size_t i = 0; i < n[3]; i++) { L->p.sensor_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / Dk)); }
-    for (size_t i = 0; i < n[4]; i++) { L->p.var_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / c->R)); }
-    for (size_t i = 0; i < n[5]; i++) { L->p.out_proj_w[i] = (float)((2.0 * gdnt_unif() - 1.0) * sqrt(3.0 / Dk)); }
+static void kalt_draw(TestLayer* L) {
+    KalmanParams* p = &L->p.kalman;
+    const KalmanConfig* c = &L->s.kalman;
+    const int C = c->C, Dk = c->Dk, N = c->N;
+    test_draw_uniform(p->in_proj_w, test_layer_numel(L, "in_proj_w"), C);
+    for (size_t i = 0; i < test_layer_numel(L, "conv_w"); i++) { p->conv_w[i] = (float)(test_unif() - 0.5); }
+    for (size_t i = 0; i < test_layer_numel(L, "conv_b"); i++) { p->conv_b[i] = (float)(0.3 * test_normal()); }
+    test_draw_uniform(p->sensor_w, test_layer_numel(L, "sensor_w"), Dk);
+    test_draw_uniform(p->var_w, test_layer_numel(L, "var_w"), c->R);
+    test_draw_uniform(p->out_proj_w, test_layer_numel(L, "out_proj_w"), Dk);
     for (int i = 0; i < Dk * N; i++) {
-        const double D0 = exp(log(0.01) + gdnt_unif() * (log(0.3) - log(0.01)));
-        L->p.delta_raw[i] = (float)(D0 + log(-expm1(-D0)));
-        L->p.lambda_log[i] = (float)(0.5 * gdnt_normal());
-        L->p.p_raw[i] = (float)(0.005 + 0.195 * gdnt_unif());
+        const double D0 = exp(log(0.01) + test_unif() * (log(0.3) - log(0.01)));
+        p->delta_raw[i] = (float)(D0 + log(-expm1(-D0)));
+        p->lambda_log[i] = (float)(0.5 * test_normal());
+        p->p_raw[i] = (float)(0.005 + 0.195 * test_unif());
     }
-    L->p.p_raw[1] = -0.01f;
-    L->p.lambda_skip[0] = (float)(-1.0 + 0.3 * gdnt_normal());
-    for (size_t i = 0; i < nx; i++) { L->x[i] = (float)gdnt_normal(); L->R[i] = (float)gdnt_normal(); }
-}
-
-static void kalt_layer_free(KALTLayer* L) {
-    free(L->prm); free(L->grad); free(L->x); free(L->dx); free(L->R); free(L->out);
-}
-
-// kalman_forward into L->out; returns the loss sum(out * R) accumulated in double
-static double kalt_layer_loss(KALTLayer* L) {
-    float* acts = (float*)malloc(kalman_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    KalmanActs a;
-    kalman_acts_point(&a, acts, L->B, L->T, &L->c);
-    kalman_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    double loss = 0.0;
-    for (size_t i = 0; i < (size_t)L->B * L->T * L->c.C; i++) { loss += (double)L->out[i] * L->R[i]; }
-    free(acts);
-    return loss;
-}
-
-// forward, then backward with dout = R (the gradient of sum(out * R)); gradients into L->grad and L->dx
-static void kalt_layer_grad(KALTLayer* L) {
-    float* acts = (float*)malloc(kalman_acts_floats(L->B, L->T, &L->c) * sizeof(float));
-    float* scratch = (float*)malloc(kalman_scratch_floats(L->B, L->T, &L->c) * sizeof(float));
-    KalmanActs a;
-    kalman_acts_point(&a, acts, L->B, L->T, &L->c);
-    kalman_forward(L->out, &a, &L->p, L->x, L->B, L->T, &L->c);
-    memset(L->grad, 0, L->nprm * sizeof(float));
-    memset(L->dx, 0, (size_t)L->B * L->T * L->c.C * sizeof(float));
-    kalman_backward(L->dx, &L->gp, L->R, &a, &L->p, L->x, scratch, L->B, L->T, &L->c);
-    free(acts); free(scratch);
+    p->p_raw[1] = -0.01f;
+    p->lambda_skip[0] = (float)(-1.0 + 0.3 * test_normal());
 }
 
 static double kalt_softplus(double u) { return u > 20.0 ? u : log1p(exp(u)); }
 
 // independent double-precision layer forward (spec 1.3 (1)-(8), the filter of 2.3 with the floors of 2.5).
 // prm: the tensors in KalmanParams order; out [B,T,C] (may be NULL); returns sum(out * R)
-static double kalt_ref_forward(const KALTLayer* L, const double* prm, const double* x, double* out) {
-    const KalmanConfig* c = &L->c;
+static double kalt_ref_forward(const TestLayer* L, const double* prm, const double* x, double* out) {
+    const KalmanConfig* c = &L->s.kalman;
     const int B = L->B, T = L->T, C = c->C, Dk = c->Dk, N = c->N, K = c->K, R = c->R, Ws = kalman_Ws(c);
-    const double* Win = prm;
-    const double* Wc = Win + L->n[0];
-    const double* bc = Wc + L->n[1];
-    const double* Wsn = bc + L->n[2];
-    const double* Wv = Wsn + L->n[3];
-    const double* Wout = Wv + L->n[4];
-    const double* draw = Wout + L->n[5];
-    const double* llog = draw + L->n[6];
-    const double* praw = llog + L->n[7];
-    const double lsk = praw[L->n[8]];
+    const double* Win = test_layer_param64(L, prm, "in_proj_w");
+    const double* Wc = test_layer_param64(L, prm, "conv_w");
+    const double* bc = test_layer_param64(L, prm, "conv_b");
+    const double* Wsn = test_layer_param64(L, prm, "sensor_w");
+    const double* Wv = test_layer_param64(L, prm, "var_w");   // NULL in the plain preset
+    const double* Wout = test_layer_param64(L, prm, "out_proj_w");
+    const double* draw = test_layer_param64(L, prm, "delta_raw");
+    const double* llog = test_layer_param64(L, prm, "lambda_log");
+    const double* praw = test_layer_param64(L, prm, "p_raw");
+    const double lsk = *test_layer_param64(L, prm, "lambda_skip");
     double* h = malloc((size_t)T * 2 * Dk * sizeof(double));
     double* u = malloc((size_t)Dk * sizeof(double));
     double* s = malloc((size_t)Ws * sizeof(double));
@@ -3045,38 +2810,31 @@ static double kalt_ref_forward(const KALTLayer* L, const double* prm, const doub
     return loss;
 }
 
-// the small configurations of the layer tests: plain expand 2 (C = 12, Dk = 24), mamba expand 1 (C = 16,
-// R = 2); N = 4, K = 4
-static KalmanConfig kalt_small_config(int preset, int chunk) {
-    KalmanConfig c = {12, 24, 4, 4, 0, 0, chunk};
-    if (preset) { c.C = 16; c.Dk = 16; c.preset = 1; c.R = 2; }
-    return c;
+static const MixerLayerTest KALMAN_LAYER_TEST = {
+    kalt_draw, kalt_ref_forward,
+    // 6. layer backward (kalman_backward) vs the 2-point differences of the float64 forward kalt_ref_forward,
+    //    EVERY entry of every parameter tensor and 16 entries of x, step 1e-5 (truncation ~1e-10, round-off ~1e-11:
+    //    the reference is exact to ~1e-8 relative). Tolerance 1e-4 per tensor (spec 9.15 gradients); the fp32
+    //    forward vs the float64 one at 1e-5. 7. negative control: a lambda_log gradient entry.
+    {.per_tensor = 0, .x_samples = 16, .points = 2, .h = 1e-5, .fwd_tol = 1e-5, .grad_tol = spec5_grad_tol,
+     .control = "lambda_log"},
+    NULL,
+};
+
+// the small layers of the tests: plain expand 2 (C = 12, Dk = 24), mamba expand 1 (C = 16, R = 2); N = 4, K = 4
+static void kalt_layer(TestLayer* L, int preset, int chunk, int T, uint64_t seed) {
+    Config c = {.num_layers = 1, .channels = preset ? 16 : 12, .conv_size = 4, .kalman_expand = preset ? 1 : 2,
+                .kalman_n = 4, .kalman_preset = preset, .kalman_rank = preset ? 2 : 0, .mixer = {MIXER_KALMAN}};
+    test_layer_init(L, &KALMAN_LAYER_TEST, preset ? "kalman_mamba" : "kalman_plain", &c, chunk, 2, T, seed);
 }
 
 // 4. decode token by token (kalman_decode_step) == kalman_forward over the same sequences, B = 2, T = 37, 1e-5
+//    (fp32 round-off of two evaluation orders)
 static int kalt_decode(int preset) {
-    KALTLayer L;
-    KalmanConfig c = kalt_small_config(preset, 16);
-    kalt_layer_init(&L, &c, 2, 37, 930 + preset);
-    kalt_layer_loss(&L);
-    const int C = c.C;
-    float* st = (float*)malloc(kalman_state_floats(&c) * sizeof(float));
-    float* scratch = (float*)malloc(kalman_decode_scratch_floats(&c) * sizeof(float));
-    float* dec = (float*)malloc((size_t)L.B * L.T * C * sizeof(float));
-    KalmanState s;
-    kalman_state_point(&s, st, &c);
-    for (int b = 0; b < L.B; b++) {
-        kalman_state_reset(&s, &c);
-        for (int t = 0; t < L.T; t++) {
-            const size_t r = (size_t)b * L.T + t;
-            kalman_decode_step(dec + r * C, &s, &L.p, L.x + r * C, scratch, &c);
-        }
-    }
-    char name[96];
-    snprintf(name, sizeof(name), "kalman_decode_equals_forward_%s", preset ? "mamba" : "plain");
-    int fails = gdnt_check(name, gdnt_relerr(dec, L.out, (size_t)L.B * L.T * C), 1e-5);
-    free(st); free(scratch); free(dec);
-    kalt_layer_free(&L);
+    TestLayer L;
+    kalt_layer(&L, preset, 16, 37, 930 + preset);
+    const int fails = test_layer_decode(&L, 1e-5);
+    test_layer_free(&L);
     return fails;
 }
 
@@ -3084,12 +2842,12 @@ static int kalt_decode(int preset) {
 // one pass, B = 2, T = 37, T1 in {2 (inside the conv window), 10, 23}. Same arithmetic per token; only the
 // matmul blocking over rows differs: 1e-6.
 static int kalt_state_split(int preset) {
-    KALTLayer L;
-    KalmanConfig c = kalt_small_config(preset, 7);
-    kalt_layer_init(&L, &c, 2, 37, 940 + preset);
-    kalt_layer_loss(&L);
-    const int B = L.B, T = L.T, C = c.C;
-    const size_t sf = kalman_state_floats(&c);
+    TestLayer L;
+    kalt_layer(&L, preset, 7, 37, 940 + preset);
+    test_layer_loss(&L, NULL, NULL);
+    const KalmanConfig* c = &L.s.kalman;
+    const int B = L.B, T = L.T, C = c->C;
+    const size_t sf = kalman_state_floats(c);
     float* states = (float*)malloc((size_t)B * sf * sizeof(float));
     float* outs = (float*)malloc((size_t)B * T * C * sizeof(float));
     int fails = 0;
@@ -3098,27 +2856,27 @@ static int kalt_state_split(int preset) {
         const int T1 = splits[si];
         for (int b = 0; b < B; b++) {
             KalmanState s;
-            kalman_state_point(&s, states + b * sf, &c);
-            kalman_state_reset(&s, &c);
+            kalman_state_point(&s, states + b * sf, c);
+            kalman_state_reset(&s, c);
         }
         for (int part = 0; part < 2; part++) {
             const int t0 = part ? T1 : 0, t1 = part ? T : T1, Tp = t1 - t0;
             float* xs = (float*)malloc((size_t)B * Tp * C * sizeof(float));
             float* os = (float*)malloc((size_t)B * Tp * C * sizeof(float));
-            float* acts = (float*)malloc(kalman_acts_floats(B, Tp, &c) * sizeof(float));
+            float* acts = (float*)malloc(kalman_acts_floats(B, Tp, c) * sizeof(float));
             KalmanActs a;
-            kalman_acts_point(&a, acts, B, Tp, &c);
-            gdnt_slice(xs, L.x, B, T, t0, t1, C);
-            kalman_forward_carry(os, &a, &L.p, xs, B, Tp, &c, states);
-            gdnt_unslice(outs, os, B, T, t0, t1, C);
+            kalman_acts_point(&a, acts, B, Tp, c);
+            test_slice(xs, L.x, B, T, t0, t1, C);
+            kalman_forward_carry(os, &a, &L.p.kalman, xs, B, Tp, c, states);
+            test_unslice(outs, os, B, T, t0, t1, C);
             free(xs); free(os); free(acts);
         }
         char name[96];
         snprintf(name, sizeof(name), "kalman_state_split_%s_T1_%d", preset ? "mamba" : "plain", T1);
-        fails += gdnt_check(name, gdnt_relerr(outs, L.out, (size_t)B * T * C), 1e-6);
+        fails += test_check(name, test_relerr(outs, L.out, (size_t)B * T * C), 1e-6);
     }
     free(states); free(outs);
-    kalt_layer_free(&L);
+    test_layer_free(&L);
     return fails;
 }
 
@@ -3126,105 +2884,50 @@ static int kalt_state_split(int preset) {
 // chunk 16 (B = 2, T = 37, not a multiple of any). The replayed states are the same arithmetic: expected
 // bitwise; tolerance 0. With OpenMP also 1 thread vs all: the fixed reduction order makes it bitwise too.
 static int kalt_chunk_invariance(int preset) {
-    KALTLayer R0;
-    KalmanConfig c0 = kalt_small_config(preset, 16);
-    kalt_layer_init(&R0, &c0, 2, 37, 950 + preset);
-    kalt_layer_grad(&R0);
-    const size_t nx = (size_t)R0.B * R0.T * c0.C;
+    TestLayer R0;
+    kalt_layer(&R0, preset, 16, 37, 950 + preset);
+    test_layer_grad(&R0);
+    const size_t nx = (size_t)R0.B * R0.T * R0.cfg.channels;
     int fails = 0;
     const int chunks[4] = {1, 5, 64, 16};
     for (int i = 0; i < 4; i++) {
-        KALTLayer L;
-        KalmanConfig c = kalt_small_config(preset, chunks[i]);
-        kalt_layer_init(&L, &c, 2, 37, 950 + preset);
+        TestLayer L;
+        kalt_layer(&L, preset, chunks[i], 37, 950 + preset);
 #ifdef OMP
         const int saved = omp_get_max_threads();
         if (i == 3) { omp_set_num_threads(1); }
 #endif
-        kalt_layer_grad(&L);
+        test_layer_grad(&L);
 #ifdef OMP
         omp_set_num_threads(saved);
 #endif
-        double e = fmax(gdnt_relerr(L.out, R0.out, nx), gdnt_relerr(L.dx, R0.dx, nx));
-        e = fmax(e, gdnt_relerr(L.grad, R0.grad, L.nprm));
+        double e = fmax(test_relerr(L.out, R0.out, nx), test_relerr(L.dx, R0.dx, nx));
+        e = fmax(e, test_relerr(L.grad, R0.grad, L.nprm));
         char name[96];
         if (i < 3) { snprintf(name, sizeof(name), "kalman_chunk_%d_equals_chunk_16_%s", chunks[i], preset ? "mamba" : "plain"); }
         else { snprintf(name, sizeof(name), "kalman_one_thread_equals_all_threads_%s", preset ? "mamba" : "plain"); }
-        fails += gdnt_check(name, e, 0.0);
-        kalt_layer_free(&L);
+        fails += test_check(name, e, 0.0);
+        test_layer_free(&L);
     }
-    kalt_layer_free(&R0);
+    test_layer_free(&R0);
     return fails;
 }
 
-// 6. layer backward (kalman_backward) vs central finite differences of the loss sum(out * R) of the
-// independent double-precision forward kalt_ref_forward, EVERY entry of every parameter tensor and 16 entries
-// of x, step 1e-5 (truncation ~1e-10, round-off ~1e-11: the reference is exact to ~1e-8 relative).
-// B = 2, T = 13, chunk 5. Tolerance 1e-4 per tensor (spec 9.15 gradients). Also kalman_forward vs that
-// forward (1e-5). p_raw[1] < 1e-7: its gradient must be exactly 0 (the FD is 0 too).
-// 7. negative control: one lambda_log gradient entry shifted by 1% of the tensor's largest |gradient| must fail.
+// 6, 7. layer backward vs finite differences and its negative control (KALMAN_LAYER_TEST.fd), B = 2, T = 13,
+// chunk 5. p_raw[1] < 1e-7: its gradient must be exactly 0 (the FD is 0 too).
 static int kalt_layer_fd(int preset) {
-    const char* kind = preset ? "mamba" : "plain";
-    KALTLayer L;
-    KalmanConfig c = kalt_small_config(preset, 5);
-    kalt_layer_init(&L, &c, 2, 13, 960 + preset);
-    kalt_layer_grad(&L);
-    const size_t nx = (size_t)L.B * L.T * c.C;
-    const int nxs = 16;
-    const size_t ns = L.nprm + nxs;
-    double* pd = (double*)calloc(L.nprm, sizeof(double));
-    double* xd = (double*)calloc(nx, sizeof(double));
-    double* outd = (double*)malloc(nx * sizeof(double));
-    float* outf = (float*)malloc(nx * sizeof(float));
-    double* a = (double*)malloc(ns * sizeof(double));
-    double* f = (double*)malloc(ns * sizeof(double));
-    size_t* xoff = (size_t*)malloc(nxs * sizeof(size_t));
-    for (size_t i = 0; i < L.nprm; i++) { pd[i] = L.prm[i]; }
-    for (size_t i = 0; i < nx; i++) { xd[i] = L.x[i]; }
-    int fails = 0;
-    char name[96];
-    kalt_ref_forward(&L, pd, xd, outd);
-    for (size_t i = 0; i < nx; i++) { outf[i] = (float)outd[i]; }
-    snprintf(name, sizeof(name), "kalman_layer_forward_vs_ref64_%s", kind);
-    fails += gdnt_check(name, gdnt_relerr(L.out, outf, nx), 1e-5);
-    for (int i = 0; i < nxs; i++) { xoff[i] = (size_t)(gdnt_unif() * nx); }
-    for (size_t i = 0; i < ns; i++) {
-        const int x_ = i >= L.nprm;
-        double* vd = x_ ? xd + xoff[i - L.nprm] : pd + i;
-        a[i] = x_ ? L.dx[xoff[i - L.nprm]] : L.grad[i];
-        const double h = 1e-5, v0 = *vd;
-        *vd = v0 + h; const double lp = kalt_ref_forward(&L, pd, xd, NULL);
-        *vd = v0 - h; const double lm = kalt_ref_forward(&L, pd, xd, NULL);
-        *vd = v0;
-        f[i] = (lp - lm) / (2.0 * h);
-    }
-    size_t o = 0;
-    for (int t = 0; t < 11; t++) {
-        const size_t n = t < 10 ? L.n[t] : (size_t)nxs;
-        if (n == 0) { continue; }
-        snprintf(name, sizeof(name), "kalman_layer_grad_fd64_%s_%s", kind, kalt_names[t]);
-        fails += gdnt_check(name, kalt_relerr64(a + o, f + o, n), 1e-4);
-        o += n;
-    }
-    const size_t praw1 = L.n[0] + L.n[1] + L.n[2] + L.n[3] + L.n[4] + L.n[5] + L.n[6] + L.n[7] + 1;
-    const int zok = L.grad[praw1] == 0.0f && f[praw1] == 0.0;
-    printf("%s kalman_p_raw_clamp_zero_grad_%s: grad %.3e, fd %.3e (both must be 0)\n", zok ? "PASS" : "FAIL", kind,
-           (double)L.grad[praw1], f[praw1]);
+    TestLayer L;
+    kalt_layer(&L, preset, 5, 13, 960 + preset);
+    GradSamples g;
+    int fails = test_layer_fd(&L, &g);
+    // every parameter entry is sampled, in order: sample i is parameter i
+    const size_t praw1 = L.off[test_layer_tensor(&L, "p_raw")] + 1;
+    const int zok = L.grad[praw1] == 0.0f && g.f[praw1] == 0.0;
+    printf("%s kalman_p_raw_clamp_zero_grad_%s: grad %.3e, fd %.3e (both must be 0)\n", zok ? "PASS" : "FAIL",
+           preset ? "mamba" : "plain", (double)L.grad[praw1], g.f[praw1]);
     fails += zok ? 0 : 1;
-
-    // 7. negative control on lambda_log
-    const size_t ll0 = praw1 - 1 - L.n[7], nll = L.n[7];
-    double amax = 0.0;
-    for (size_t i = 0; i < nll; i++) { amax = fmax(amax, fabs(f[ll0 + i])); }
-    a[ll0] += 0.01 * amax;
-    const double e = kalt_relerr64(a + ll0, f + ll0, nll);
-    const int caught = e > 1e-4;
-    printf("%s kalman_negative_control_%s: lambda_log gradient shifted by 1%%: fd64 err %.3e (tol 1e-4) %s\n",
-           caught ? "PASS" : "FAIL", kind, e, caught ? "caught" : "NOT caught");
-    fails += caught ? 0 : 1;
-
-    free(pd); free(xd); free(outd); free(outf); free(a); free(f); free(xoff);
-    kalt_layer_free(&L);
+    grad_samples_free(&g);
+    test_layer_free(&L);
     return fails;
 }
 
