@@ -29,6 +29,7 @@ reproducible.
 
 #include "common.cuh"
 #include "column_sum.cuh"
+#include "chunk_tiles.cuh"
 
 #define GKA_TOKEN_WARPS 8        // warps per block of the per-(row, head) kernels
 #define GKA_CORE_THREADS 512     // threads of a core CTA (one (sequence, head)); four per row of H
@@ -396,9 +397,9 @@ gka_core_forward_kernel(floatX* o, float* x_out, float* f_out, float* Hck, float
     }
 }
 
-static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, float* H_io, float* U_io,
-                             const floatX* qkv, const float* alpha, const float* g, int B, int T, int H, int dk, int dv,
-                             int iters, float ridge, cudaStream_t stream) {
+static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, float* H_io, float* U_io,
+                                  const floatX* qkv, const float* alpha, const float* g, int B, int T, int H, int dk,
+                                  int dv, int iters, float ridge, cudaStream_t stream) {
     const size_t smem = gka_core_forward_smem(dk, dv, iters);
     gka_core_check(smem, dk, dv);
     cudaCheck(cudaFuncSetAttribute(gka_core_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -409,56 +410,365 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// the core backward (spec 3.2), grid B*H, block GKA_CORE_THREADS, final-state gradients 0. Per token, backwards:
-//   dqt = s U_t dO;  DU += s qt dO^T;  dalpha = dqt.(x - q_hat);  z = CHEB(H_t, f_t, alpha dqt)
-//   dq_hat = (1 - alpha) dqt + z;  w = 2a (x.z)/f;  DH -= z x^T + (w/2) H_t
-//   dk = (DH + DH^T) k + DU v;  dv = DU^T k;  dg = gamma (<DH, H_{t-1}> + <DU, U_{t-1}>);  DH, DU <- gamma DH, gamma DU
-// (the last scaling is applied lazily, by the next token of the walk). DH, DU and H_t live in shared memory; the
-// segment's recomputed states H_t, U_t stream through seg, a global buffer of GKA_CHECKPOINT states per CTA.
+// the chunkwise core (spec 5). Chunks of GKA_CHECKPOINT = BT = 64 tokens, so that the chunk states H0(n), U0(n)
+// of spec 5.1(a) are the checkpoints the backward's recurrent part starts its segments from. Per (b, head), in
+// chunk n with local index c, gl the chunk-local inclusive cumsum of g (every exponent below is <= 0):
+//   zeta_c = exp(gl_c),  e_c = exp(gl_BT - gl_c),  M[c][j] = exp(gl_c - gl_j) for j <= c, else 0
+//   H_t y_t (all rows at once)  = diag(zeta) Y H0 + ((Y K^T) (.) M) K                      spec 5.1(c)
+//   f_c^2 = zeta_c^2 ||H0||^2 + 2 zeta_c sum_j M[c][j] k_j^T H0 k_j + sum_ij M[c][i] M[c][j] (k_i.k_j)^2   5.1(b)
+//   o = s [diag(zeta) Qt U0 + ((Qt K^T) (.) M) V],  Qt = Q_hat + diag(alpha) (X - Q_hat)   5.1(e, f)
+//   dQt = s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]                                       5.2 pass 1
+// The tile products run on CUDA cores in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed summation order) in both
+// builds: the solve's 30 iterations amplify operand rounding by up to the condition bound 51 (spec 8), so bf16
+// operands are left for a later version with a measured error budget. Tiles are padded to multiples of 16 with
+// zeros (dk, dv any size up to 128) and have row strides of the padded size + 4.
 
-static size_t gka_core_backward_scratch_floats(int B, int H, int dk, int dv) {
-    return (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv);
+#define GKA_CHUNK_THREADS 512   // threads of the per-chunk kernels
+#define GKA_STATE_COLS 32       // state columns per CTA of the state kernel
+#define GKA_STATE_THREADS 256
+
+__host__ __device__ inline int gka_pad(int n) { return (n + 15) / 16 * 16; }
+__host__ __device__ inline int gka_lds(int n) { return gka_pad(n) + 4; }
+__host__ __device__ inline int gka_chunks(int T) { return gka_segments(T); }
+
+// per-chunk decay factors in shared memory: gl (the chunk-local inclusive cumsum of g, 0 past the sequence's end)
+__device__ void gka_chunk_decays(float* gl, float* zeta, const float* g, size_t e0, int H, int L) {
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int c = 0; c < GKA_CHECKPOINT; c++) {
+            acc += c < L ? g[e0 + (size_t)c * H] : 0.0f;
+            gl[c] = acc;
+            zeta[c] = expf(acc);
+        }
+    }
+    __syncthreads();
 }
 
-static size_t gka_core_backward_smem(int dk, int dv, int iters) {
-    return (size_t)iters * sizeof(double) + (2 * (size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 10 * (size_t)dk
-                                             + 2 * (size_t)dv + 8 * 128 + 32) * sizeof(float);
+// S [BT][lds] (fp32) <- S (.) M (M of gl; 0 above the diagonal); rows of Y [BT][ldy] scaled by zeta
+__device__ void gka_mask_scale(float* S, int lds, float* Y, int ldy, int ny, const float* gl, const float* zeta) {
+    const int BT = GKA_CHECKPOINT;
+    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) {
+        const int c = idx / BT, j = idx % BT;
+        S[c * lds + j] = j <= c ? S[c * lds + j] * expf(gl[c] - gl[j]) : 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < BT * ny; idx += blockDim.x) {
+        const int c = idx / ny, j = idx % ny;
+        Y[c * ldy + j] *= zeta[c];
+    }
+    __syncthreads();
+}
+
+// rows [t0, t0 + BT) of a (B*T, ld) matrix of one head (columns col0 .. col0 + n), as fp32 into a [BT][lds] tile,
+// zero past the sequence's end (L rows) and in the padding columns (n .. pad(n))
+template <typename Tg>
+__device__ void gka_load_rows(float* s, int lds, const Tg* m, size_t ld, size_t r0, int col0, int n, int L) {
+    const int np = gka_pad(n);
+    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * np; idx += blockDim.x) {
+        const int c = idx / np, j = idx % np;
+        float v = 0.0f;
+        if (c < L && j < n) { v = to_float(m[(r0 + c) * ld + col0 + j]); }
+        s[c * lds + j] = v;
+    }
+}
+
+// a [rows][cols] fp32 state (global, row-major) into a padded [pad(rows)][lds] tile
+__device__ void gka_load_state(float* s, int lds, const float* m, int rows, int cols) {
+    const int rp = gka_pad(rows), cp = gka_pad(cols);
+    for (int idx = threadIdx.x; idx < rp * cp; idx += blockDim.x) {
+        const int i = idx / cp, j = idx % cp;
+        s[i * lds + j] = i < rows && j < cols ? m[(size_t)i * cols + j] : 0.0f;
+    }
+}
+
+// ---- forward 1: the chunk states (spec 5.1(a)), sequential over chunks. Grid (B*H, column blocks of the
+// concatenated [H | U] state, GKA_STATE_COLS each), block GKA_STATE_THREADS. Writes Hck/Uck[bh, n] = the states
+// before chunk n, then H0 <- zeta_BT H0 + K^T diag(e) K, U0 <- zeta_BT U0 + K^T diag(e) V.
+
+__global__ void __launch_bounds__(GKA_STATE_THREADS)
+gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk, int dv) {
+    constexpr int NRG = GKA_STATE_THREADS / GKA_STATE_COLS;   // row groups: thread rows rg, rg + NRG, ...
+    __shared__ float Ks[GKA_CHECKPOINT][129], Src[GKA_CHECKPOINT][GKA_STATE_COLS + 1], e[GKA_CHECKPOINT + 1];
+    const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int cc = tid % GKA_STATE_COLS, rg = tid / GKA_STATE_COLS;
+    const int col = blockIdx.y * GKA_STATE_COLS + cc;   // this thread's column of [H | U]
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
+    const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
+    float S[128 / NRG];
+    for (int m = 0; m < 128 / NRG; m++) { S[m] = 0.0f; }
+    for (int n = 0; n < NT; n++) {
+        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
+            if (col < dk) {
+                Hck[((size_t)bh * NT + n) * dkdk + (size_t)i * dk + col] = S[m];
+            } else if (col < dk + dv) {
+                Uck[((size_t)bh * NT + n) * dkdv + (size_t)i * dv + col - dk] = S[m];
+            }
+        }
+        if (n == NT - 1) { break; }   // every chunk before the last is full
+        const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT;
+        __syncthreads();   // the previous chunk's tiles are consumed
+        for (int idx = tid; idx < GKA_CHECKPOINT * dk; idx += blockDim.x) {
+            const int c = idx / dk, j = idx % dk;
+            Ks[c][j] = to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]);
+        }
+        for (int idx = tid; idx < GKA_CHECKPOINT * GKA_STATE_COLS; idx += blockDim.x) {
+            const int c = idx / GKA_STATE_COLS, j = blockIdx.y * GKA_STATE_COLS + idx % GKA_STATE_COLS;
+            const floatX* row = qkv + (r0 + c) * DE;
+            Src[c][idx % GKA_STATE_COLS] = j < dk ? to_float(row[H * dk + hh * dk + j])
+                                         : j < dk + dv ? to_float(row[2 * H * dk + hh * dv + j - dk]) : 0.0f;
+        }
+        if (tid == 0) {   // e_c = exp(gl_BT - gl_c); e[BT] = zeta_BT = exp(gl_BT)
+            float acc = 0.0f;
+            for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += g[(r0 + c) * H + hh]; e[c] = acc; }
+            for (int c = 0; c < GKA_CHECKPOINT; c++) { e[c] = expf(acc - e[c]); }
+            e[GKA_CHECKPOINT] = expf(acc);
+        }
+        __syncthreads();
+        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
+            float acc = 0.0f;
+            for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += e[c] * Ks[c][i] * Src[c][cc]; }
+            S[m] = e[GKA_CHECKPOINT] * S[m] + acc;
+        }
+    }
+}
+
+// ---- the solve (spec 5.1(b-d)), one CTA of GKA_CHUNK_THREADS per (chunk, b*H + h): sol = CHEB(H_t, f_t, rhs_t) for
+// the chunk's BT tokens at once, each iteration one H_t-product of all rows (two tile products and a masked
+// one). compute_f: f_t from 5.1(b), written to f; else f is read (the backward's adjoint solve, with the
+// forward's f). The right-hand sides: q_hat (rhs == NULL), or alpha_t * rhs_t (the backward: rhs = dQt).
+// x_c, x_prev_c and rhs_c stay in registers: thread tid owns the elements tid, tid + 512, ... of the [BT][dk] tile.
+
+#define GKA_SOLVE_ELEMS (GKA_CHECKPOINT * 128 / GKA_CHUNK_THREADS)   // elements of the [BT][dk] tile per thread
+
+static size_t gka_chunk_solve_smem(int dk, int iters) {
+    const size_t BT = GKA_CHECKPOINT, ldk = gka_lds(dk), ldb = gka_lds(BT);
+    return (size_t)iters * sizeof(double) + BT * sizeof(double)
+           + ((size_t)gka_pad(dk) * ldk + 3 * BT * ldk + 2 * BT * ldb + 6 * BT + 32) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(GKA_CHUNK_THREADS)
+gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha, const floatX* qkv,
+                       const float* g, const float* Hck, int T, int H, int dk, int dv, int iters, float ridge) {
+    extern __shared__ double gka_smem_solve[];
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const int dkp = gka_pad(dk), ldk = gka_lds(dk), ldb = gka_lds(BT);
+    double* om = gka_smem_solve;
+    double* tau = om + iters;              // [BT] per row
+    float* H0 = (float*)(tau + BT);        // [dkp][ldk]
+    float* Ks = H0 + dkp * ldk;            // [BT][ldk]
+    float* Xs = Ks + BT * ldk;             // [BT][ldk] the iterate, as the products' operand
+    float* HY = Xs + BT * ldk;             // [BT][ldk]
+    float* S = HY + BT * ldk;              // [BT][ldb]
+    float* W = S + BT * ldb;               // [BT][ldb] f's (k_i.k_j)^2 terms
+    float* gl = W + BT * ldb;              // [BT]
+    float* zeta = gl + BT;                 // [BT]
+    float* fr = zeta + BT;                 // [BT] f of each row
+    float* lam = fr + BT;                  // [BT]
+    float* quad = lam + BT;                // [BT]
+    float* al = quad + BT;                 // [BT] alpha (backward)
+    float* red = al + BT;                  // [32]
+    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;
+    gka_omegas(om, iters, ridge);
+    gka_chunk_decays(gl, zeta, g, e0, H, L);
+    gka_load_state(H0, ldk, Hck + ((size_t)bh * NT + n) * dk * dk, dk, dk);
+    gka_load_rows(Ks, ldk, qkv, DE, r0, H * dk + hh * dk, dk, L);
+    if (tid < BT) { al[tid] = rhs && tid < L ? alpha[e0 + (size_t)tid * H] : 1.0f; }
+    __syncthreads();
+    if (compute_f) {
+        // f_c^2 = zeta_c^2 ||H0||^2 + 2 zeta_c sum_j M[c][j] quad_j + sum_ij M[c][i] M[c][j] (k_i.k_j)^2
+        float hh2 = 0.0f;
+        for (int idx = tid; idx < dk * dk; idx += blockDim.x) {
+            const float v = H0[(idx / dk) * ldk + idx % dk];
+            hh2 += v * v;
+        }
+        const float h0f2 = gka_block_sum(hh2, red);
+        cta_mm<false, false>(HY, ldk, Ks, ldk, H0, ldk, BT, dkp, dkp, false, false);   // K H0
+        cta_mm<false, true>(S, ldb, Ks, ldk, Ks, ldk, BT, BT, dkp, false);             // Gm = K K^T
+        cta_rows<1>(BT, dk, [&](int r, int c, float* acc) { acc[0] += HY[r * ldk + c] * Ks[r * ldk + c]; },
+                    [&](int r, float* acc) { quad[r] = acc[0]; });
+        // W[i][c] = sum_{j <= c} (k_i.k_j)^2 M[c][j]: then term 3 of row c is sum_{i <= c} M[c][i] W[i][c]
+        cta_for_each(BT, BT, [&](int i, int c) {
+            float acc = 0.0f;
+            for (int j = 0; j <= c; j++) { const float gm = S[i * ldb + j]; acc += gm * gm * expf(gl[c] - gl[j]); }
+            W[i * ldb + c] = acc;
+        });
+        cta_rows<1>(BT, BT, [&](int c, int i, float* acc) {
+                        if (i <= c) {
+                            const float m = expf(gl[c] - gl[i]);
+                            acc[0] += m * (2.0f * zeta[c] * quad[i] + W[i * ldb + c]);
+                        }
+                    },
+                    [&](int c, float* acc) {
+                        const float f2 = zeta[c] * zeta[c] * h0f2 + acc[0];
+                        fr[c] = sqrtf(fmaxf(f2, 0.0f));
+                    });
+    } else if (tid < BT) {
+        fr[tid] = tid < L ? f[e0 + (size_t)tid * H] : 1.0f;
+    }
+    if (tid < BT) {
+        tau[tid] = fr[tid] > 0.0f ? 2.0 / ((double)fr[tid] * (1.0 + 2.0 * (double)ridge)) : 0.0;
+        lam[tid] = ridge * fr[tid];
+    }
+    __syncthreads();
+    // x_prev = 0, x = tau b; r times x <- omega x - tau omega (H x + a f x - b) - (omega - 1) x_prev
+    float x[GKA_SOLVE_ELEMS], xp[GKA_SOLVE_ELEMS], bv[GKA_SOLVE_ELEMS];
+    #pragma unroll
+    for (int m = 0; m < GKA_SOLVE_ELEMS; m++) {
+        const int idx = tid + m * GKA_CHUNK_THREADS, c = idx / dkp, j = idx % dkp;
+        float v = 0.0f;
+        if (c < L && j < dk) {
+            const size_t e = e0 + (size_t)c * H;
+            v = rhs ? al[c] * rhs[e * dk + j] : to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+        }
+        bv[m] = idx < BT * dkp ? v : 0.0f;
+        x[m] = (float)tau[c < BT ? c : 0] * bv[m];
+        xp[m] = 0.0f;
+    }
+    for (int it = 0; it < iters; it++) {
+        #pragma unroll
+        for (int m = 0; m < GKA_SOLVE_ELEMS; m++) {
+            const int idx = tid + m * GKA_CHUNK_THREADS;
+            if (idx < BT * dkp) { Xs[(idx / dkp) * ldk + idx % dkp] = x[m]; }
+        }
+        __syncthreads();
+        cta_mm<false, false>(HY, ldk, Xs, ldk, H0, ldk, BT, dkp, dkp, false, false);   // X H0
+        cta_mm<false, true>(S, ldb, Xs, ldk, Ks, ldk, BT, BT, dkp, false);             // X K^T
+        gka_mask_scale(S, ldb, HY, ldk, dkp, gl, zeta);
+        cta_mm<false, false>(HY, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);              // + ((X K^T) (.) M) K
+        const float c2 = (float)om[it], c3 = (float)(om[it] - 1.0);
+        #pragma unroll
+        for (int m = 0; m < GKA_SOLVE_ELEMS; m++) {
+            const int idx = tid + m * GKA_CHUNK_THREADS, c = idx / dkp;
+            if (idx >= BT * dkp) { continue; }
+            const float c1 = (float)(tau[c] * om[it]);
+            const float hx = HY[c * ldk + idx % dkp];
+            const float xn = c2 * x[m] - c1 * (hx + lam[c] * x[m] - bv[m]) - c3 * xp[m];
+            xp[m] = x[m];
+            x[m] = tau[c] > 0.0 ? xn : 0.0f;   // f = 0 (all keys zero): x = 0, not 0/0
+        }
+        __syncthreads();   // HY and Xs are read before the next iteration writes them
+    }
+    #pragma unroll
+    for (int m = 0; m < GKA_SOLVE_ELEMS; m++) {
+        const int idx = tid + m * GKA_CHUNK_THREADS, c = idx / dkp, j = idx % dkp;
+        if (idx < BT * dkp && c < L && j < dk) { sol[(e0 + (size_t)c * H) * dk + j] = x[m]; }
+    }
+    if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = fr[tid]; }
+}
+
+// ---- the readout (spec 5.1(e, f)) and the backward's dQt (5.2 pass 1), one CTA of GKA_CHUNK_THREADS per
+// (chunk, b*H + h). Both are P = diag(zeta) A Ust + ((A Bt^T) (.) M) Ct for row tiles A, Bt, Ct of the chunk and a
+// state Ust (U0 for the readout, U0^T for dQt):
+//   readout: A = Qt = q_hat + alpha (x - q_hat), Bt = K, Ct = V, Ust = U0;   o = s P           [BT][dv]
+//   dQt:     A = dO, Bt = V, Ct = K, Ust = U0^T;                             dQt = s P         [BT][dk]
+
+static size_t gka_chunk_product_smem(int dk, int dv) {
+    const size_t BT = GKA_CHECKPOINT, ldk = gka_lds(dk), ldv = gka_lds(dv), ldb = gka_lds(BT);
+    return ((size_t)gka_pad(dk) * ldv + BT * (2 * ldk + 2 * ldv) + BT * ldb + 2 * BT) * sizeof(float);
+}
+
+// readout (dqt = 0): o = s [diag(zeta) Qt U0 + ((Qt K^T) (.) M) V]; dQt (dqt = 1): s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]
+__global__ void __launch_bounds__(GKA_CHUNK_THREADS)
+gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO, const floatX* qkv,
+                         const float* alpha, const float* g, const float* Uck, int T, int H, int dk, int dv,
+                         float scale) {
+    extern __shared__ float gka_smem_prod[];
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const int dkp = gka_pad(dk), dvp = gka_pad(dv), ldk = gka_lds(dk), ldv = gka_lds(dv), ldb = gka_lds(BT);
+    float* U0 = gka_smem_prod;             // [dkp][ldv]
+    float* Ks = U0 + dkp * ldv;            // [BT][ldk]
+    float* Qs = Ks + BT * ldk;             // [BT][ldk] Qt (readout) or the product (dQt)
+    float* Vs = Qs + BT * ldk;             // [BT][ldv]
+    float* Ds = Vs + BT * ldv;             // [BT][ldv] dO (dQt)
+    float* Os = Ds;                        // [BT][ldv] the product (readout: it has no dO)
+    float* S = Os + BT * ldv;              // [BT][ldb]
+    float* gl = S + BT * ldb;
+    float* zeta = gl + BT;
+    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;
+    const int dqt = dQt != NULL;
+    gka_chunk_decays(gl, zeta, g, e0, H, L);
+    gka_load_state(U0, ldv, Uck + ((size_t)bh * NT + n) * dk * dv, dk, dv);
+    gka_load_rows(Ks, ldk, qkv, DE, r0, H * dk + hh * dk, dk, L);
+    gka_load_rows(Vs, ldv, qkv, DE, r0, 2 * H * dk + hh * dv, dv, L);
+    if (dqt) {
+        gka_load_rows(Ds, ldv, dO, (size_t)H * dv, r0, hh * dv, dv, L);
+    } else {   // Qt = q_hat + alpha (x - q_hat)
+        for (int idx = tid; idx < BT * dkp; idx += blockDim.x) {
+            const int c = idx / dkp, j = idx % dkp;
+            float v = 0.0f;
+            if (c < L && j < dk) {
+                const size_t e = e0 + (size_t)c * H;
+                const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+                v = q + alpha[e] * (x[e * dk + j] - q);
+            }
+            Qs[c * ldk + j] = v;
+        }
+    }
+    __syncthreads();
+    if (dqt) {
+        cta_mm<false, true>(Qs, ldk, Ds, ldv, U0, ldv, BT, dkp, dvp, false, false);   // dO U0^T
+        cta_mm<false, true>(S, ldb, Ds, ldv, Vs, ldv, BT, BT, dvp, false);            // dO V^T
+        gka_mask_scale(S, ldb, Qs, ldk, dkp, gl, zeta);
+        cta_mm<false, false>(Qs, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);             // + (. (.) M) K
+        for (int idx = tid; idx < L * dk; idx += blockDim.x) {
+            const int c = idx / dk, j = idx % dk;
+            dQt[(e0 + (size_t)c * H) * dk + j] = scale * Qs[c * ldk + j];
+        }
+    } else {
+        cta_mm<false, false>(Os, ldv, Qs, ldk, U0, ldv, BT, dvp, dkp, false, false);   // Qt U0
+        cta_mm<false, true>(S, ldb, Qs, ldk, Ks, ldk, BT, BT, dkp, false);             // Qt K^T
+        gka_mask_scale(S, ldb, Os, ldv, dvp, gl, zeta);
+        cta_mm<false, false>(Os, ldv, S, ldb, Vs, ldv, BT, dvp, BT, true);             // + (. (.) M) V
+        for (int idx = tid; idx < L * dv; idx += blockDim.x) {
+            const int c = idx / dv, j = idx % dv;
+            o[(r0 + c) * H * dv + hh * dv + j] = from_float<floatX>(scale * Os[c * ldv + j]);
+        }
+    }
+}
+
+// ---- backward 3: the rest of spec 3.2, recurrent, grid B*H, block GKA_CORE_THREADS. With dqt_t (dQt) and z_t (Z,
+// the adjoint solve) from the chunk kernels, per token backwards:
+//   dq_hat = (1 - alpha) dqt + z;  dalpha = dqt.(x - q_hat);  w = 2a (x.z)/f
+//   DU <- gp DU + s qt dO^T;  DH <- gp DH - (z x^T + (w/2) H_t)
+//   dk = (DH + DH^T) k + DU v;  dv = DU^T k;  dg = gamma (<DH, H_{t-1}> + <DU, U_{t-1}>)
+// gp is the pending decay (the gamma of the token after this one: DH, DU <- gamma DH, gamma DU is applied lazily).
+// DH, DU live in shared memory; each segment's states, recomputed from its checkpoint, stream through seg (global,
+// GKA_CHECKPOINT states per CTA; never H_{t-1} = (H_t - k k^T)/gamma).
+
+static size_t gka_core_backward_smem(int dk, int dv) {
+    return ((size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 6 * (size_t)dk + 2 * (size_t)dv + 8 * 128 + 32)
+           * sizeof(float);
 }
 
 __global__ void __launch_bounds__(GKA_CORE_THREADS)
-gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const floatX* dO, const float* Hck,
-                         const float* Uck, const floatX* qkv, const float* alpha, const float* g, const float* x,
-                         const float* f, int T, int H, int dk, int dv, int iters, float ridge, float scale) {
-    extern __shared__ double gka_smem_bwd[];
-    double* om = gka_smem_bwd;
-    float* Hs = (float*)(om + iters);      // [dk][dk + 4] H_t
-    float* DH = Hs + dk * gka_ld(dk);      // [dk][dk + 4]
+gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const float* dQt, const float* Z,
+                         const floatX* dO, const float* Hck, const float* Uck, const floatX* qkv, const float* alpha,
+                         const float* g, const float* x, const float* f, int T, int H, int dk, int dv, float ridge,
+                         float scale) {
+    extern __shared__ float gka_smem_bwd[];
+    float* DH = gka_smem_bwd;              // [dk][dk + 4]
     float* DU = DH + dk * gka_ld(dk);      // [dk][dv + 4]
     float* q = DU + dk * gka_ld(dv);
     float* k = q + dk;
     float* xt = k + dk;
     float* qt = xt + dk;
-    float* dqt = qt + dk;
-    float* rhs = dqt + dk;
-    float* z = rhs + dk;
+    float* z = qt + dk;
     float* rowsum = z + dk;                // (DH k + DU v), the row map's part of dk
-    float* xb = rowsum + dk;               // [2][dk]
-    float* v = xb + 2 * dk;
+    float* v = rowsum + dk;
     float* dOt = v + dv;
     float* colH = dOt + dv;                // [4][128] column-map partial sums of DH^T k
     float* colU = colH + 4 * 128;          // [4][128] ... of DU^T k
     float* red = colU + 4 * 128;
     const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x, nth = blockDim.x;
-    const int lane = tid % 32, warp = tid / 32, nw = nth / 32;
     const int i = tid >> 2, quarter = tid & 3, j = tid & 127, part = tid >> 7;
     const int DE = 2 * H * dk + H * dv, NT = gka_segments(T), ldh = gka_ld(dk), ldu = gka_ld(dv);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     float* segH = seg + (size_t)bh * GKA_CHECKPOINT * (dkdk + dkdv);   // [CK][dk][dk] H_t of the segment's tokens
     float* segU = segH + (size_t)GKA_CHECKPOINT * dkdk;                // [CK][dk][dv]
-    gka_omegas(om, iters, ridge);
     for (int idx = tid; idx < dk * ldh; idx += nth) { DH[idx] = 0.0f; }
     for (int idx = tid; idx < dk * ldu; idx += nth) { DU[idx] = 0.0f; }
-    float gp = 1.0f;   // the pending decay of DH, DU (gamma of the token after this one)
+    float gp = 1.0f;
     for (int n = NT - 1; n >= 0; n--) {
         const int t0 = n * GKA_CHECKPOINT, L = min(GKA_CHECKPOINT, T - t0);
         const float* Hc = Hck + ((size_t)bh * NT + n) * dkdk;
@@ -482,47 +792,33 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
         for (int s = L - 1; s >= 0; s--) {
             const size_t r = (size_t)b * T + t0 + s, e = r * H + hh;
             const float* Ht = segH + (size_t)s * dkdk;
-            const float* Ut = segU + (size_t)s * dkdv;
             const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
             const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
             const floatX* row = qkv + r * DE;
             const float al = alpha[e], ft = f[e], gam = expf(g[e]);
+            float dqt = 0.0f;
             if (tid < dk) {
                 q[tid] = to_float(row[hh * dk + tid]);
                 k[tid] = to_float(row[H * dk + hh * dk + tid]);
                 xt[tid] = x[e * dk + tid];
                 qt[tid] = q[tid] + al * (xt[tid] - q[tid]);
+                z[tid] = Z[e * dk + tid];
+                dqt = dQt[e * dk + tid];
+                dqkv[r * DE + hh * dk + tid] = (1.0f - al) * dqt + z[tid];
             }
             if (tid < dv) {
                 v[tid] = to_float(row[2 * H * dk + hh * dv + tid]);
                 dOt[tid] = to_float(dO[r * H * dv + hh * dv + tid]);
             }
-            for (int idx = tid; idx < dk * dk; idx += nth) { Hs[(idx / dk) * ldh + idx % dk] = Ht[idx]; }
-            __syncthreads();
-            // dqt = s U_t dO (warp per row of U_t, lanes along dv: coalesced)
-            for (int i2 = warp; i2 < dk; i2 += nw) {
-                float acc = 0.0f;
-                for (int c = lane; c < dv; c += 32) { acc += Ut[(size_t)i2 * dv + c] * dOt[c]; }
-                acc = warp_reduce_sum(acc);
-                if (lane == 0) {
-                    dqt[i2] = scale * acc;
-                    rhs[i2] = al * dqt[i2];
-                }
-            }
-            __syncthreads();
-            const float da = gka_block_sum(tid < dk ? dqt[tid] * (xt[tid] - q[tid]) : 0.0f, red);
-            // z = CHEB(H_t, f_t, alpha dqt); dq_hat = (1 - alpha) dqt + z; w = 2a (x.z)/f
-            gka_cheb_block(z, xb, Hs, rhs, ft, om, iters, ridge, dk);
-            if (tid < dk) { dqkv[r * DE + hh * dk + tid] = (1.0f - al) * dqt[tid] + z[tid]; }
+            const float da = gka_block_sum(tid < dk ? dqt * (xt[tid] - q[tid]) : 0.0f, red);   // also publishes the loads
             const float xz = gka_block_sum(tid < dk ? xt[tid] * z[tid] : 0.0f, red);
             const float hw = ft > 0.0f ? 0.5f * (2.0f * ridge * xz / ft) : 0.0f;
-            // DH <- gp DH - (z x^T + (w/2) H_t), DU <- gp DU + s qt dO^T, and the sums of dg (element map:
-            // consecutive threads read consecutive addresses of H_{t-1}, U_{t-1})
+            // DH, DU and the sums of dg (element map: consecutive threads read consecutive addresses)
             float pg = 0.0f;
             for (int idx = tid; idx < dk * dk; idx += nth) {
                 const int i2 = idx / dk, c = idx % dk;
                 float* dh = DH + i2 * ldh + c;
-                *dh = gp * *dh - (z[i2] * xt[c] + hw * Hs[i2 * ldh + c]);
+                *dh = gp * *dh - (z[i2] * xt[c] + hw * Ht[idx]);
                 pg += *dh * Hp[idx];
             }
             for (int idx = tid; idx < dk * dv; idx += nth) {
@@ -554,20 +850,66 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
                 dg[e] = gam * dgs;
             }
             gp = gam;
+            __syncthreads();   // rowsum, colH, colU and the token's vectors are read before the next token writes them
         }
     }
 }
 
+// ---- host side
+
+static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
+    gka_core_check(smem, dk, dv);
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
+// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0
+static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, const floatX* qkv,
+                             const float* alpha, const float* g, int B, int T, int H, int dk, int dv, int iters,
+                             float ridge, cudaStream_t stream) {
+    const int NT = gka_chunks(T);
+    const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
+    gka_kernel_smem((const void*)gka_chunk_solve_kernel, solve, dk, dv);
+    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    gka_chunk_states_kernel<<<dim3(B * H, ceil_div(dk + dv, GKA_STATE_COLS)), GKA_STATE_THREADS, 0, stream>>>(
+        Hck, Uck, qkv, g, T, H, dk, dv);
+    cudaCheckLaunch();
+    gka_chunk_solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T,
+                                                                                H, dk, dv, iters, ridge);
+    cudaCheckLaunch();
+    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+        o, NULL, x, NULL, qkv, alpha, g, Uck, T, H, dk, dv, 1.0f / sqrtf((float)dk));
+    cudaCheckLaunch();
+}
+
+// the backward's scratch: the recurrent part's segment states, dQt and Z [B*T, H*dk]
+static size_t gka_core_backward_scratch_floats(int B, int T, int H, int dk, int dv) {
+    return (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv) + 2 * (size_t)B * T * H * dk;
+}
+
+// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks, then the rest of 3.2 as the recurrence; final-state
+// gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
 static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO,
                               const float* Hck, const float* Uck, const floatX* qkv, const float* alpha, const float* g,
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
                               float ridge, cudaStream_t stream) {
-    const size_t smem = gka_core_backward_smem(dk, dv, iters);
-    gka_core_check(smem, dk, dv);
-    cudaCheck(cudaFuncSetAttribute(gka_core_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, smem, stream>>>(dqkv, dalpha, dg, scratch, dO, Hck, Uck, qkv,
-                                                                        alpha, g, x, f, T, H, dk, dv, iters, ridge,
-                                                                        1.0f / sqrtf((float)dk));
+    const int NT = gka_chunks(T);
+    const float scale = 1.0f / sqrtf((float)dk);
+    float* seg = scratch;
+    float* dQt = seg + (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv);
+    float* Z = dQt + (size_t)B * T * H * dk;
+    const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
+    const size_t rec = gka_core_backward_smem(dk, dv);
+    gka_kernel_smem((const void*)gka_chunk_solve_kernel, solve, dk, dv);
+    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    gka_kernel_smem((const void*)gka_core_backward_kernel, rec, dk, dv);
+    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+        NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
+    cudaCheckLaunch();
+    gka_chunk_solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g,
+                                                                                Hck, T, H, dk, dv, iters, ridge);
+    cudaCheckLaunch();
+    gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, rec, stream>>>(dqkv, dalpha, dg, seg, dQt, Z, dO, Hck, Uck,
+                                                                       qkv, alpha, g, x, f, T, H, dk, dv, ridge, scale);
     cudaCheckLaunch();
 }
 

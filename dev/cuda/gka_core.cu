@@ -1,17 +1,24 @@
 /*
-Kernel lab for the recurrent core of the gka layer (spec/gka.md 3, 3.1, 3.2): gka_core_forward and
-gka_core_backward of kernels/gka.cuh, checked against a CPU reference in double precision, then timed.
+Kernel lab for the core of the gka layer (spec/gka.md 3, 3.1, 3.2, 5): the forward and backward of each version,
+checked against a CPU reference in double precision, then timed.
 
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 1        (the argument picks the version that is checked and timed; default 1)
+./gka_core_bin 2        (the argument picks the version that is checked and timed; default 2)
 
-version 1 is kernels/gka.cuh: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order
-with the fp32 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (two threads per
-row of H); the backward recomputes each 64-token segment's states from the forward's checkpoints into global
-scratch and walks it in reverse with one adjoint CHEB solve per token (implicit differentiation).
-(The chunkwise tensor-core algorithm of spec 5 will be version 2.)
+version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
+states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
+kernels/gka.cuh's gka_recurrent_forward, which decode uses); the backward (in this file) recomputes each 64-token
+segment's states from the forward's checkpoints into global scratch and walks it in reverse with one adjoint CHEB
+solve per token (implicit differentiation). Measured on an H200 (2026-11-26, B=16 T=2048 H=6 D=128 r=30):
+forward 66.1 ms, backward 161.0 ms.
+version 2 is kernels/gka.cuh's gka_core_forward / gka_core_backward, what train_kla.cu runs: the chunkwise
+algorithm of spec 5 on chunks of 64 tokens: the chunk states (5.1(a), sequential over chunks), then every
+chunk's 64 tokens solve together (5.1(b-d): each iteration two tile products with the chunk-start state and the
+chunk's keys), the readout (5.1(f)); the backward's dQt and adjoint solve the same way (5.2 pass 1), then the
+rest of 3.2 as the recurrence of version 1 without its solves. The tile products are fp32 on CUDA cores in both
+builds (a tensor-core version is the next).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -397,6 +404,159 @@ static double max_token_error(const std::vector<float>& x, const std::vector<dou
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// version 1's backward: the sequential recurrence with one adjoint CHEB solve per token (mat-vecs four threads
+// per row, H_t, DH and DU in shared memory), as kernels/gka.cuh had it before the chunkwise version 2
+
+static size_t v1_backward_smem(int dk, int dv, int iters) {
+    return (size_t)iters * sizeof(double) + (2 * (size_t)dk * gka_ld(dk) + (size_t)dk * gka_ld(dv) + 10 * (size_t)dk
+                                             + 2 * (size_t)dv + 8 * 128 + 32) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(GKA_CORE_THREADS)
+v1_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const floatX* dO, const float* Hck,
+                         const float* Uck, const floatX* qkv, const float* alpha, const float* g, const float* x,
+                         const float* f, int T, int H, int dk, int dv, int iters, float ridge, float scale) {
+    extern __shared__ double v1_smem_bwd[];
+    double* om = v1_smem_bwd;
+    float* Hs = (float*)(om + iters);      // [dk][dk + 4] H_t
+    float* DH = Hs + dk * gka_ld(dk);      // [dk][dk + 4]
+    float* DU = DH + dk * gka_ld(dk);      // [dk][dv + 4]
+    float* q = DU + dk * gka_ld(dv);
+    float* k = q + dk;
+    float* xt = k + dk;
+    float* qt = xt + dk;
+    float* dqt = qt + dk;
+    float* rhs = dqt + dk;
+    float* z = rhs + dk;
+    float* rowsum = z + dk;                // (DH k + DU v), the row map's part of dk
+    float* xb = rowsum + dk;               // [2][dk]
+    float* v = xb + 2 * dk;
+    float* dOt = v + dv;
+    float* colH = dOt + dv;                // [4][128] column-map partial sums of DH^T k
+    float* colU = colH + 4 * 128;          // [4][128] ... of DU^T k
+    float* red = colU + 4 * 128;
+    const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x, nth = blockDim.x;
+    const int lane = tid % 32, warp = tid / 32, nw = nth / 32;
+    const int i = tid >> 2, quarter = tid & 3, j = tid & 127, part = tid >> 7;
+    const int DE = 2 * H * dk + H * dv, NT = gka_segments(T), ldh = gka_ld(dk), ldu = gka_ld(dv);
+    const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
+    float* segH = seg + (size_t)bh * GKA_CHECKPOINT * (dkdk + dkdv);   // [CK][dk][dk] H_t of the segment's tokens
+    float* segU = segH + (size_t)GKA_CHECKPOINT * dkdk;                // [CK][dk][dv]
+    gka_omegas(om, iters, ridge);
+    for (int idx = tid; idx < dk * ldh; idx += nth) { DH[idx] = 0.0f; }
+    for (int idx = tid; idx < dk * ldu; idx += nth) { DU[idx] = 0.0f; }
+    float gp = 1.0f;   // the pending decay of DH, DU (gamma of the token after this one)
+    for (int n = NT - 1; n >= 0; n--) {
+        const int t0 = n * GKA_CHECKPOINT, L = min(GKA_CHECKPOINT, T - t0);
+        const float* Hc = Hck + ((size_t)bh * NT + n) * dkdk;
+        const float* Uc = Uck + ((size_t)bh * NT + n) * dkdv;
+        // recompute the segment's states from its checkpoint
+        for (int s = 0; s < L; s++) {
+            const size_t r = (size_t)b * T + t0 + s;
+            __syncthreads();   // k, v of the previous token are consumed
+            if (tid < dk) { k[tid] = to_float(qkv[r * DE + H * dk + hh * dk + tid]); }
+            if (tid < dv) { v[tid] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + tid]); }
+            __syncthreads();
+            const float gam = expf(g[r * H + hh]);
+            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
+            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
+            float* Hn = segH + (size_t)s * dkdk;
+            float* Un = segU + (size_t)s * dkdv;
+            for (int idx = tid; idx < dk * dk; idx += nth) { Hn[idx] = gam * Hp[idx] + k[idx / dk] * k[idx % dk]; }
+            for (int idx = tid; idx < dk * dv; idx += nth) { Un[idx] = gam * Up[idx] + k[idx / dv] * v[idx % dv]; }
+        }
+        __syncthreads();   // the segment's states are visible to the whole CTA
+        for (int s = L - 1; s >= 0; s--) {
+            const size_t r = (size_t)b * T + t0 + s, e = r * H + hh;
+            const float* Ht = segH + (size_t)s * dkdk;
+            const float* Ut = segU + (size_t)s * dkdv;
+            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
+            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
+            const floatX* row = qkv + r * DE;
+            const float al = alpha[e], ft = f[e], gam = expf(g[e]);
+            if (tid < dk) {
+                q[tid] = to_float(row[hh * dk + tid]);
+                k[tid] = to_float(row[H * dk + hh * dk + tid]);
+                xt[tid] = x[e * dk + tid];
+                qt[tid] = q[tid] + al * (xt[tid] - q[tid]);
+            }
+            if (tid < dv) {
+                v[tid] = to_float(row[2 * H * dk + hh * dv + tid]);
+                dOt[tid] = to_float(dO[r * H * dv + hh * dv + tid]);
+            }
+            for (int idx = tid; idx < dk * dk; idx += nth) { Hs[(idx / dk) * ldh + idx % dk] = Ht[idx]; }
+            __syncthreads();
+            // dqt = s U_t dO (warp per row of U_t, lanes along dv: coalesced)
+            for (int i2 = warp; i2 < dk; i2 += nw) {
+                float acc = 0.0f;
+                for (int c = lane; c < dv; c += 32) { acc += Ut[(size_t)i2 * dv + c] * dOt[c]; }
+                acc = warp_reduce_sum(acc);
+                if (lane == 0) {
+                    dqt[i2] = scale * acc;
+                    rhs[i2] = al * dqt[i2];
+                }
+            }
+            __syncthreads();
+            const float da = gka_block_sum(tid < dk ? dqt[tid] * (xt[tid] - q[tid]) : 0.0f, red);
+            // z = CHEB(H_t, f_t, alpha dqt); dq_hat = (1 - alpha) dqt + z; w = 2a (x.z)/f
+            gka_cheb_block(z, xb, Hs, rhs, ft, om, iters, ridge, dk);
+            if (tid < dk) { dqkv[r * DE + hh * dk + tid] = (1.0f - al) * dqt[tid] + z[tid]; }
+            const float xz = gka_block_sum(tid < dk ? xt[tid] * z[tid] : 0.0f, red);
+            const float hw = ft > 0.0f ? 0.5f * (2.0f * ridge * xz / ft) : 0.0f;
+            // DH <- gp DH - (z x^T + (w/2) H_t), DU <- gp DU + s qt dO^T, and the sums of dg (element map:
+            // consecutive threads read consecutive addresses of H_{t-1}, U_{t-1})
+            float pg = 0.0f;
+            for (int idx = tid; idx < dk * dk; idx += nth) {
+                const int i2 = idx / dk, c = idx % dk;
+                float* dh = DH + i2 * ldh + c;
+                *dh = gp * *dh - (z[i2] * xt[c] + hw * Hs[i2 * ldh + c]);
+                pg += *dh * Hp[idx];
+            }
+            for (int idx = tid; idx < dk * dv; idx += nth) {
+                const int i2 = idx / dv, c = idx % dv;
+                float* du = DU + i2 * ldu + c;
+                *du = gp * *du + scale * qt[i2] * dOt[c];
+                pg += *du * Up[idx];
+            }
+            const float dgs = gka_block_sum(pg, red);   // its syncs also publish DH and DU
+            // dk = DH k + DU v (row map) + DH^T k (column map); dv = DU^T k (column map)
+            {
+                const float sr = gka_row_dot(DH + (i < dk ? i : 0) * ldh, k, i < dk ? dk : 0, quarter)
+                               + gka_row_dot(DU + (i < dk ? i : 0) * ldu, v, i < dk ? dv : 0, quarter);
+                if (i < dk && quarter == 0) { rowsum[i] = sr; }
+                colH[part * 128 + j] = j < dk ? gka_col_dot_part(DH, ldh, k, dk, j, part) : 0.0f;
+                colU[part * 128 + j] = j < dv ? gka_col_dot_part(DU, ldu, k, dk, j, part) : 0.0f;
+            }
+            __syncthreads();
+            if (tid < dk) {
+                dqkv[r * DE + H * dk + hh * dk + tid] = rowsum[tid] + (colH[tid] + colH[128 + tid] + colH[256 + tid]
+                                                                       + colH[384 + tid]);
+            }
+            if (tid < dv) {
+                dqkv[r * DE + 2 * H * dk + hh * dv + tid] = colU[tid] + colU[128 + tid] + colU[256 + tid]
+                                                            + colU[384 + tid];
+            }
+            if (tid == 0) {
+                dalpha[e] = da;
+                dg[e] = gam * dgs;
+            }
+            gp = gam;
+        }
+    }
+}
+
+static void v1_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO, const float* Hck,
+                        const float* Uck, const floatX* qkv, const float* alpha, const float* g, const float* x,
+                        const float* f, int B, int T, int H, int dk, int dv, int iters, float ridge) {
+    const size_t smem = v1_backward_smem(dk, dv, iters);
+    gka_core_check(smem, dk, dv);
+    cudaCheck(cudaFuncSetAttribute(v1_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    v1_backward_kernel<<<B * H, GKA_CORE_THREADS, smem>>>(dqkv, dalpha, dg, scratch, dO, Hck, Uck, qkv, alpha, g, x,
+                                                          f, T, H, dk, dv, iters, ridge, 1.0f / sqrtf((float)dk));
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // the GPU side: buffers, one forward + backward
 
 struct CoreDevice {
@@ -421,8 +581,8 @@ static CoreDevice upload(CoreInputs& in) {
     d.dqkv = (float*)cuda_malloc_or_die(BT * DE * sizeof(float), "dqkv");
     d.dalpha = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dalpha");
     d.dg = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dg");
-    d.scratch = (float*)cuda_malloc_or_die(gka_core_backward_scratch_floats(in.B, H, in.dk, in.dv) * sizeof(float),
-                                           "core scratch");
+    d.scratch = (float*)cuda_malloc_or_die(gka_core_backward_scratch_floats(in.B, in.T, H, in.dk, in.dv)
+                                           * sizeof(float), "core scratch");
     return d;
 }
 
@@ -433,13 +593,25 @@ static void release(CoreDevice& d) {
     }
 }
 
+static int version = 2;   // the version checked and timed (main's argument)
+
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
-    gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, NULL, NULL, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv,
-                     iters, RIDGE, 0);
+    if (version == 1) {
+        gka_recurrent_forward(d.o, d.x, d.f, d.Hck, d.Uck, NULL, NULL, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk,
+                              in.dv, iters, RIDGE, 0);
+    } else {
+        gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE,
+                         0);
+    }
 }
 static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
-    gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
-                      in.T, in.H, in.dk, in.dv, iters, RIDGE, 0);
+    if (version == 1) {
+        v1_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B, in.T,
+                    in.H, in.dk, in.dv, iters, RIDGE);
+    } else {
+        gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
+                          in.T, in.H, in.dk, in.dv, iters, RIDGE, 0);
+    }
 }
 
 // the q | k | v blocks of dqkv [BT, DE], packed
@@ -520,9 +692,10 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 1;
-    if (version != 1) { die("usage: %s [version 1]", argv[0]); }
-    printf("precision %s, tolerance %.0e (relative L2), ridge a = %g\n", PRECISION_NAME, TOLERANCE, (double)RIDGE);
+    version = argc > 1 ? atoi(argv[1]) : 2;
+    if (version != 1 && version != 2) { die("usage: %s [version 1 or 2, default 2]", argv[0]); }
+    printf("version %d, precision %s, tolerance %.0e (relative L2), ridge a = %g\n", version, PRECISION_NAME,
+           TOLERANCE, (double)RIDGE);
     validate(2, 150, 2, 16, 24, 30);     // T not a multiple of the 64-token segments, dk != dv
     validate(2, 150, 2, 32, 48, 30);
     validate(1, 130, 2, 128, 128, 30);   // the benchmark's head size

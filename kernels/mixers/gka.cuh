@@ -101,7 +101,7 @@ static void gka_layout_scratch(GKAScratch* g, const GKAShape* s, char* base, siz
     g->du = carve_f(base, cur, BT * s->D);
     g->dalpha = carve_f(base, cur, BT * s->H);
     g->dg = carve_f(base, cur, BT * s->H);
-    g->core = carve_f(base, cur, gka_core_backward_scratch_floats(B, s->H, s->dk, s->dv));
+    g->core = carve_f(base, cur, gka_core_backward_scratch_floats(B, T, s->H, s->dk, s->dv));
 }
 
 static void gka_scratch_bytes(const void* settings, const Config* c, int B, int T, size_t* own, size_t* reduce,
@@ -139,9 +139,9 @@ static void gka_forward(const MixerContext* mc, const void* settings, const Laye
                          p->alpha_bias, p->A_log, p->dt_bias, BT, s->H, s->Hkv, s->dk, s->dv, st);
     profile_mark("fwd gka conv + features");
     // step 8: the core (spec 3), H_0 = U_0 = 0
-    gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, NULL, NULL, a->qkv, a->alpha, a->g, B, T, s->H, s->dk, s->dv,
-                     s->iters, s->ridge, st);
-    profile_mark("fwd gka recurrent core");
+    gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, a->qkv, a->alpha, a->g, B, T, s->H, s->dk, s->dv, s->iters,
+                     s->ridge, st);
+    profile_mark("fwd gka chunk core");
     // steps 9-10: gated RMSNorm with the gate block, then the output projection
     gated_rmsnorm_forward(a->y, a->rstd, a->o, a->proj + s->D, s->ldP, p->onorm_w, BT, s->H, s->dv, s->onorm_eps, st);
     matmul_forward(out, a->y, X(mc, p->out_proj_w), NULL, BT, HV, c->channels, NULL, st);
@@ -171,7 +171,7 @@ static void gka_backward(const MixerContext* mc, const void* settings, const Lay
     // the core (spec 3.2), final-state gradients 0: fp32 dq_hat | dk | dv, dalpha, dg
     gka_core_backward(s.dqkv, s.dalpha, s.dg, s.core, s.dout_o, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x, a->f, B,
                       T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, st);
-    profile_mark("bwd gka recurrent core");
+    profile_mark("bwd gka core");
     // l2 norms, beta, alpha, decay, GQA reduce: dL/d(SiLU out), the a | b | alpha columns of dproj
     gka_features_backward(s.du, s.dproj, sh->ldP, gr->A_log, gr->dt_bias, gr->b_bias, gr->alpha_bias, mc->reduce,
                           s.dqkv, s.dalpha, s.dg, a->qkv, a->qn, a->kn, a->beta, a->alpha, a->g, a->proj, p->A_log,
@@ -223,8 +223,8 @@ static void gka_decode_step(const MixerContext* mc, const void* settings, const 
     shortconv_silu_decode(d->u, d->conv, d->proj, s->P, p->conv_w, 1, s->D, s->W, st);
     gka_features_forward(d->qkv, d->qn, d->kn, d->beta, d->alpha, d->g, d->u, d->proj, s->P, p->b_bias, p->alpha_bias,
                          p->A_log, p->dt_bias, 1, s->H, s->Hkv, s->dk, s->dv, st);
-    gka_core_forward(d->o, d->x, d->f, NULL, NULL, d->Hs, d->Us, d->qkv, d->alpha, d->g, 1, 1, s->H, s->dk, s->dv,
-                     s->iters, s->ridge, st);
+    gka_recurrent_forward(d->o, d->x, d->f, NULL, NULL, d->Hs, d->Us, d->qkv, d->alpha, d->g, 1, 1, s->H, s->dk,
+                          s->dv, s->iters, s->ridge, st);
     gated_rmsnorm_forward(d->y, d->rstd, d->o, d->proj + s->D, s->P, p->onorm_w, 1, s->H, s->dv, s->onorm_eps, st);
     matmul_forward(out, d->y, X(mc, p->out_proj_w), NULL, 1, HV, C, NULL, st);
 }
