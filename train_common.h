@@ -472,6 +472,7 @@ static int train_main(Options* opt, int argc, char** argv) {
     print_run_table(cfg, model.num_parameters, opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
                     grad_accum, opt->max_steps, compute);
 
+    // multi-GPU (issue 16): rank 0 alone writes main.log and the checkpoints (`log` and the -o branches below)
     FILE* log = NULL;
     int start = (int)state.step;
     int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt->out_dir, start);
@@ -533,6 +534,8 @@ static int train_main(Options* opt, int argc, char** argv) {
             model_backward(&model, 1.0f / grad_accum);
             loss += model.mean_loss / grad_accum;
         }
+        // multi-GPU (issue 16) plugs in here: the gradients (and the loss) are all-reduced across the ranks before
+        // the norm and the update, which then see the global batch
         float norm = model_grad_norm(&model);
         stop_if_diverged(step + 1, loss, norm, opt->out_dir);
         float grad_scale = opt->grad_clip > 0.0f && norm > opt->grad_clip ? opt->grad_clip / norm : 1.0f;
