@@ -30,87 +30,8 @@ static const double TOLERANCE = 1e-4;
 #else
 static const double TOLERANCE = 1e-2;
 #endif
+#include "lab_common.cuh"   // after TOLERANCE
 
-// ----------------------------------------------------------------------------------------------------------
-// host helpers: random inputs, transfers, checks
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float rand_uniform(float lo, float hi) {   // xorshift64*
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    const uint64_t x = rng_state * 0x2545F4914F6CDD1Dull;
-    return lo + (hi - lo) * (float)((x >> 40) * (1.0 / 16777216.0));
-}
-static std::vector<float> random_vector(size_t n, float lo, float hi) {
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) { v[i] = rand_uniform(lo, hi); }
-    return v;
-}
-// rounds h in place to floatX (so the reference sees what the GPU sees) and uploads it
-static floatX* upload_floatX(std::vector<float>& h) {
-    std::vector<floatX> x(h.size());
-    for (size_t i = 0; i < h.size(); i++) {
-        x[i] = floatX(h[i]);
-        h[i] = (float)x[i];
-    }
-    floatX* d = (floatX*)cuda_malloc_or_die(h.size() * sizeof(floatX), "lab buffer");
-    cudaCheck(cudaMemcpy(d, x.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-    return d;
-}
-static float* upload_f32(const std::vector<float>& h) {
-    float* d = (float*)cuda_malloc_or_die(h.size() * sizeof(float), "lab buffer");
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-static std::vector<float> download_floatX(const floatX* d, size_t n) {
-    std::vector<floatX> x(n);
-    cudaCheck(cudaMemcpy(x.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> h(n);
-    for (size_t i = 0; i < n; i++) { h[i] = (float)x[i]; }
-    return h;
-}
-static std::vector<float> download_f32(const float* d, size_t n) {
-    std::vector<float> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static int failures = 0;
-
-// relative L2 error of gpu against ref; fails on any non-finite gpu value
-static void check(const char* what, const std::vector<float>& gpu, const std::vector<double>& ref) {
-    if (gpu.size() != ref.size()) { die("check %s: %zu values against %zu", what, gpu.size(), ref.size()); }
-    double num = 0.0, den = 0.0;
-    size_t nonfinite = 0;
-    for (size_t i = 0; i < gpu.size(); i++) {
-        if (!isfinite(gpu[i])) { nonfinite++; }
-        const double d = gpu[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
-    const double rel = sqrt(num / (den > 0.0 ? den : 1.0));
-    const int ok = nonfinite == 0 && rel <= TOLERANCE;
-    printf("  %-24s rel L2 %.3e%s  %s\n", what, rel, nonfinite ? " (non-finite values)" : "", ok ? "PASS" : "FAIL");
-    if (!ok) { failures++; }
-}
-
-template <typename F>
-static float time_ms(int repeats, F launch) {
-    launch();   // warm-up
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    cudaCheck(cudaEventRecord(start));
-    for (int i = 0; i < repeats; i++) { launch(); }
-    cudaCheck(cudaEventRecord(stop));
-    cudaCheck(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    return ms / repeats;
-}
 
 // ----------------------------------------------------------------------------------------------------------
 // the inputs of the core, shaped as in the layer
@@ -309,14 +230,6 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, float lnx, float e
                       lnx, eps, 0);
 }
 
-// the q | k | v blocks of dqkv [BT, D], packed
-static std::vector<float> block(const std::vector<float>& m, size_t rows, int ld, int c0, int n) {
-    std::vector<float> out(rows * n);
-    for (size_t r = 0; r < rows; r++) {
-        for (int c = 0; c < n; c++) { out[r * n + c] = m[r * ld + c0 + c]; }
-    }
-    return out;
-}
 
 static void validate(int B, int T, int H, int dk, int dv, int decay) {
     const float lnx = logf(1.5f), eps = 1e-6f;
@@ -333,9 +246,9 @@ static void validate(int B, int T, int H, int dk, int dv, int decay) {
     check("forward A", download_f32(d.A, BT * HK), R.A);
     check("forward m", download_f32(d.m, BT * HK), R.m);
     const std::vector<float> dqkv = download_f32(d.dqkv, BT * D);
-    check("backward dq", block(dqkv, BT, D, 0, HK), R.dq);
-    check("backward dk", block(dqkv, BT, D, HK, HK), R.dk);
-    check("backward dv", block(dqkv, BT, D, 2 * HK, HV), R.dv);
+    check("backward dq", columns(dqkv, (int)BT, D, 0, HK), R.dq);
+    check("backward dk", columns(dqkv, (int)BT, D, HK, HK), R.dk);
+    check("backward dv", columns(dqkv, (int)BT, D, 2 * HK, HV), R.dv);
     check("backward dbeta", download_f32(d.dbeta, BT * H), R.dbeta);
     if (decay) { check("backward dg", download_f32(d.dg, BT * HK), R.dg); }
     check("backward dgP", download_f32(d.dgP, BT * H), R.dgP);
