@@ -7,6 +7,13 @@ trainer's model code.
 #ifndef TRAIN_KLA_TRAIN_COMMON_H
 #define TRAIN_KLA_TRAIN_COMMON_H
 
+// The validation split (-j), the same for every run whatever its --rows, --shuffle and --seed: llm.c's contiguous
+// rows (a batch is one span of B*T + 1 tokens), the spans visited in one fixed shuffled order (seed 0), so that
+// the first -m batches are a representative sample of the whole split (documents are stored grouped by source).
+static void validation_loader_init(DataLoader* val, const Options* opt, const Config* cfg) {
+    dataloader_init(val, opt->val_glob, opt->B, opt->T, 0, 1, DL_ROWS_CONTIGUOUS, 1, 0, cfg->vocab_size);
+}
+
 // How many batches validation_loss averages: max_batches (-1: all), at most the whole split.
 static int validation_batches(const DataLoader* val, int max_batches) {
     return max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
@@ -96,7 +103,7 @@ static void evaluate_model(Model* m, const Options* opt) {
     const Config* cfg = &m->config;
     if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt->T, cfg->max_seq_len); }
     DataLoader val;
-    dataloader_init(&val, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
+    validation_loader_init(&val, opt, cfg);
     FILE* log = NULL;
     if (opt->out_dir) {  // opened after the data is checked and before the evaluation runs
         char path[4096];

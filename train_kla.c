@@ -3609,10 +3609,8 @@ int main(int argc, char** argv) {
         task_inputs = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
         task_targets = (int*)malloc_or_die((size_t)opt.B * opt.T * sizeof(int));
     } else {
-        dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
-        // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
-        // representative sample of the whole split (documents are stored grouped by source)
-        dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
+        dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.rows, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
+        validation_loader_init(&val_loader, &opt, cfg);
     }
     int grad_accum = opt.total_batch / (opt.B * opt.T);
     if (opt.max_steps == -1) {

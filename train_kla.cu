@@ -801,8 +801,8 @@ int main(int argc, char** argv) {
 
     // ---- data and tokenizer
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
-    dataloader_init(&val_loader, opt.val_glob, opt.B, opt.T, 0, 1, 1, 0, cfg->vocab_size);
+    dataloader_init(&train_loader, opt.train_glob, opt.B, opt.T, 0, 1, opt.rows, opt.shuffle, (uint64_t)opt.seed, cfg->vocab_size);
+    validation_loader_init(&val_loader, &opt, cfg);
     int grad_accum = opt.total_batch / (opt.B * opt.T);
     int max_steps = opt.max_steps;
     if (max_steps == -1) {
