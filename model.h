@@ -56,16 +56,16 @@ typedef struct {
     float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
     float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
     float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
-    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (pdn spec 1.3: 1.5)
-    float precond_eps;      // pdn family: r = log(A + eps) - c (pdn spec 1.3: 1e-6)
-    float precond_onorm_eps;  // pdn family: output RMSNorm eps (pdn spec 1.5: 1e-6)
-    int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
-    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
-    float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
-    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; gka spec 2.4)
-    int kalman_expand;      // kalman: inner width Dk = expand * C (kalman spec 1.4: 1 for the LM)
+    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (spec/pdn.md 1.3: 1.5)
+    float precond_eps;      // pdn family: r = log(A + eps) - c (spec/pdn.md 1.3: 1e-6)
+    float precond_onorm_eps;  // pdn family: output RMSNorm eps (spec/pdn.md 1.5: 1e-6)
+    int gka_iters;          // gka: r, Chebyshev iterations per solve (spec/gka.md 2.1: 30)
+    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (spec/gka.md 2.1: 0.02)
+    float gka_onorm_eps;    // gka: output RMSNorm eps (spec/gka.md 2.1: 1e-6)
+    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; spec/gka.md 2.4)
+    int kalman_expand;      // kalman: inner width Dk = expand * C (spec/kalman.md 1.4: 1 for the LM)
     int kalman_n;           // kalman: N, states per channel
-    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
+    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (spec/kalman.md 1.3)
     int kalman_rank;        // kalman: R = ceil(C/8) of the mamba preset's variance path, 0 for plain
     int mixer[MAX_LAYERS];  // MIXER_* per layer
     Task task;              // the synthetic task the model is trained on (kind TASK_NONE: token shards)
@@ -297,7 +297,7 @@ static void gdn_parameter_layout(LayoutContext* k, LayerParams* lp, const Config
     T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
 }
 
-// kalman spec 1.2; FORMATS.md
+// spec/kalman.md 1.2; FORMATS.md
 static void kalman_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
     int C = c->channels;
     float std = k->std, std_resid = k->std_resid;
@@ -510,14 +510,14 @@ static inline void init_parameters(float* params, const Config* c, const TensorT
                     w[j] = logf(A > 1e-30f ? A : 1e-30f);
                     break;
                 }
-                case INIT_A_LOG_1_16: {  // pdn spec 10.7: A ~ U(1, 16), A_log = log(A)
+                case INIT_A_LOG_1_16: {  // spec/pdn.md 10.7: A ~ U(1, 16), A_log = log(A)
                     w[j] = logf(1.0f + 15.0f * rng_uniform(&rng));
                     break;
                 }
-                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // pdn spec 10.7: the squash centre c starts at -0.2
-                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // kalman spec 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
-                case INIT_P_RAW: w[j] = 0.01f; break;                            // kalman spec 1.2: process noise
-                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // kalman spec 1.2
+                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // spec/pdn.md 10.7: the squash centre c starts at -0.2
+                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // spec/kalman.md 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
+                case INIT_P_RAW: w[j] = 0.01f; break;                            // spec/kalman.md 1.2: process noise
+                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // spec/kalman.md 1.2
                 case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
                     double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
                     if (dt < 1e-4) { dt = 1e-4; }
