@@ -6,22 +6,31 @@ compiles as C++ (no implicit void* conversions). See FORMATS.md for the shard fo
 1024-byte header of 256 little-endian int32 slots, [0]=magic [1]=version [2]=ntok, then ntok tokens,
 either uint16 (magic 20240520, version 1) or uint32 (magic 20240801, version 7).
 
-How the data is cut up
+How the data is cut up: two layouts of the B rows of a batch (--rows)
 - The shards are the files matching a glob pattern, sorted by name (byte order, independent of the locale).
-- With P processes, one "window" is B*T*P + 1 consecutive tokens of one shard; window w of a shard starts
-  at token w*B*T*P, so consecutive windows overlap by the one extra token that the last target needs.
-  A shard has (ntok - 1) / (B*T*P) windows; the tokens after the last full window are never used.
-- Rank r takes the B*T + 1 tokens starting at w*B*T*P + r*B*T: inputs are the first B*T, targets the same
-  span shifted by one. So the P ranks together consume exactly what a single process with batch B*P would.
-- One batch = one window. An epoch visits every window of every shard once, then the loader wraps around.
+- With P processes, a "window" is a run of consecutive tokens of one shard, plus the one token that the last
+  target needs; window w of a shard starts at token w*stride, so consecutive windows overlap by that one token, and
+  a shard has (ntok - 1) / stride windows (the tokens after the last full window are not used).
+- independent (DL_ROWS_INDEPENDENT, the trainers' default): a window is one row, T + 1 tokens, stride T. A batch
+  is B*P windows taken from anywhere in the data set, one per row; rank r takes rows r*B .. r*B + B - 1 of it.
+  An epoch is floor(W / (B*P)) batches, W = the windows of all shards.
+- contiguous (DL_ROWS_CONTIGUOUS, llm.c's layout): a window is one whole batch, B*T*P + 1 tokens, stride B*T*P,
+  so the B rows of a batch are consecutive text (usually of one document). Rank r takes the B*T + 1 tokens
+  starting at w*B*T*P + r*B*T. An epoch visits every window of every shard once.
+- In both, inputs are a row's first T tokens (contiguous: the first B*T of the rank's span) and targets the same
+  tokens shifted by one, and the P ranks together consume exactly what a single process with batch B*P would.
+  After the last batch of an epoch the loader starts the next one.
 
 Order
 - Without shuffle: shards in name order, windows in order.
-- With shuffle: epoch e visits the shards in a permutation derived from (seed, e), and the windows of shard s
-  in a permutation derived from (seed, e, s). The windows of one shard stay together, so only one shard is
-  ever open. Every rank derives the same permutations (they share the seed) and takes its own slice.
-- Because the permutations are recomputed from (seed, epoch, shard), the position in the stream is just
-  (epoch, position in the shard order, position in the window order): that is all DataLoaderState holds.
+- independent, with shuffle: epoch e visits the W windows of all shards in the order of a keyed bijection of
+  [0, W) (dl_permute_: a Feistel network, cycle-walked), keyed by (seed, e). Nothing of size W is stored, and
+  position i of the order maps to its window in O(log shards), so the position in the stream is (epoch, i).
+- contiguous, with shuffle: epoch e visits the shards in a permutation derived from (seed, e), and the windows
+  of shard s in a permutation derived from (seed, e, s). The windows of one shard stay together, so only one
+  shard is ever open. The position is (epoch, position in the shard order, position in the window order).
+- Every rank derives the same orders (they share the seed) and takes its own rows. Because the orders are
+  recomputed from (seed, epoch, shard), DataLoaderState holds only the position.
 
 Errors: every problem with the data (no match, unreadable or malformed shard, too few tokens, token id out
 of range, a saved state that does not fit) is one line "error: <file>: <what>" on stderr and exit(1).
@@ -53,6 +62,14 @@ _Static_assert(sizeof(off_t) >= 8, "dataloader.h needs a 64-bit off_t (compile w
 #define DL_MAGIC_U32 20240801
 #define DL_VERSION_U32 7
 
+// the layouts of --rows, indexed by DL_ROWS_*
+#define DL_ROWS_CONTIGUOUS 0
+#define DL_ROWS_INDEPENDENT 1
+static const char* DL_ROWS_NAMES[2] = {"contiguous", "independent"};
+// independent rows come from any shard, so the loader keeps up to this many shards open (well under the usual
+// limit of 1024 open files); when one more is needed, it closes them all and starts over
+#define DL_MAX_OPEN_SHARDS 64
+
 // ----------------------------------------------------------------------------------------------------------
 // the loader
 
@@ -62,55 +79,67 @@ typedef struct {
     int* targets;             // B*T, targets[i] is the token that follows inputs[i]
     size_t B, T;
     size_t num_tokens;        // total tokens over all shards (from their headers)
-    size_t batches_per_epoch; // windows over all shards = batches per epoch for every rank
+    size_t batches_per_epoch; // batches per epoch, the same for every rank
     uint64_t epoch;           // epoch of the batch now in inputs/targets (0 before the first batch)
 
     // ---- private ----
     char* pattern;            // the glob pattern, for error messages about the loader as a whole
     int process_rank;
     int num_processes;
+    int rows;                 // DL_ROWS_INDEPENDENT or DL_ROWS_CONTIGUOUS
     int shuffle;
     uint64_t seed;
     int vocab_size;
-    size_t window_tokens;     // B*T*P: the stride between windows
+    size_t window_tokens;     // the stride between windows: T (independent) or B*T*P (contiguous)
     // the shards, in sorted name order
     size_t num_shards;
     char** shard_paths;
     size_t* shard_ntok;       // tokens in each shard
     int* shard_token_bytes;   // 2 (uint16) or 4 (uint32)
     size_t* shard_windows;    // windows in each shard, >= 1
-    // where the next batch comes from: window window_order[window_pos] of shard shard_order[shard_pos].
-    // window_pos may equal the shard's window count; next_batch then moves on to the next shard (and epoch).
+    size_t* shard_first_window; // independent: number of the shard's first window among all W; [num_shards] = W
+    size_t num_windows;       // W, the windows of all shards
+    // where the next batch comes from.
+    // independent: the windows at positions window_pos .. window_pos + B*P - 1 of this epoch's window order
+    //   (window_pos is a multiple of B*P; shard_pos stays 0); when fewer than B*P are left, the next epoch starts.
+    // contiguous: window window_order[window_pos] of shard shard_order[shard_pos]. window_pos may equal the shard's
+    //   window count; next_batch then moves on to the next shard (and epoch).
     size_t shard_pos;
     size_t window_pos;
-    size_t* shard_order;      // this epoch's shard order (identity without shuffle)
-    size_t* window_order;     // shuffle only: window permutation of shard window_order_shard in this epoch
+    uint64_t epoch_key;       // independent: the key of this epoch's window order
+    size_t* shard_order;      // contiguous: this epoch's shard order (identity without shuffle)
+    size_t* window_order;     // contiguous, shuffle: window permutation of shard window_order_shard in this epoch
     size_t window_order_shard;// which shard window_order belongs to; SIZE_MAX when not computed yet
-    // the one open shard
-    FILE* file;
-    size_t file_shard;        // index of the open shard; SIZE_MAX when none is open
-    unsigned char* buffer;    // raw bytes of one rank's span: (B*T + 1) tokens of up to 4 bytes
+    // the open shards: files[s] is NULL or shard s, opened once and kept (at most max_open of them)
+    FILE** files;
+    size_t open_files;
+    size_t max_open;          // contiguous: 1, independent: DL_MAX_OPEN_SHARDS
+    unsigned char* buffer;    // raw bytes of one read: B*T + 1 (contiguous) or T + 1 (a row) tokens of up to 4 bytes
 } DataLoader;
 
 // The resumable position, written raw into the trainer's state file. Fixed-width fields only, laid out
 // without padding, little-endian on every machine we run on. It holds no rank: all ranks are always at the
 // same position, so the state saved by rank 0 restores every rank. The configuration fields are only there
 // so that dataloader_set_state can refuse a state that was saved with a different setup.
+// Version 2 added `rows` in what were the high 16 bits of version 1's uint32 `shuffle`: a version 1 state (of a
+// run before --rows existed) is read as rows = contiguous, the only layout there was.
 #define DL_STATE_MAGIC 0x4C44414BU  // "KADL"
-#define DL_STATE_VERSION 1U
+#define DL_STATE_VERSION 2U
 typedef struct {
     uint32_t magic;           // DL_STATE_MAGIC: catches a state read from the wrong place
     uint32_t version;         // DL_STATE_VERSION
     uint64_t B;
     uint64_t T;
     uint32_t num_processes;
-    uint32_t shuffle;         // 0 or 1
+    uint16_t shuffle;         // 0 or 1
+    uint16_t rows;            // DL_ROWS_CONTIGUOUS or DL_ROWS_INDEPENDENT
     uint64_t num_shards;
     uint64_t num_tokens;      // total over all shards: a cheap fingerprint of the data set
     uint64_t seed;
     uint64_t epoch;           // epoch of the last batch returned
-    uint64_t shard_pos;       // position in that epoch's shard order
-    uint64_t window_pos;      // position in that shard's window order = batches already taken from it
+    uint64_t shard_pos;       // contiguous: position in that epoch's shard order; independent: 0
+    uint64_t window_pos;      // position in the window order: contiguous, in that shard's (= batches already taken
+                              // from it); independent, in the epoch's order of all windows (= batches taken x B*P)
 } DataLoaderState;
 
 #ifdef __cplusplus
@@ -123,15 +152,20 @@ _Static_assert(sizeof(DataLoaderState) == 80, "DataLoaderState must be 80 bytes 
 // a small deterministic RNG for the shuffles: splitmix64 (Steele, Lea, Flood 2014). Its whole state is one
 // uint64, it is fast, and every output is a bijective scramble of the state, which is all a shuffle needs.
 
-static inline uint64_t dl_splitmix64_(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+// splitmix64's output function alone: a bijective scramble of 64 bits
+static inline uint64_t dl_mix64_(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
 
+static inline uint64_t dl_splitmix64_(uint64_t* state) {
+    return dl_mix64_(*state += 0x9E3779B97F4A7C15ULL);
+}
+
 // the RNG seed of one permutation: the shard order of an epoch (stream = UINT64_MAX) or the window order
-// of shard `stream` in that epoch. Each input is folded in through a full splitmix64 round, so nearby
+// of shard `stream` in that epoch (contiguous rows); the key of an epoch's window order (independent rows,
+// stream = UINT64_MAX). Each input is folded in through a full splitmix64 round, so nearby
 // (seed, epoch, stream) triples give unrelated streams.
 static inline uint64_t dl_stream_seed_(uint64_t seed, uint64_t epoch, uint64_t stream) {
     uint64_t s = seed;
@@ -159,6 +193,31 @@ static inline void dl_permutation_(size_t* a, size_t n, int shuffle, uint64_t rn
         size_t j = (size_t)dl_below_(&state, (uint64_t)i);
         size_t tmp = a[i - 1]; a[i - 1] = a[j]; a[j] = tmp;
     }
+}
+
+// Position i of an epoch's order -> window, a keyed bijection of [0, n) that stores nothing (n can be billions of
+// windows). A balanced Feistel network on 2h bits (left and right halves of h bits; each round: left, right =
+// right, left ^ F(right)) is a bijection of [0, 2^2h) whatever its round function F, because each round can be
+// undone; 4 rounds with a pseudorandom F give a pseudorandom permutation (Luby and Rackoff 1988). With 2h the
+// smallest even width with 2^2h >= n, "cycle walking" (apply it again while the result is >= n; Black and
+// Rogaway 2002) restricts it to a bijection of [0, n): the walk from i < n ends at the next element of i's cycle
+// that is < n. 2^2h < 4n, so a walk takes fewer than 4 passes on average.
+static inline uint64_t dl_permute_(uint64_t i, uint64_t n, uint64_t key) {
+    int h = 1;
+    while (h < 32 && (1ULL << (2 * h)) < n) { h++; }
+    uint64_t mask = (1ULL << h) - 1;
+    uint64_t x = i;
+    do {
+        uint64_t left = x >> h, right = x & mask;
+        for (uint64_t round = 0; round < 4; round++) {
+            uint64_t f = dl_mix64_(right ^ (key + round * 0x9E3779B97F4A7C15ULL)) & mask;
+            uint64_t next_right = left ^ f;
+            left = right;
+            right = next_right;
+        }
+        x = (left << h) | right;
+    } while (x >= n);
+    return x;
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -236,13 +295,19 @@ static inline int dl_compare_paths_(const void* a, const void* b) {
 // ----------------------------------------------------------------------------------------------------------
 // position bookkeeping
 
-// recompute the shard order for l->epoch; the cached window order belongs to another epoch now
+// the order of epoch l->epoch: independent, its key; contiguous, the shard order (the cached window order
+// belongs to another epoch now)
 static inline void dl_start_epoch_(DataLoader* l) {
-    dl_permutation_(l->shard_order, l->num_shards, l->shuffle, dl_stream_seed_(l->seed, l->epoch, UINT64_MAX));
-    l->window_order_shard = SIZE_MAX;
+    uint64_t stream_seed = dl_stream_seed_(l->seed, l->epoch, UINT64_MAX);
+    if (l->rows == DL_ROWS_INDEPENDENT) {
+        l->epoch_key = stream_seed;
+    } else {
+        dl_permutation_(l->shard_order, l->num_shards, l->shuffle, stream_seed);
+        l->window_order_shard = SIZE_MAX;
+    }
 }
 
-// index (within its shard) of the window at l->window_pos of the current shard
+// contiguous: index (within its shard) of the window at l->window_pos of the current shard
 static inline size_t dl_current_window_(DataLoader* l) {
     if (!l->shuffle) { return l->window_pos; }
     size_t shard = l->shard_order[l->shard_pos];
@@ -251,6 +316,68 @@ static inline size_t dl_current_window_(DataLoader* l) {
         l->window_order_shard = shard;
     }
     return l->window_order[l->window_pos];
+}
+
+// independent: the shard holding window g of all W (binary search in shard_first_window)
+static inline size_t dl_shard_of_window_(const DataLoader* l, size_t g) {
+    size_t lo = 0, hi = l->num_shards;  // shard_first_window[lo] <= g < shard_first_window[hi]
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->shard_first_window[mid] <= g) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// reading
+
+// the open file of a shard. A shard is opened once and kept; when max_open are open, all are closed first
+// (contiguous rows: exactly one shard is open). Opening re-checks the header in case the file changed since init.
+static inline FILE* dl_shard_file_(DataLoader* l, size_t shard) {
+    if (l->files[shard] != NULL) { return l->files[shard]; }
+    if (l->open_files == l->max_open) {
+        for (size_t i = 0; i < l->num_shards; i++) {
+            if (l->files[i] != NULL) { fclose(l->files[i]); l->files[i] = NULL; }
+        }
+        l->open_files = 0;
+    }
+    const char* path = l->shard_paths[shard];
+    size_t ntok;
+    int token_bytes;
+    FILE* f = dl_open_shard_(path, &ntok, &token_bytes);
+    if (ntok != l->shard_ntok[shard] || token_bytes != l->shard_token_bytes[shard]) {
+        die("%s: shard changed since the loader started (now %zu tokens of %d bytes, was %zu of %d)",
+            path, ntok, token_bytes, l->shard_ntok[shard], l->shard_token_bytes[shard]);
+    }
+    l->files[shard] = f;
+    l->open_files++;
+    return f;
+}
+
+// tokens first .. first + n of a shard (n + 1 of them, one seek and one read) into inputs[0..n) = the first n and
+// targets[0..n) = the last n
+static inline void dl_read_span_(DataLoader* l, size_t shard, size_t first, size_t n, int* inputs, int* targets) {
+    FILE* f = dl_shard_file_(l, shard);
+    const char* path = l->shard_paths[shard];
+    int token_bytes = l->shard_token_bytes[shard];
+    long long offset = (long long)DL_HEADER_BYTES + (long long)first * token_bytes;
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0) {
+        die("%s: cannot seek to byte offset %lld (%s)", path, offset, strerror(errno));
+    }
+    fread_or_die(l->buffer, (n + 1) * (size_t)token_bytes, f, path);
+
+    // decode little-endian tokens, checking each id: an id past the vocab would index outside the embedding
+    uint32_t vocab = (uint32_t)l->vocab_size;
+    for (size_t i = 0; i <= n; i++) {
+        const unsigned char* p = l->buffer + i * (size_t)token_bytes;
+        uint32_t id = token_bytes == 2 ? ((uint32_t)p[0] | ((uint32_t)p[1] << 8)) : dl_le32_(p);
+        if (id >= vocab) {
+            die("%s: token id %u at byte offset %lld is >= vocab size %d",
+                path, id, offset + (long long)(i * (size_t)token_bytes), l->vocab_size);
+        }
+        if (i < n) { inputs[i] = (int)id; }
+        if (i > 0) { targets[i - 1] = (int)id; }
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -263,14 +390,16 @@ static inline void dataloader_reset(DataLoader* l) {
     dl_start_epoch_(l);
 }
 
-static inline void dataloader_init(DataLoader* l, const char* glob_pattern, size_t B, size_t T,
-                                   int process_rank, int num_processes, int shuffle, uint64_t seed, int vocab_size) {
+// rows: DL_ROWS_INDEPENDENT or DL_ROWS_CONTIGUOUS (the layouts at the top of this file)
+static inline void dataloader_init(DataLoader* l, const char* glob_pattern, size_t B, size_t T, int process_rank,
+                                   int num_processes, int rows, int shuffle, uint64_t seed, int vocab_size) {
     memset(l, 0, sizeof(*l));
     // configuration errors come from the caller's flags, so they die like everything else
     if (B == 0 || T == 0) { die("%s: dataloader needs B >= 1 and T >= 1 (got B=%zu, T=%zu)", glob_pattern, B, T); }
     if (num_processes < 1 || process_rank < 0 || process_rank >= num_processes) {
         die("%s: dataloader process rank %d is out of range for %d processes", glob_pattern, process_rank, num_processes);
     }
+    if (rows != DL_ROWS_INDEPENDENT && rows != DL_ROWS_CONTIGUOUS) { die("%s: dataloader rows layout %d is unknown", glob_pattern, rows); }
     if (vocab_size < 1) { die("%s: dataloader needs a positive vocab size (got %d)", glob_pattern, vocab_size); }
     // B*T*P + 1 tokens of 4 bytes must be addressable; anything near this limit would not fit in memory anyway
     size_t P = (size_t)num_processes;
@@ -281,10 +410,11 @@ static inline void dataloader_init(DataLoader* l, const char* glob_pattern, size
     l->T = T;
     l->process_rank = process_rank;
     l->num_processes = num_processes;
+    l->rows = rows;
     l->shuffle = shuffle ? 1 : 0;
     l->seed = seed;
     l->vocab_size = vocab_size;
-    l->window_tokens = B * T * P;
+    l->window_tokens = rows == DL_ROWS_INDEPENDENT ? T : B * T * P;
     size_t pattern_len = strlen(glob_pattern);
     l->pattern = (char*)malloc_or_die(pattern_len + 1);
     memcpy(l->pattern, glob_pattern, pattern_len + 1);
@@ -311,33 +441,67 @@ static inline void dataloader_init(DataLoader* l, const char* glob_pattern, size
     l->shard_ntok = (size_t*)calloc_or_die(l->num_shards, sizeof(size_t));
     l->shard_token_bytes = (int*)calloc_or_die(l->num_shards, sizeof(int));
     l->shard_windows = (size_t*)calloc_or_die(l->num_shards, sizeof(size_t));
+    l->shard_first_window = (size_t*)calloc_or_die(l->num_shards + 1, sizeof(size_t));
     size_t max_windows = 0;
     for (size_t i = 0; i < l->num_shards; i++) {
         const char* path = l->shard_paths[i];
         FILE* f = dl_open_shard_(path, &l->shard_ntok[i], &l->shard_token_bytes[i]);
         fclose(f);
         size_t ntok = l->shard_ntok[i];
-        if (ntok < l->window_tokens + 1) {
+        if (ntok < l->window_tokens + 1 && rows == DL_ROWS_INDEPENDENT) {
+            die("%s: %zu tokens, but one row needs T + 1 = %zu", path, ntok, T + 1);
+        } else if (ntok < l->window_tokens + 1) {
             die("%s: %zu tokens, but one batch needs B*T*processes + 1 = %zu*%zu*%d + 1 = %zu",
                 path, ntok, B, T, num_processes, l->window_tokens + 1);
         }
         l->shard_windows[i] = (ntok - 1) / l->window_tokens;
         if (l->shard_windows[i] > max_windows) { max_windows = l->shard_windows[i]; }
         l->num_tokens += ntok;
-        l->batches_per_epoch += l->shard_windows[i];
+        l->shard_first_window[i + 1] = l->shard_first_window[i] + l->shard_windows[i];
+    }
+    l->num_windows = l->shard_first_window[l->num_shards];
+    if (rows == DL_ROWS_INDEPENDENT) {
+        l->batches_per_epoch = l->num_windows / (B * P);
+        if (l->batches_per_epoch == 0) {
+            die("%s: %zu rows of T + 1 = %zu tokens in all shards, but one batch needs B*processes = %zu*%d rows",
+                glob_pattern, l->num_windows, T + 1, B, num_processes);
+        }
+    } else {
+        l->batches_per_epoch = l->num_windows;
     }
 
     l->inputs = (int*)malloc_or_die(B * T * sizeof(int));
     l->targets = (int*)malloc_or_die(B * T * sizeof(int));
-    l->buffer = (unsigned char*)malloc_or_die((B * T + 1) * 4);
-    l->shard_order = (size_t*)malloc_or_die(l->num_shards * sizeof(size_t));
-    l->window_order = l->shuffle ? (size_t*)malloc_or_die(max_windows * sizeof(size_t)) : NULL;
-    l->file = NULL;
-    l->file_shard = SIZE_MAX;
+    l->buffer = (unsigned char*)malloc_or_die((rows == DL_ROWS_INDEPENDENT ? T + 1 : B * T + 1) * 4);
+    if (rows == DL_ROWS_CONTIGUOUS) {
+        l->shard_order = (size_t*)malloc_or_die(l->num_shards * sizeof(size_t));
+        l->window_order = l->shuffle ? (size_t*)malloc_or_die(max_windows * sizeof(size_t)) : NULL;
+    }
+    l->files = (FILE**)calloc_or_die(l->num_shards, sizeof(FILE*));
+    l->max_open = rows == DL_ROWS_INDEPENDENT ? DL_MAX_OPEN_SHARDS : 1;
     dataloader_reset(l);
 }
 
-static inline void dataloader_next_batch(DataLoader* l) {
+// independent rows: the B*P windows at window_pos of the epoch's order, this rank's B of them into its rows
+static inline void dl_next_rows_(DataLoader* l) {
+    size_t rows_per_batch = l->B * (size_t)l->num_processes;
+    if (l->window_pos + rows_per_batch > l->num_windows) {  // the W mod (B*P) windows left over wait for another epoch
+        l->window_pos = 0;
+        l->epoch++;
+        dl_start_epoch_(l);
+    }
+    for (size_t b = 0; b < l->B; b++) {
+        uint64_t pos = l->window_pos + (size_t)l->process_rank * l->B + b;
+        size_t g = l->shuffle ? (size_t)dl_permute_(pos, l->num_windows, l->epoch_key) : (size_t)pos;
+        size_t shard = dl_shard_of_window_(l, g);
+        size_t first = (g - l->shard_first_window[shard]) * l->T;
+        dl_read_span_(l, shard, first, l->T, l->inputs + b * l->T, l->targets + b * l->T);
+    }
+    l->window_pos += rows_per_batch;
+}
+
+// contiguous rows: window window_pos of the current shard's order, this rank's B*T + 1 tokens of it
+static inline void dl_next_span_(DataLoader* l) {
     // move past a finished shard, and past the last shard into the next epoch. Every shard has at least
     // one window (init checks it), so one step always lands on a window.
     if (l->window_pos >= l->shard_windows[l->shard_order[l->shard_pos]]) {
@@ -350,45 +514,14 @@ static inline void dataloader_next_batch(DataLoader* l) {
         }
     }
     size_t shard = l->shard_order[l->shard_pos];
-    size_t window = dl_current_window_(l);
-    const char* path = l->shard_paths[shard];
-
-    // keep exactly one shard open; reopening re-checks the header in case the file changed since init
-    if (l->file_shard != shard) {
-        if (l->file != NULL) { fclose(l->file); l->file = NULL; }
-        size_t ntok;
-        int token_bytes;
-        l->file = dl_open_shard_(path, &ntok, &token_bytes);
-        if (ntok != l->shard_ntok[shard] || token_bytes != l->shard_token_bytes[shard]) {
-            die("%s: shard changed since the loader started (now %zu tokens of %d bytes, was %zu of %d)",
-                path, ntok, token_bytes, l->shard_ntok[shard], l->shard_token_bytes[shard]);
-        }
-        l->file_shard = shard;
-    }
-
-    // this rank's span: B*T + 1 tokens from window start + rank*B*T, read with one seek and one read
     size_t BT = l->B * l->T;
-    int token_bytes = l->shard_token_bytes[shard];
-    size_t first_token = window * l->window_tokens + (size_t)l->process_rank * BT;
-    long long offset = (long long)DL_HEADER_BYTES + (long long)first_token * token_bytes;
-    if (fseeko(l->file, (off_t)offset, SEEK_SET) != 0) {
-        die("%s: cannot seek to byte offset %lld (%s)", path, offset, strerror(errno));
-    }
-    fread_or_die(l->buffer, (BT + 1) * (size_t)token_bytes, l->file, path);
-
-    // decode little-endian tokens, checking each id: an id past the vocab would index outside the embedding
-    uint32_t vocab = (uint32_t)l->vocab_size;
-    for (size_t i = 0; i <= BT; i++) {
-        const unsigned char* p = l->buffer + i * (size_t)token_bytes;
-        uint32_t id = token_bytes == 2 ? ((uint32_t)p[0] | ((uint32_t)p[1] << 8)) : dl_le32_(p);
-        if (id >= vocab) {
-            die("%s: token id %u at byte offset %lld is >= vocab size %d",
-                path, id, offset + (long long)(i * (size_t)token_bytes), l->vocab_size);
-        }
-        if (i < BT) { l->inputs[i] = (int)id; }
-        if (i > 0) { l->targets[i - 1] = (int)id; }
-    }
+    size_t first = dl_current_window_(l) * l->window_tokens + (size_t)l->process_rank * BT;
+    dl_read_span_(l, shard, first, BT, l->inputs, l->targets);
     l->window_pos++;
+}
+
+static inline void dataloader_next_batch(DataLoader* l) {
+    if (l->rows == DL_ROWS_INDEPENDENT) { dl_next_rows_(l); } else { dl_next_span_(l); }
 }
 
 static inline void dataloader_get_state(const DataLoader* l, DataLoaderState* s) {
@@ -398,7 +531,8 @@ static inline void dataloader_get_state(const DataLoader* l, DataLoaderState* s)
     s->B = l->B;
     s->T = l->T;
     s->num_processes = (uint32_t)l->num_processes;
-    s->shuffle = (uint32_t)l->shuffle;
+    s->shuffle = (uint16_t)l->shuffle;
+    s->rows = (uint16_t)l->rows;
     s->num_shards = l->num_shards;
     s->num_tokens = l->num_tokens;
     s->seed = l->seed;
@@ -409,19 +543,25 @@ static inline void dataloader_get_state(const DataLoader* l, DataLoaderState* s)
 
 static inline void dataloader_set_state(DataLoader* l, const DataLoaderState* s) {
     const char* p = l->pattern;
-    if (s->magic != DL_STATE_MAGIC || s->version != DL_STATE_VERSION) {
-        die("%s: saved dataloader state is not valid (magic %u version %u, expected %u version %u)",
+    if (s->magic != DL_STATE_MAGIC || s->version < 1 || s->version > DL_STATE_VERSION) {
+        die("%s: saved dataloader state is not valid (magic %u version %u, expected %u version 1 to %u)",
             p, s->magic, s->version, DL_STATE_MAGIC, DL_STATE_VERSION);
     }
     // the position only means the same thing under the same configuration
     const char* what = "saved dataloader state does not fit this loader";
+    int rows = s->version == 1 ? DL_ROWS_CONTIGUOUS : (int)s->rows;  // version 1 had only llm.c's layout
+    if (rows != DL_ROWS_CONTIGUOUS && rows != DL_ROWS_INDEPENDENT) { die("%s: %s: rows layout %d is unknown", p, what, rows); }
+    if (rows != l->rows) {
+        die("%s: %s: rows = %s in the state, %s now (resume it with --rows %s)", p, what, DL_ROWS_NAMES[rows],
+            DL_ROWS_NAMES[l->rows], DL_ROWS_NAMES[rows]);
+    }
     if (s->B != l->B) { die("%s: %s: B = %llu in the state, %zu now", p, what, (unsigned long long)s->B, l->B); }
     if (s->T != l->T) { die("%s: %s: T = %llu in the state, %zu now", p, what, (unsigned long long)s->T, l->T); }
     if (s->num_processes != (uint32_t)l->num_processes) {
         die("%s: %s: %u processes in the state, %d now", p, what, s->num_processes, l->num_processes);
     }
-    if (s->shuffle != (uint32_t)l->shuffle) {
-        die("%s: %s: shuffle = %u in the state, %d now", p, what, s->shuffle, l->shuffle);
+    if (s->shuffle != (uint16_t)l->shuffle) {
+        die("%s: %s: shuffle = %u in the state, %d now", p, what, (unsigned)s->shuffle, l->shuffle);
     }
     if (s->seed != l->seed) {
         die("%s: %s: seed = %llu in the state, %llu now", p, what,
@@ -434,28 +574,41 @@ static inline void dataloader_set_state(DataLoader* l, const DataLoaderState* s)
         die("%s: %s: %llu tokens in the state, %zu in the shards now", p, what,
             (unsigned long long)s->num_tokens, l->num_tokens);
     }
-    if (s->shard_pos >= l->num_shards) {
-        die("%s: %s: shard position %llu, but there are %zu shards", p, what,
-            (unsigned long long)s->shard_pos, l->num_shards);
+    if (s->shard_pos >= l->num_shards || (rows == DL_ROWS_INDEPENDENT && s->shard_pos != 0)) {
+        die("%s: %s: shard position %llu, but there are %zu shards%s", p, what,
+            (unsigned long long)s->shard_pos, l->num_shards, rows == DL_ROWS_INDEPENDENT ? " (independent rows: 0)" : "");
+    }
+    if (rows == DL_ROWS_INDEPENDENT) {
+        size_t rows_per_batch = l->B * (size_t)l->num_processes;
+        if (s->window_pos % rows_per_batch != 0 || s->window_pos > l->batches_per_epoch * rows_per_batch) {
+            die("%s: %s: window position %llu, but an epoch is %zu batches of B*processes = %zu rows", p, what,
+                (unsigned long long)s->window_pos, l->batches_per_epoch, rows_per_batch);
+        }
     }
     l->epoch = s->epoch;
     l->shard_pos = (size_t)s->shard_pos;
     dl_start_epoch_(l);
-    size_t shard = l->shard_order[l->shard_pos];
-    if (s->window_pos > l->shard_windows[shard]) {
-        die("%s: %s: window position %llu, but %s has %zu windows", p, what,
-            (unsigned long long)s->window_pos, l->shard_paths[shard], l->shard_windows[shard]);
+    if (rows == DL_ROWS_CONTIGUOUS) {
+        size_t shard = l->shard_order[l->shard_pos];
+        if (s->window_pos > l->shard_windows[shard]) {
+            die("%s: %s: window position %llu, but %s has %zu windows", p, what,
+                (unsigned long long)s->window_pos, l->shard_paths[shard], l->shard_windows[shard]);
+        }
     }
     l->window_pos = (size_t)s->window_pos;
 }
 
 static inline void dataloader_free(DataLoader* l) {
-    if (l->file != NULL) { fclose(l->file); }
+    for (size_t i = 0; i < l->num_shards; i++) {
+        if (l->files[i] != NULL) { fclose(l->files[i]); }
+    }
+    free(l->files);
     for (size_t i = 0; i < l->num_shards; i++) { free(l->shard_paths[i]); }
     free(l->shard_paths);
     free(l->shard_ntok);
     free(l->shard_token_bytes);
     free(l->shard_windows);
+    free(l->shard_first_window);
     free(l->shard_order);
     free(l->window_order);
     free(l->inputs);

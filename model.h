@@ -56,16 +56,16 @@ typedef struct {
     float l2norm_eps;       // q/k L2 normalisation eps inside the sqrt (spec 1.2 step 4: 1e-6)
     float onorm_eps;        // gated output RMSNorm eps (spec 1.2 step 8: 1e-5)
     float kaczmarz_eps;     // beta = eta / (||k||^2 + eps) (spec 1.2 step 5: 1e-6)
-    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (pdn spec 1.3: 1.5)
-    float precond_eps;      // pdn family: r = log(A + eps) - c (pdn spec 1.3: 1e-6)
-    float precond_onorm_eps;  // pdn family: output RMSNorm eps (pdn spec 1.5: 1e-6)
-    int gka_iters;          // gka: r, Chebyshev iterations per solve (gka spec 2.1: 30)
-    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (gka spec 2.1: 0.02)
-    float gka_onorm_eps;    // gka: output RMSNorm eps (gka spec 2.1: 1e-6)
-    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; gka spec 2.4)
-    int kalman_expand;      // kalman: inner width Dk = expand * C (kalman spec 1.4: 1 for the LM)
+    float precond_x;        // pdn family: the squash keeps the key multiplier in (1/x, x) (spec/pdn.md 1.3: 1.5)
+    float precond_eps;      // pdn family: r = log(A + eps) - c (spec/pdn.md 1.3: 1e-6)
+    float precond_onorm_eps;  // pdn family: output RMSNorm eps (spec/pdn.md 1.5: 1e-6)
+    int gka_iters;          // gka: r, Chebyshev iterations per solve (spec/gka.md 2.1: 30)
+    float gka_ridge;        // gka: a in lambda_t = a ||H_t||_F (spec/gka.md 2.1: 0.02)
+    float gka_onorm_eps;    // gka: output RMSNorm eps (spec/gka.md 2.1: 1e-6)
+    int gka_kv_heads;       // gka: key/value heads Hkv (GQA when < lin_heads; spec/gka.md 2.4)
+    int kalman_expand;      // kalman: inner width Dk = expand * C (spec/kalman.md 1.4: 1 for the LM)
     int kalman_n;           // kalman: N, states per channel
-    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (kalman spec 1.3)
+    int kalman_preset;      // kalman: KALMAN_PLAIN or KALMAN_MAMBA (spec/kalman.md 1.3)
     int kalman_rank;        // kalman: R = ceil(C/8) of the mamba preset's variance path, 0 for plain
     int mixer[MAX_LAYERS];  // MIXER_* per layer
     Task task;              // the synthetic task the model is trained on (kind TASK_NONE: token shards)
@@ -297,7 +297,7 @@ static void gdn_parameter_layout(LayoutContext* k, LayerParams* lp, const Config
     T2(lp->gdn.out_proj_w, MNAME("out_proj.w"), 1, INIT_NORMAL, std_resid, C, H * dv);
 }
 
-// kalman spec 1.2; FORMATS.md
+// spec/kalman.md 1.2; FORMATS.md
 static void kalman_parameter_layout(LayoutContext* k, LayerParams* lp, const Config* c) {
     int C = c->channels;
     float std = k->std, std_resid = k->std_resid;
@@ -510,14 +510,14 @@ static inline void init_parameters(float* params, const Config* c, const TensorT
                     w[j] = logf(A > 1e-30f ? A : 1e-30f);
                     break;
                 }
-                case INIT_A_LOG_1_16: {  // pdn spec 10.7: A ~ U(1, 16), A_log = log(A)
+                case INIT_A_LOG_1_16: {  // spec/pdn.md 10.7: A ~ U(1, 16), A_log = log(A)
                     w[j] = logf(1.0f + 15.0f * rng_uniform(&rng));
                     break;
                 }
-                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // pdn spec 10.7: the squash centre c starts at -0.2
-                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // kalman spec 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
-                case INIT_P_RAW: w[j] = 0.01f; break;                            // kalman spec 1.2: process noise
-                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // kalman spec 1.2
+                case INIT_LOG_SCALE: w[j] = -0.2f; break;  // spec/pdn.md 10.7: the squash centre c starts at -0.2
+                case INIT_CONV_UNIFORM: w[j] = rng_uniform(&rng) - 0.5f; break;  // spec/kalman.md 1.2: U(-1/sqrt(K), 1/sqrt(K)), K = 4
+                case INIT_P_RAW: w[j] = 0.01f; break;                            // spec/kalman.md 1.2: process noise
+                case INIT_LAMBDA_SKIP: w[j] = -1.0f; break;                      // spec/kalman.md 1.2
                 case INIT_DT_BIAS: {  // spec 1.5: dt log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1(dt)
                     double dt = exp(rng_uniform(&rng) * (log(0.1) - log(0.001)) + log(0.001));
                     if (dt < 1e-4) { dt = 1e-4; }
@@ -1344,6 +1344,8 @@ typedef struct {
     const char *kalman_preset, *norm, *mlp;
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens, ckpt_every, ckpt_keep;
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
+    const char* rows_name;  // --rows, parsed into rows (DL_ROWS_*)
+    int rows;
     int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute, overwrite;
     int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
     const char *task_name, *task_eval;      // --task, --task-eval
@@ -1367,7 +1369,7 @@ static void check_checkpoint_use_flags(Options* o) {
     const char* mode = o->generate > 0 ? "--generate" : "--eval";
     if (o->init_file == NULL) { die("flag %s: needs the model to use (-e model.bin)", mode); }
     static const char* training[] = {"-i", "-y", "-d", "-x", "-k", "-l", "-u", "-q", "-c", "-v", "-s", "-g", "-n", "-nk",
-                                     "--seed", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r"};
+                                     "--seed", "--rows", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r"};
     static const char* of_eval[] = {"-j", "-m", "-b", "-t", "-o"};
     static const char* of_generate[] = {"--prompt", "--temperature", "--top-k", "--samples", "--sample-seed", "--tokenizer"};
     for (size_t i = 0; i < sizeof(training) / sizeof(training[0]); i++) {
@@ -1388,7 +1390,7 @@ static void check_checkpoint_use_flags(Options* o) {
 // With a task the data come from its generator (tasks.h): the sequence length and the vocabulary are the task's,
 // and the flags about token shards and GPT-2 text are errors. Used for --task, and for a checkpoint whose header
 // names a task (use_checkpoint_task).
-static const char* TASK_SHARD_FLAGS[] = {"-i", "-j", "-t", "--vocab-size", "--shuffle", "--prompt", "--tokenizer"};
+static const char* TASK_SHARD_FLAGS[] = {"-i", "-j", "-t", "--vocab-size", "--rows", "--shuffle", "--prompt", "--tokenizer"};
 #define NUM_TASK_SHARD_FLAGS ((int)(sizeof(TASK_SHARD_FLAGS) / sizeof(TASK_SHARD_FLAGS[0])))
 
 // A flag that has no meaning with a task: those of token shards and GPT-2 text, and -g (samples)
@@ -1512,6 +1514,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     o->max_seq_len = 1024;
     o->vocab_size = 50257;
     o->seed = 1337;
+    o->rows_name = "independent";
     o->shuffle = 1;
     o->chunk = 64;
     o->mlp_hidden = 0;
@@ -1580,7 +1583,8 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--max-seq-len", FLAG_INT, &o->max_seq_len, "position-embedding rows (all-attn models)", 0, 0},
         {"--vocab-size", FLAG_INT, &o->vocab_size, "vocabulary size of a new model", 0, 0},
         {"--seed", FLAG_INT, &o->seed, "seed of the initialisation and of the data shuffling", 1, 0},
-        {"--shuffle", FLAG_INT, &o->shuffle, "1 = shuffle shards and windows every epoch", 1, 0},
+        {"--rows", FLAG_STRING, &o->rows_name, "rows of a batch: independent windows, or contiguous (llm.c)", 1, 0},
+        {"--shuffle", FLAG_INT, &o->shuffle, "1 = a new order of the windows every epoch", 1, 0},
         {"--beta1", FLAG_FLOAT, &o->beta1, "AdamW beta1", 1, 0},
         {"--beta2", FLAG_FLOAT, &o->beta2, "AdamW beta2", 1, 0},
         {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 1, 0},
@@ -1649,6 +1653,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->overwrite == 0 || o->overwrite == 1, "--overwrite", "must be 0 or 1");
     require(o->overwrite == 0 || o->out_dir != NULL, "--overwrite", "needs an output dir (-o)");
     require(o->overwrite == 0 || o->resume == 0, "--overwrite", "deletes the run that -y 1 would resume; give one of them");
+    o->rows = parse_choice(o->rows_name, DL_ROWS_NAMES, 2, "--rows");
     require(o->shuffle == 0 || o->shuffle == 1, "--shuffle", "must be 0 or 1");
     require(o->beta1 >= 0.0f && o->beta1 < 1.0f, "--beta1", "must be in [0, 1)");
     require(o->beta2 >= 0.0f && o->beta2 < 1.0f, "--beta2", "must be in [0, 1)");
@@ -1751,7 +1756,10 @@ static void print_run_table(const Config* cfg, size_t num_parameters, const Opti
         printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);
     }
     printf("| %-21s | %-50s |\n", "init", resumed ? "resume" : o->init_file ? o->init_file : "random");
-    printf("| %-21s | B %d, T %d, grad accum %d = %-27d |\n", "batch", o->B, o->T, grad_accum, o->total_batch);
+    char batch[64];
+    snprintf(batch, sizeof(batch), "B %d, T %d, grad accum %d = %d tokens", o->B, o->T, grad_accum, o->total_batch);
+    printf("| %-21s | %-50s |\n", "batch", batch);
+    if (o->task.kind == TASK_NONE) { printf("| %-21s | %-50s |\n", "batch rows", DL_ROWS_NAMES[o->rows]); }
     printf("| %-21s | %-50d |\n", "steps", max_steps);
     char lrs[64];
     snprintf(lrs, sizeof(lrs), "%s, peak %g, warmup %d, final %g", o->schedule, o->lr, o->warmup, o->final_frac);

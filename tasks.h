@@ -51,11 +51,11 @@ static inline void task_defaults(int kind, int* vocab, int* len, int* pairs) {
     *pairs = 0;
     switch (kind) {
         case TASK_MQAR: *vocab = 8192; *len = 256; *pairs = 32; break;          // spec 8.1
-        case TASK_MQAR_ZOOLOGY: *vocab = 8192; *len = 256; *pairs = 32; break;  // pdn spec 8.1 grid (256, 32)
+        case TASK_MQAR_ZOOLOGY: *vocab = 8192; *len = 256; *pairs = 32; break;  // spec/pdn.md 8.1 grid (256, 32)
         case TASK_SNIAH: *vocab = 8192; *len = 1024; *pairs = 1; break;         // spec 8.2
         case TASK_PALINDROME: *vocab = 128; *len = 1024; break;                 // spec 8.3
         case TASK_STACK: *vocab = STACK_VOCAB; *len = 1024; break;              // spec 8.4
-        default: *vocab = A5_ORDER; *len = 20; break;                           // kalman spec 8.1: T in 2..20
+        default: *vocab = A5_ORDER; *len = 20; break;                           // spec/kalman.md 8.1: T in 2..20
     }
 }
 
@@ -168,7 +168,7 @@ static inline void mqar_generate(int* inputs, int* targets, int V, int L, int D,
     free(order);
 }
 
-// Zoology MQAR (pdn spec 8.1): distinct keys in [1, V/2), distinct values in [V/2, V), power_a 0.01, queries at
+// Zoology MQAR (spec/pdn.md 8.1): distinct keys in [1, V/2), distinct values in [V/2, V), power_a 0.01, queries at
 // recency-biased even gaps drawn without replacement; the target sits at the query key's input position (the
 // generator's one-token shift of step 6 already applied).
 static inline void mqar_zoology_generate(int* inputs, int* targets, int V, int L, int P, uint64_t* rng) {
@@ -258,7 +258,7 @@ static inline void stack_generate(int* inputs, int* targets, int L, uint64_t* rn
     free(below);
 }
 
-// A5 (kalman spec 8.1): the 60 even permutations of {0..4}, indexed in lexicographic order (0 = identity);
+// A5 (spec/kalman.md 8.1): the 60 even permutations of {0..4}, indexed in lexicographic order (0 = identity);
 // mul[a][b] = index(a after b), (a after b)[i] = a[b[i]].
 typedef struct {
     unsigned char perm[A5_ORDER][5];

@@ -5,7 +5,7 @@ For each reference configuration (attn, gdn, kaczmarz, hybrid) it loads the init
 state written by the reference, then compares the logits, the loss and the gradient of every parameter
 tensor, then trains 10 AdamW steps on the same batch and compares the losses. A negative control perturbs
 one weight tensor by a relative 1e-3 and requires the same comparisons to fail. It also checks the gdn and
-kaczmarz mixer properties of spec/gdn_kaczmarz.md section 9, decode == full forward, and the checkpoint
+kaczmarz mixer properties of spec/gdn_kaczmarz.md 9, decode == full forward, and the checkpoint
 round trip.
 
 Why the tolerances are what they are: the reference computes in float64 from the same fp32 weights, so the
@@ -1067,9 +1067,9 @@ static void test_flop_count(void) {
     const double padded = 128.0 / 80.0;                   // gdn and gka compute whole chunks: 2 x 64 for T = 80
     // gdn/kaczmarz core per head (spec 3.7, BT = 64): fwd 6KV + 6BT.K + 4BT.V + BT^2/3, bwd 16KV + 18BT.K + 10BT.V + 4BT^2
     const double gdn_core = 2 * ((2304 + 6144 + 6144 + 4096.0 / 3) + (6144 + 18432 + 15360 + 16384)) * padded;
-    // pdn core per head (pdn spec 3.7): fwd 6KV + BT(8K + 4V) + BT^2/3 + 15K, bwd 16KV + BT(24K + 10V) + 4BT^2 + 30K
+    // pdn core per head (spec/pdn.md 3.7): fwd 6KV + BT(8K + 4V) + BT^2/3 + 15K, bwd 16KV + BT(24K + 10V) + 4BT^2 + 30K
     const double pdn_core = 2 * ((2304 + 14336 + 4096.0 / 3 + 240) + (6144 + 39936 + 16384 + 480));
-    // gka core per head (gka spec 6, D = 16, r = 30): fwd 68D^2 + 126BT.D + 2BT^2, bwd 82D^2 + 148BT.D + 2BT^2
+    // gka core per head (spec/gka.md 6, D = 16, r = 30): fwd 68D^2 + 126BT.D + 2BT^2, bwd 82D^2 + 148BT.D + 2BT^2
     const double gka_core = 2 * ((17408 + 129024 + 8192) + (20992 + 151552 + 8192)) * padded;
     struct { int mixer; double matmul, core; } cases[] = {
         {MIXER_ATTN, 192 * 64 + 64 * 64, 6.0 * 64 * 80},                     // qkv, proj; causal 6 C T
@@ -1203,7 +1203,7 @@ static void test_grad_accumulation(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------
-// pdn / pgdn / pkda mixer properties (spec/pdn.md section 9). Uses the test_ rng and check helpers and the layer harness above.
+// pdn / pgdn / pkda mixer properties (spec/pdn.md 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative unless stated.
 
 static const char* pdnt_vname[3] = {"pdn", "pgdn", "pkda"};
@@ -1750,7 +1750,7 @@ static int test_pdn_properties(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// gka property tests (spec/gka.md section 9). Uses the test_ rng and check helpers and the layer harness above.
+// gka property tests (spec/gka.md 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative:
 // max_i |a_i - b_i| / max_i |b_i|. fp32 tolerances as for gdn/pdn: 1e-5 on outputs, 1e-4 on gradients (fp32
 // round-off here is ~1e-7..1e-6; the solve has condition number <= (1+a)/a = 51, which costs up to ~50x more).
@@ -2413,7 +2413,7 @@ int test_gka_properties(void) {
 }
 
 // ----------------------------------------------------------------------------
-// kalman mixer properties (spec/kalman.md section 9). Uses the test_ rng and check helpers and the layer harness above.
+// kalman mixer properties (spec/kalman.md 9). Uses the test_ rng and check helpers and the layer harness above.
 // Every check prints "PASS <name>: ..." or "FAIL <name>: ...". Errors are max-norm relative,
 // max_i |a_i - b_i| / max_i |b_i|, unless stated.
 

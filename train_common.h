@@ -9,6 +9,13 @@ trainer's model code.
 #ifndef TRAIN_KLA_TRAIN_COMMON_H
 #define TRAIN_KLA_TRAIN_COMMON_H
 
+// The validation split (-j), the same for every run whatever its --rows, --shuffle and --seed: llm.c's contiguous
+// rows (a batch is one span of B*T + 1 tokens), the spans visited in one fixed shuffled order (seed 0), so that
+// the first -m batches are a representative sample of the whole split (documents are stored grouped by source).
+static void validation_loader_init(DataLoader* val, const Options* opt, const Config* cfg) {
+    dataloader_init(val, opt->val_glob, opt->B, opt->T, 0, 1, DL_ROWS_CONTIGUOUS, 1, 0, cfg->vocab_size);
+}
+
 // How many batches validation_loss averages: max_batches (-1: all), at most the whole split.
 static int validation_batches(const DataLoader* val, int max_batches) {
     return max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
@@ -98,7 +105,7 @@ static void evaluate_model(Model* m, const Options* opt) {
     const Config* cfg = &m->config;
     if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt->T, cfg->max_seq_len); }
     DataLoader val;
-    dataloader_init(&val, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
+    validation_loader_init(&val, opt, cfg);
     FILE* log = NULL;
     if (opt->out_dir) {  // opened after the data is checked and before the evaluation runs
         char path[4096];
@@ -441,10 +448,9 @@ static int train_main(Options* opt, int argc, char** argv) {
         task_inputs = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
         task_targets = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
     } else {
-        dataloader_init(&train_loader, opt->train_glob, opt->B, opt->T, 0, 1, opt->shuffle, (uint64_t)opt->seed, cfg->vocab_size);
-        // the validation windows are visited in one fixed shuffled order, so that the first -m batches are a
-        // representative sample of the whole split (documents are stored grouped by source)
-        dataloader_init(&val_loader, opt->val_glob, opt->B, opt->T, 0, 1, 1, 0, cfg->vocab_size);
+        dataloader_init(&train_loader, opt->train_glob, opt->B, opt->T, 0, 1, opt->rows, opt->shuffle, (uint64_t)opt->seed,
+                        cfg->vocab_size);
+        validation_loader_init(&val_loader, opt, cfg);
     }
     int grad_accum = opt->total_batch / (opt->B * opt->T);
     if (opt->max_steps == -1) {

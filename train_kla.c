@@ -481,7 +481,7 @@ static inline float vec_dot(const float* a, const float* b, int n) {
     return acc[0] + acc[1];
 }
 
-// Backward of u_hat = u / n, n = sqrt(||u||^2 + eps) (gdn spec 1.6, pdn spec 2.4): du = (du_hat - u_hat (u_hat . du_hat)) / n,
+// Backward of u_hat = u / n, n = sqrt(||u||^2 + eps) (spec/gdn_kaczmarz.md 1.6, spec/pdn.md 2.4): du = (du_hat - u_hat (u_hat . du_hat)) / n,
 // in place on du (gka normalises with eps outside the sqrt and has its own).
 static inline void l2norm_backward(float* du, const float* u_hat, float n, int d) {
     const float c = vec_dot(u_hat, du, d);
@@ -909,7 +909,7 @@ static void gated_norm_row(float* y, float* rstd, const float* o, const float* z
     }
 }
 
-// Backward of gated_norm_row over BT rows (gdn spec 1.6; gka uses the same norm, gka spec 3.3): with
+// Backward of gated_norm_row over BT rows (spec/gdn_kaczmarz.md 1.6; gka uses the same norm, spec/gka.md 3.3): with
 // xh = o rstd and s = SiLU(z), z the gate block that starts at column D of each proj row [P]:
 // dz = dy xh w SiLU'(z) is written at the same place of dproj, dw += sum over rows and heads of dy xh s (staged
 // in `stage` [BT, H*dv], then summed in row order), and dyo [BT, H*dv] is replaced in place by

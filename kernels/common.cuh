@@ -10,7 +10,7 @@ gradients accumulated in fp32"):
     matmuls read (the same memory in the FP32 build). Kernels other than matmuls read the fp32 master.
   - Parameter gradients are fp32 and are accumulated (+=) across micro-steps.
   - Activations and activation gradients are floatX, except per-token statistics (mean, rstd), losses and the
-    recurrent mixers' decay/gate/state arithmetic, which stay fp32 (spec/gdn_kaczmarz.md section 5).
+    recurrent mixers' decay/gate/state arithmetic, which stay fp32 (spec/gdn_kaczmarz.md 5).
   - No floating-point atomics anywhere: every reduction has a fixed order, so a run is bit-for-bit
     reproducible (resume equality depends on it).
 */

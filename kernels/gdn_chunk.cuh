@@ -1,6 +1,6 @@
 /*
 kernels/gdn_chunk.cuh: the Gated DeltaNet core, chunkwise-parallel, forward and backward
-(spec/gdn_kaczmarz.md sections 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
+(spec/gdn_kaczmarz.md 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
     Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + k_t u^T;  o_t = S^T (scale q_t)

@@ -4,7 +4,7 @@ bench_cpu.py: the PyTorch side of the CPU benchmark of train_kla.
 Times one full training step (forward, backward, global-norm clipping, AdamW) of the model of FORMATS.md in fp32
 on the CPU, with PyTorch at its best: the model of scripts/train_kla.py with its mixer cores swapped for fast
 ones, attention through F.scaled_dot_product_attention when torch has it (>= 2.0) and the masked-softmax
-formulation otherwise, gdn/kaczmarz through the chunkwise-parallel algorithm of ../shared/spec/gdn_kaczmarz.md
+formulation otherwise, gdn/kaczmarz through the chunkwise-parallel algorithm of spec/gdn_kaczmarz.md
 3.1-3.3 in plain torch (backward by autograd), torch.optim.AdamW (fused when this torch has a fused CPU AdamW).
 At startup it checks, in float64 on a tiny input, that the chunkwise core equals train_kla.py's token-by-token
 recurrence to 1e-10 (outputs and input gradients) and exits 1 if not.

@@ -24,6 +24,7 @@ run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
 run bash dev/test/test_encode_shards.sh
 run bash dev/test/test_plot_log.sh
+run bash dev/test/test_docs.sh
 run bash dev/test/test_faults.sh
 run bash dev/test/test_sanitize.sh
 run bash dev/test/test_fuzz.sh

@@ -5,8 +5,8 @@ It builds the model of FORMATS.md ("The model"): a GPT-2 trunk whose per-layer m
 (`attn`), Gated DeltaNet (`gdn`), Kaczmarz Linear Attention (`kaczmarz`), one of the Preconditioned DeltaNet
 family (`pdn`, `pgdn`, `pkda`), Gated KalmaNet (`gka`, with GQA key/value heads: --gka-kv-heads) or Kalman Linear Attention (`kalman`, presets plain and
 mamba: --kalman-preset, --kalman-expand, --kalman-n), chosen by a pattern such as `gdn:1,attn:1,gka:1,kalman:1`.
-The recurrent mixers run the plain token-by-token recurrences of ../shared/spec/gdn_kaczmarz.md section 2.1,
-../shared/spec/pdn.md section 2.1, ../shared/spec/gka.md section 3 and ../shared/spec/kalman.md section 2.3 (with
+The recurrent mixers run the plain token-by-token recurrences of spec/gdn_kaczmarz.md 2.1,
+spec/pdn.md 2.1, spec/gka.md 3 and spec/kalman.md 2.3 (with
 the torch-path floors of its section 2.5; independent of any chunkwise algorithm or scan), attention the plain
 masked softmax. kalman's gradient is autograd of that sequential filter (the ground truth for the C adjoint). gka runs the same r-step Chebyshev iteration as the C code (spec 3.1), and its
 gradient is the implicit one of spec 3.2 (one adjoint Chebyshev solve per token), not autograd through the iterations. The trunk's norm (LayerNorm with bias or RMSNorm, --norm, --norm-eps) and MLP (GELU, SwiGLU or none,
@@ -52,21 +52,21 @@ L2N_EPS = 1e-6                          # inside the sqrt of the q/k L2 normalis
 ONORM_EPS = 1e-5                        # gated output RMSNorm of gdn/kaczmarz (FORMATS.md; spec 1.2 step 8)
 KACZMARZ_EPS = 1e-6                     # beta = eta / (||k||^2 + KACZMARZ_EPS) (spec 1.2 step 5)
 CONV_SIZE = 4                           # W, taps of the short causal depthwise conv
-PRECOND_X = 1.5                         # pdn/pgdn/pkda squash range: m in (1/x, x) (pdn spec 1.3)
-PRECOND_EPS = 1e-6                      # pdn/pgdn/pkda eps inside log(A + eps) (pdn spec 1.3)
-PRECOND_ONORM_EPS = 1e-6                # pdn/pgdn/pkda output RMSNorm eps (pdn spec 1.5)
-PRECOND_LOG_SCALE_INIT = -0.2           # c = log_scale, the squash centre (pdn spec 10.7)
-GKA_ITERS = 30                          # r, Chebyshev iterations of gka (gka spec 2.1, 3.1)
-GKA_RIDGE = 0.02                        # a in lambda_t = a ||H_t||_F (gka spec 2.1)
-GKA_ONORM_EPS = 1e-6                    # gka output RMSNorm eps (gka spec 2.1 norm_eps)
-GKA_NORM_EPS = 1e-6                     # q/k L2 norm eps of gka, added to the norm (gka spec 2.3 step 4)
-GKA_BETA_EPS = 1e-6                     # k, v scaled by (beta + 1e-6) (gka spec 2.3 step 5)
-KALMAN_PRESETS = ("plain", "mamba")     # header slot 31: index in this tuple (kalman spec 1.3)
-KALMAN_OBS_VAR_MIN = 1e-4               # Lv = 1 / (softplus(ls) + 1e-4) (kalman spec 1.3 step 5)
-KALMAN_DELTA_MIN = 1e-7                 # Delta = softplus(delta_raw) + 1e-7 (kalman spec 1.3 step 6)
+PRECOND_X = 1.5                         # pdn/pgdn/pkda squash range: m in (1/x, x) (spec/pdn.md 1.3)
+PRECOND_EPS = 1e-6                      # pdn/pgdn/pkda eps inside log(A + eps) (spec/pdn.md 1.3)
+PRECOND_ONORM_EPS = 1e-6                # pdn/pgdn/pkda output RMSNorm eps (spec/pdn.md 1.5)
+PRECOND_LOG_SCALE_INIT = -0.2           # c = log_scale, the squash centre (spec/pdn.md 10.7)
+GKA_ITERS = 30                          # r, Chebyshev iterations of gka (spec/gka.md 2.1, 3.1)
+GKA_RIDGE = 0.02                        # a in lambda_t = a ||H_t||_F (spec/gka.md 2.1)
+GKA_ONORM_EPS = 1e-6                    # gka output RMSNorm eps (spec/gka.md 2.1 norm_eps)
+GKA_NORM_EPS = 1e-6                     # q/k L2 norm eps of gka, added to the norm (spec/gka.md 2.3 step 4)
+GKA_BETA_EPS = 1e-6                     # k, v scaled by (beta + 1e-6) (spec/gka.md 2.3 step 5)
+KALMAN_PRESETS = ("plain", "mamba")     # header slot 31: index in this tuple (spec/kalman.md 1.3)
+KALMAN_OBS_VAR_MIN = 1e-4               # Lv = 1 / (softplus(ls) + 1e-4) (spec/kalman.md 1.3 step 5)
+KALMAN_DELTA_MIN = 1e-7                 # Delta = softplus(delta_raw) + 1e-7 (spec/kalman.md 1.3 step 6)
 KALMAN_P_MIN = 1e-7                     # p = max(p_raw, 1e-7)
 KALMAN_FLOOR = 1e-12                    # torch-path floors of abar^2, den, lam, pbar and of ||kr||, ||qr|| (spec 2.5)
-KALMAN_P_INIT = 0.01                    # p_raw init (kalman spec 1.2)
+KALMAN_P_INIT = 0.01                    # p_raw init (spec/kalman.md 1.2)
 KALMAN_SKIP_INIT = -1.0                 # lambda_skip init
 KALMAN_CONV_INIT = 0.5                  # conv.w ~ U(-1/sqrt(K), 1/sqrt(K)), K = 4
 KALMAN_SSM_LR_SCALE = 0.1               # learning-rate group of the state-space parameters (FORMATS.md)
@@ -78,7 +78,7 @@ RECURRENT_MIXERS = ("gdn", "kaczmarz")
 PRECOND_MIXERS = ("pdn", "pgdn", "pkda")
 
 # matrices that get decoupled weight decay (FORMATS.md "Weight decay"), matched as name suffixes
-# (kalman.conv.w excepted: kalman spec 1.2 note c puts it in the 1-D group)
+# (kalman.conv.w excepted: spec/kalman.md 1.2 note c puts it in the 1-D group)
 DECAYED_SUFFIXES = ("attn.qkv.w", "attn.proj.w", "in_proj.w", "conv.w", "out_proj.w", "f2.w", "g2.w",
                     "sensor.w", "var.w", "mlp.fc.w", "mlp.proj.w")
 UNDECAYED_SUFFIXES = ("kalman.conv.w",)
@@ -192,7 +192,7 @@ def gka_split(cfg):
 
 
 def kalman_split(cfg):
-    """Row blocks of a kalman sensor.w (kalman spec 1.3 step 3): plain [v (Dk) | ls (Dk) | kr (N) | qr (N)],
+    """Row blocks of a kalman sensor.w (spec/kalman.md 1.3 step 3): plain [v (Dk) | ls (Dk) | kr (N) | qr (N)],
     mamba [ls_r (R) | kr (N) | qr (N)]."""
     Dk, N = cfg.kalman_expand * cfg.n_embd, cfg.kalman_n
     if cfg.kalman_preset == "plain":
@@ -201,7 +201,7 @@ def kalman_split(cfg):
 
 
 def kalman_shapes(cfg, m):
-    """Tensors of one kalman layer in checkpoint order; m = 'h<l>.kalman.' (FORMATS.md, kalman spec 1.2)."""
+    """Tensors of one kalman layer in checkpoint order; m = 'h<l>.kalman.' (FORMATS.md, spec/kalman.md 1.2)."""
     C, Dk, N = cfg.n_embd, cfg.kalman_expand * cfg.n_embd, cfg.kalman_n
     shapes = [(m + "in_proj.w", (2 * Dk, C)), (m + "conv.w", (Dk, CONV_SIZE)), (m + "conv.b", (Dk,)),
               (m + "sensor.w", (sum(kalman_split(cfg)), Dk))]
@@ -272,7 +272,7 @@ def init_tensor(name, shape, cfg, gen):
 
 
 def init_kalman_ssm(name, t, gen):
-    """kalman's conv taps and state-space parameters (FORMATS.md "Initialisation", kalman spec 1.2):
+    """kalman's conv taps and state-space parameters (FORMATS.md "Initialisation", spec/kalman.md 1.2):
     conv.w U(-0.5, 0.5); delta_raw = softplus^-1(Delta0), Delta0 log-uniform in [1e-3, 1e-1] clamped >= 1e-4
     (drawn as dt_bias); lambda_log 0 (kappa = 1); p_raw 0.01; lambda_skip -1."""
     if name.endswith("conv.w"):
@@ -324,7 +324,7 @@ def delta_rule_recurrent(q, k, v, beta, g, scale):
 
 
 def precond_delta_rule_recurrent(q, k, v, beta, g, gP, bP, c, x, eps, return_state=False):
-    """Preconditioned (gated / KDA) delta rule, token by token (pdn spec 2.1), per head, S_0 = 0, A_0 = 0:
+    """Preconditioned (gated / KDA) delta rule, token by token (spec/pdn.md 2.1), per head, S_0 = 0, A_0 = 0:
     A_t = exp(gP) A_{t-1} + bP k^2; r = log(A_t + eps) - c; m = exp(-ln(x) r / (1 + |r|)); k~ = m k;
     S' = exp(g) S_{t-1} (row d by exp(g[d])); u = beta (v - S'^T k); S_t = S' + k~ u^T; o_t = S_t^T q_t.
 
@@ -352,7 +352,7 @@ def precond_delta_rule_recurrent(q, k, v, beta, g, gP, bP, c, x, eps, return_sta
 
 
 def chebyshev_omegas(a, r):
-    """omega_1..omega_r of CHEB (gka spec 3.1): omega_0 = 2, omega_i = 1 / (1 - rho^2/4 omega_{i-1}), rho = 1/(1+2a);
+    """omega_1..omega_r of CHEB (spec/gka.md 3.1): omega_0 = 2, omega_i = 1 / (1 - rho^2/4 omega_{i-1}), rho = 1/(1+2a);
     the same for every token and head (computed in double precision on the host)."""
     rho4 = (1.0 / (1.0 + 2.0 * a)) ** 2 / 4.0
     omegas, omega = [], 2.0
@@ -363,7 +363,7 @@ def chebyshev_omegas(a, r):
 
 
 def chebyshev_solve(H, f, b, a, r):
-    """CHEB(H, f, b) of gka spec 3.1, batched: r Chebyshev steps towards (H + a f I)^-1 b.
+    """CHEB(H, f, b) of spec/gka.md 3.1, batched: r Chebyshev steps towards (H + a f I)^-1 b.
 
     H: [..., d, d] symmetric PSD; f: [...] (= ||H||_F); b: [..., d]. mu = a f, L = f + a f: tau = 2 / (f (1 + 2a)).
     """
@@ -379,7 +379,7 @@ def chebyshev_solve(H, f, b, a, r):
 
 
 class ChebyshevSolve(torch.autograd.Function):
-    """x = CHEB(H, ||H||_F, q) with the implicit gradient of gka spec 3.2 (bp_lambda on):
+    """x = CHEB(H, ||H||_F, q) with the implicit gradient of spec/gka.md 3.2 (bp_lambda on):
     z = CHEB(H, f, dx) (the adjoint solve, same matrix and constants), dq = z, w = 2 a (x.z) / f,
     dH = -z x^T - (w / 2) H. Gradients through tau and rho (which depend on f) are ignored, as in the official code;
     lambda = a ||H||_F contributes only through the w term."""
@@ -402,7 +402,7 @@ class ChebyshevSolve(torch.autograd.Function):
 
 
 def gka_recurrent(q, k, v, g, alpha, scale, a, r):
-    """Gated KalmaNet core, token by token (gka spec 3), per head, H_0 = U_0 = 0:
+    """Gated KalmaNet core, token by token (spec/gka.md 3), per head, H_0 = U_0 = 0:
     H_t = exp(g) H_{t-1} + k k^T; U_t = exp(g) U_{t-1} + k v^T; x = CHEB(H_t, ||H_t||_F, q_t);
     o_t = scale U_t^T (q_t + alpha_t (x - q_t)).
 
@@ -425,7 +425,7 @@ def gka_recurrent(q, k, v, g, alpha, scale, a, r):
 
 
 def kalman_filter_sequential(v, Lv, k, q, abar, pbar, return_state=False):
-    """Kalman Linear Attention filter, token by token (kalman spec 2.3), vectorised over the lanes (b, d, n),
+    """Kalman Linear Attention filter, token by token (spec/kalman.md 2.3), vectorised over the lanes (b, d, n),
     information form with lam_0 = 1, eta_0 = 0 and the torch-path floors of spec 2.5 (torch.clamp: zero
     subgradient where a floor binds):
         den = max(max(abar^2, 1e-12) + pbar lam_{t-1}, 1e-12); rho = 1 / den
@@ -517,7 +517,7 @@ def recurrent_mixer(x, params, p, kind, cfg, cores):
 
 
 def precond_mixer(x, params, p, kind, cfg, cores):
-    """pdn / pgdn / pkda layer (pdn spec 1.1-1.5, FORMATS.md): fused in_proj, HV = H, W = 4, fast symmetric squash."""
+    """pdn / pgdn / pkda layer (spec/pdn.md 1.1-1.5, FORMATS.md): fused in_proj, HV = H, W = 4, fast symmetric squash."""
     B, T, _ = x.shape
     H, dk, dv = cfg.lin_heads, cfg.lin_dk, cfg.lin_dv
     m = p + kind + "."
@@ -539,7 +539,7 @@ def precond_mixer(x, params, p, kind, cfg, cores):
         f = F.linear(extra[0], params[m + "f2.w"]).view(B, T, H, dk)
         g = -torch.exp(params[m + "A_log"])[:, None] * F.softplus(f + params[m + "dt_bias"].view(H, dk))
     o = cores.precond_delta_rule(q, k, v, beta, g, gP, bP, params[m + "log_scale"], PRECOND_X, PRECOND_EPS)
-    # output RMSNorm per head, weight shared by the heads (pdn spec 1.5)
+    # output RMSNorm per head, weight shared by the heads (spec/pdn.md 1.5)
     y = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + PRECOND_ONORM_EPS) * params[m + "onorm.w"]
     if kind == "pkda":
         gate = F.linear(extra[1], params[m + "g2.w"], params[m + "g2.b"])
@@ -548,7 +548,7 @@ def precond_mixer(x, params, p, kind, cfg, cores):
 
 
 def gka_mixer(x, params, p, cfg, cores):
-    """gka layer (gka spec 2.3 with the official defaults of 2.1, FORMATS.md): fused in_proj, Hq = H,
+    """gka layer (spec/gka.md 2.3 with the official defaults of 2.1, FORMATS.md): fused in_proj, Hq = H,
     Hk = Hv = Hkv = gka_kv_heads (GQA when Hkv < H: conv on the un-expanded channels, then k and v repeat-interleaved
     to H heads, spec 2.3 step 3 and 2.4), W = 4, beta gate, alpha connection, conv on v, decay on both H and U,
     s = dk^-1/2, swish-gated output RMSNorm."""
@@ -576,7 +576,7 @@ def gka_mixer(x, params, p, cfg, cores):
 
 
 def kalman_dynamics(params, m):
-    """Static per-(d, n) dynamics of a kalman layer (kalman spec 1.3 step 6, OU discretisation):
+    """Static per-(d, n) dynamics of a kalman layer (spec/kalman.md 1.3 step 6, OU discretisation):
     Delta = softplus(delta_raw) + 1e-7; kappa = exp(lambda_log); abar = exp(-kappa Delta);
     pbar = max(max(p_raw, 1e-7) / (2 kappa) * -expm1(-2 kappa Delta), 1e-12). Returns abar, pbar [Dk, N]."""
     delta = F.softplus(params[m + "delta_raw"]) + KALMAN_DELTA_MIN
@@ -588,7 +588,7 @@ def kalman_dynamics(params, m):
 
 
 def kalman_mixer(x, params, p, cfg, cores):
-    """kalman layer (kalman spec 1.3 equations (1)-(8), FORMATS.md), plain or mamba preset, no variance output."""
+    """kalman layer (spec/kalman.md 1.3 equations (1)-(8), FORMATS.md), plain or mamba preset, no variance output."""
     Dk = cfg.kalman_expand * cfg.n_embd
     m = p + "kalman."
     z0, gate = F.linear(x, params[m + "in_proj.w"]).split(Dk, dim=-1)                  # (1)

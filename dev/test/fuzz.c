@@ -201,12 +201,14 @@ static void run_file_reader(void) {
     if (strcmp(target, "shard") == 0) {
         DataLoader l;
         snprintf(path, sizeof(path), "%s/fuzz_*.bin", dir);
-        dataloader_init(&l, path, 2, 8, 0, 1, 1, 7, 50257);
-        for (int i = 0; i < 30; i++) { dataloader_next_batch(&l); }
-        DataLoaderState s;
-        dataloader_get_state(&l, &s);
-        dataloader_set_state(&l, &s);
-        dataloader_free(&l);
+        for (int rows = 0; rows < 2; rows++) {  // both layouts: DL_ROWS_CONTIGUOUS, DL_ROWS_INDEPENDENT
+            dataloader_init(&l, path, 2, 8, 0, 1, rows, 1, 7, 50257);
+            for (int i = 0; i < 30; i++) { dataloader_next_batch(&l); }
+            DataLoaderState s;
+            dataloader_get_state(&l, &s);
+            dataloader_set_state(&l, &s);
+            dataloader_free(&l);
+        }
     } else if (strcmp(target, "model") == 0) {
         Config c;
         TensorTable tt;

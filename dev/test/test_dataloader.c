@@ -133,10 +133,11 @@ typedef struct {
     int vocab;
     size_t batches;                // batches to read after init (used by the error tests)
     const DataLoaderState* state;  // restored right after init when not NULL (used by the error tests)
+    int rows;                      // DL_ROWS_CONTIGUOUS (0, what the tests before --rows left out) or DL_ROWS_INDEPENDENT
 } Job;
 
 static void open_loader(DataLoader* l, const Job* j) {
-    dataloader_init(l, j->pattern, j->B, j->T, j->rank, j->P, j->shuffle, j->seed, j->vocab);
+    dataloader_init(l, j->pattern, j->B, j->T, j->rank, j->P, j->rows, j->shuffle, j->seed, j->vocab);
 }
 
 // read n batches, appending inputs/targets (B*T each) to in/tg and the epoch of each batch to epochs
@@ -166,6 +167,15 @@ static int window_id(const int* in, size_t window_tokens) {
     return shard * 10000 + pos / (int)window_tokens;
 }
 
+// the state of a loader of job j after n batches
+static void state_after(const Job* j, size_t n, DataLoaderState* s) {
+    DataLoader l;
+    open_loader(&l, j);
+    take(&l, n, NULL, NULL, NULL);
+    dataloader_get_state(&l, s);
+    dataloader_free(&l);
+}
+
 static int compare_ints(const void* a, const void* b) {
     int x = *(const int*)a, y = *(const int*)b;
     return (x > y) - (x < y);
@@ -180,7 +190,7 @@ static char g_root[256];
 static char g_main_pattern[600];
 
 static void test_sequential(void) {
-    Job j = {g_main_pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL};
+    Job j = {g_main_pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     DataLoader l;
     open_loader(&l, &j);
     report(l.num_tokens == 148 && l.batches_per_epoch == 24 && l.B == 2 && l.T == 3 && l.epoch == 0,
@@ -242,18 +252,20 @@ static void test_sequential(void) {
     dataloader_free(&l);
 }
 
-// (b) P ranks with batch B together read what one process with batch B*P reads, window by window
+// (b) P ranks with batch B together read what one process with batch B*P reads: with contiguous rows the
+// ranks split the batch's span, with independent rows its rows (rank r: rows r*B .. r*B + B - 1)
 static void test_sharding(void) {
     const size_t B = 2, T = 3, BT = B * T;
+    for (int rows = 0; rows < 2; rows++)
     for (int P = 2; P <= 3; P++) {
         for (int shuffle = 0; shuffle <= 1; shuffle++) {
-            Job jref = {g_main_pattern, B * (size_t)P, T, 0, 1, shuffle, 7, VOCAB, 0, NULL};
+            Job jref = {g_main_pattern, B * (size_t)P, T, 0, 1, shuffle, 7, VOCAB, 0, NULL, rows};
             DataLoader ref;
             open_loader(&ref, &jref);
             DataLoader ranks[3];
             char why[512] = "";
             for (int r = 0; r < P; r++) {
-                Job jr = {g_main_pattern, B, T, r, P, shuffle, 7, VOCAB, 0, NULL};
+                Job jr = {g_main_pattern, B, T, r, P, shuffle, 7, VOCAB, 0, NULL, rows};
                 open_loader(&ranks[r], &jr);
                 if (ranks[r].batches_per_epoch != ref.batches_per_epoch) {
                     NOTE(why, "rank %d has %zu batches per epoch, the P=1 loader %zu", r, ranks[r].batches_per_epoch,
@@ -262,15 +274,27 @@ static void test_sharding(void) {
             }
             size_t bpe = ref.batches_per_epoch;
             size_t want_bpe = 0;
-            for (int s = 0; s < 3; s++) { want_bpe += (MAIN_NTOK[s] - 1) / (BT * (size_t)P); }
+            if (rows == DL_ROWS_INDEPENDENT) {  // all windows of T + 1 tokens, B*P of them a batch
+                for (int s = 0; s < 3; s++) { want_bpe += (MAIN_NTOK[s] - 1) / T; }
+                want_bpe /= B * (size_t)P;
+            } else {
+                for (int s = 0; s < 3; s++) { want_bpe += (MAIN_NTOK[s] - 1) / (BT * (size_t)P); }
+            }
             if (bpe != want_bpe) { NOTE(why, "batches_per_epoch %zu, want %zu", bpe, want_bpe); }
             int* seen = (int*)malloc_or_die(bpe * BT * (size_t)P * sizeof(int));
             for (int e = 0; e < 2; e++) {
                 size_t nseen = 0;
                 for (size_t k = 0; k < bpe; k++) {
                     dataloader_next_batch(&ref);
-                    if (window_id(ref.inputs, BT * (size_t)P) < 0 || !is_span(ref.inputs, ref.targets, BT * (size_t)P, ref.inputs[0])) {
+                    if (rows == DL_ROWS_CONTIGUOUS && (window_id(ref.inputs, BT * (size_t)P) < 0 ||
+                                                       !is_span(ref.inputs, ref.targets, BT * (size_t)P, ref.inputs[0]))) {
                         NOTE(why, "epoch %d batch %zu: the P=1 batch is not one window", e, k);
+                    }
+                    for (size_t row = 0; row < B * (size_t)P && rows == DL_ROWS_INDEPENDENT; row++) {
+                        const int* in = ref.inputs + row * T;
+                        if (window_id(in, T) < 0 || !is_span(in, ref.targets + row * T, T, in[0])) {
+                            NOTE(why, "epoch %d batch %zu: row %zu of the P=1 batch is not one window of T + 1 tokens", e, k, row);
+                        }
                     }
                     for (int r = 0; r < P; r++) {
                         dataloader_next_batch(&ranks[r]);
@@ -291,8 +315,8 @@ static void test_sharding(void) {
                 }
             }
             char name[128];
-            snprintf(name, sizeof(name), "sharding: P=%d%s, ranks' slices concatenate to the P=1 batch, disjoint", P,
-                     shuffle ? " shuffled" : "");
+            snprintf(name, sizeof(name), "sharding (%s rows): P=%d%s, ranks' %s concatenate to the P=1 batch, disjoint",
+                     DL_ROWS_NAMES[rows], P, shuffle ? " shuffled" : "", rows == DL_ROWS_INDEPENDENT ? "rows" : "slices");
             report(why[0] == '\0', name, "%s", why);
             free(seen);
             dataloader_free(&ref);
@@ -303,7 +327,7 @@ static void test_sharding(void) {
 
 // the window ids of n batches of a P=1 loader with B=2, T=3
 static void shuffled_order(uint64_t seed, size_t n, int* ids) {
-    Job j = {g_main_pattern, 2, 3, 0, 1, 1, seed, VOCAB, 0, NULL};
+    Job j = {g_main_pattern, 2, 3, 0, 1, 1, seed, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     DataLoader l;
     open_loader(&l, &j);
     for (size_t k = 0; k < n; k++) {
@@ -398,13 +422,17 @@ static int resume_matches(const Job* j, const DataLoaderState* s, const int* ref
 static void test_resume(void) {
     char state_path[512];
     snprintf(state_path, sizeof(state_path), "%s/state.bin", g_root);
-    const Job configs[3] = {
-        {g_main_pattern, 2, 3, 0, 1, 0, 5, VOCAB, 0, NULL},
-        {g_main_pattern, 2, 3, 0, 1, 1, 5, VOCAB, 0, NULL},
-        {g_main_pattern, 2, 3, 1, 2, 1, 5, VOCAB, 0, NULL},
+    const Job configs[6] = {
+        {g_main_pattern, 2, 3, 0, 1, 0, 5, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS},
+        {g_main_pattern, 2, 3, 0, 1, 1, 5, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS},
+        {g_main_pattern, 2, 3, 1, 2, 1, 5, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS},
+        {g_main_pattern, 2, 3, 0, 1, 0, 5, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT},
+        {g_main_pattern, 2, 3, 0, 1, 1, 5, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT},
+        {g_main_pattern, 2, 3, 1, 2, 1, 5, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT},
     };
-    const char* names[3] = {"sequential", "shuffled", "shuffled, rank 1 of 2"};
-    for (int c = 0; c < 3; c++) {
+    const char* names[6] = {"contiguous, sequential", "contiguous, shuffled", "contiguous, shuffled, rank 1 of 2",
+                            "independent, sequential", "independent, shuffled", "independent, shuffled, rank 1 of 2"};
+    for (int c = 0; c < 6; c++) {
         const Job* j = &configs[c];
         DataLoader ref;
         open_loader(&ref, j);
@@ -420,12 +448,8 @@ static void test_resume(void) {
         char why[512] = "";
         for (int t = 0; t < 8 && why[0] == '\0'; t++) {
             size_t k = ks[t];
-            DataLoader a;
-            open_loader(&a, j);
-            take(&a, k, NULL, NULL, NULL);
             DataLoaderState s;
-            dataloader_get_state(&a, &s);
-            dataloader_free(&a);
+            state_after(j, k, &s);
             // through a file, raw, as the trainer stores it
             FILE* f = fopen_or_die(state_path, "wb");
             fwrite_or_die(&s, sizeof(s), f, state_path);
@@ -443,12 +467,8 @@ static void test_resume(void) {
         // negative control: the same comparison against a deliberately wrong state must find a difference
         // (one batch back in the sequential case; one epoch ahead, i.e. another permutation, when shuffled)
         DataLoaderState wrong;
-        DataLoader a;
-        open_loader(&a, j);
-        take(&a, 7, NULL, NULL, NULL);
-        dataloader_get_state(&a, &wrong);
-        dataloader_free(&a);
-        if (j->shuffle) { wrong.epoch += 1; } else { wrong.window_pos -= 1; }
+        state_after(j, 7, &wrong);
+        if (j->shuffle) { wrong.epoch += 1; } else { wrong.window_pos -= j->rows == DL_ROWS_INDEPENDENT ? j->B * (size_t)j->P : 1; }
         char why_wrong[512] = "";
         int matched = resume_matches(j, &wrong, ref_in, ref_tg, ref_epochs, 7, bpe + 2, why_wrong, sizeof(why_wrong));
         snprintf(name, sizeof(name), "negative control (%s): resuming from a wrong state is reported as different", names[c]);
@@ -469,7 +489,7 @@ static void test_exact_multiple(void) {
     write_dataset_shard(dir, 0, 18, 2, 0, STRIDE);
     write_dataset_shard(dir, 1, 19, 2, 0, STRIDE);
     snprintf(pattern, sizeof(pattern), "%s/d_*.bin", dir);
-    Job j = {pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL};
+    Job j = {pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     DataLoader l;
     open_loader(&l, &j);
     char why[256] = "";
@@ -491,7 +511,7 @@ static void test_uint32(void) {
     write_dataset_shard(dir, 0, 41, 4, U32_BASE, U32_STRIDE);
     write_dataset_shard(dir, 1, 30, 4, U32_BASE, U32_STRIDE);
     snprintf(pattern, sizeof(pattern), "%s/d_*.bin", dir);
-    Job j = {pattern, 2, 4, 0, 1, 0, 0, U32_VOCAB, 0, NULL};
+    Job j = {pattern, 2, 4, 0, 1, 0, 0, U32_VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     DataLoader l;
     open_loader(&l, &j);
     char why[256] = "";
@@ -516,7 +536,7 @@ static void test_uint32(void) {
     write_dataset_shard(dir, 0, 25, 2, 0, STRIDE);
     write_dataset_shard(dir, 1, 25, 4, 0, STRIDE);
     snprintf(pattern, sizeof(pattern), "%s/d_*.bin", dir);
-    Job jm = {pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL};
+    Job jm = {pattern, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     open_loader(&l, &jm);
     why[0] = '\0';
     for (int k = 0; k < 8; k++) {
@@ -555,7 +575,7 @@ static void test_large_offsets(void) {
     free(bytes);
     free(t);
 
-    Job j = {pattern, B, T, 0, 1, 0, 0, U32_VOCAB, 0, NULL};
+    Job j = {pattern, B, T, 0, 1, 0, 0, U32_VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
     DataLoader l;
     open_loader(&l, &j);
     DataLoaderState s;
@@ -572,7 +592,182 @@ static void test_large_offsets(void) {
     report(l.epoch == 1 && l.inputs[0] == 0 && l.targets[BT - 1] == 0, "64-bit offsets: wrap-around after the last window",
            "epoch %llu, inputs[0] %d", (unsigned long long)l.epoch, l.inputs[0]);
     dataloader_free(&l);
+    // independent rows of T + 1 tokens: 2^20 windows; the last one starts at token 2^30 - T = first + BT - T
+    j.B = 1;
+    j.rows = DL_ROWS_INDEPENDENT;
+    open_loader(&l, &j);
+    dataloader_get_state(&l, &s);
+    s.window_pos = l.num_windows - 1;
+    dataloader_set_state(&l, &s);
+    dataloader_next_batch(&l);
+    report(l.batches_per_epoch == (1u << 20) && is_span(l.inputs, l.targets, T, 1000 + (int)(BT - T)),
+           "64-bit offsets: independent rows, the last row of the 4 GiB shard",
+           "batches_per_epoch %zu (want 2^20), inputs[0] %d (want %d)", l.batches_per_epoch, l.inputs[0], 1000 + (int)(BT - T));
+    dataloader_free(&l);
     remove(path);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// independent rows (--rows independent): a row is a window of T + 1 tokens; the windows of all shards are
+// permuted per epoch by dl_permute_. On the main data set with T = 3: 20 + 16 + 12 = 48 windows.
+
+// is perm(., n, key) a bijection of [0, n)? Returns 1, or 0 with the first value hit twice or out of range in why.
+typedef uint64_t (*PermuteFn)(uint64_t i, uint64_t n, uint64_t key);
+static int is_bijection(PermuteFn perm, uint64_t n, uint64_t key, char* why, size_t why_len) {
+    unsigned char* hit = (unsigned char*)calloc_or_die((size_t)n, 1);
+    int ok = 1;
+    for (uint64_t i = 0; i < n && ok; i++) {
+        uint64_t x = perm(i, n, key);
+        if (x >= n) { snprintf(why, why_len, "n=%llu: position %llu -> %llu, out of range", (unsigned long long)n, (unsigned long long)i, (unsigned long long)x); ok = 0; }
+        else if (hit[x]) { snprintf(why, why_len, "n=%llu: window %llu visited twice (again at position %llu)", (unsigned long long)n, (unsigned long long)x, (unsigned long long)i); ok = 0; }
+        else { hit[x] = 1; }
+    }
+    free(hit);
+    return ok;
+}
+
+// the negative control: the Feistel network once over its 2^2h domain, folded into [0, n) by a modulo instead of
+// cycle walking. It stays in range, but it is not a bijection whenever n is not a power of 4.
+static uint64_t folded_permute(uint64_t i, uint64_t n, uint64_t key) {
+    uint64_t domain = 4;
+    while (domain < n) { domain *= 4; }
+    return dl_permute_(i, domain, key) % n;
+}
+
+// the window ids (see window_id) of every row of n batches of an independent-rows loader on the main data set
+static void independent_order(size_t B, int shuffle, uint64_t seed, size_t n, int* ids, char* why, size_t why_len) {
+    Job j = {g_main_pattern, B, 3, 0, 1, shuffle, seed, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT};
+    DataLoader l;
+    open_loader(&l, &j);
+    for (size_t k = 0; k < n; k++) {
+        dataloader_next_batch(&l);
+        for (size_t r = 0; r < B; r++) {
+            const int* in = l.inputs + r * 3;
+            int ok = is_span(in, l.targets + r * 3, 3, in[0]);
+            ids[k * B + r] = ok ? window_id(in, 3) : -1;
+            if ((!ok || ids[k * B + r] < 0) && why[0] == '\0') {
+                snprintf(why, why_len, "batch %zu row %zu is not a window of T + 1 tokens (inputs[0] %d)", k, r, in[0]);
+            }
+        }
+    }
+    dataloader_free(&l);
+}
+
+// the window id of window g of all 48 (shard by shard)
+static int main_window_id(int g) {
+    return g < 20 ? g : g < 36 ? 10000 + (g - 20) : 20000 + (g - 36);
+}
+
+static void test_independent(void) {
+    // the permutation alone: a bijection of [0, n) for sizes around the Feistel widths (n = 4^h exactly, one
+    // above, one below) and a prime, for several keys; and not the identity
+    const uint64_t sizes[] = {1, 2, 3, 4, 5, 15, 16, 17, 48, 1000, 4095, 4096, 4097, 65537, 100003};
+    char why[512] = "";
+    int identity = 1;
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]) && why[0] == '\0'; s++) {
+        for (uint64_t key = 0; key < 4 && why[0] == '\0'; key++) {
+            is_bijection(dl_permute_, sizes[s], dl_stream_seed_(key, 0, UINT64_MAX), why, sizeof(why));
+        }
+    }
+    for (uint64_t i = 0; i < 1000; i++) { identity &= dl_permute_(i, 1000, 99) == i; }
+    report(why[0] == '\0' && !identity, "independent: dl_permute_ is a bijection of [0, n) for 15 sizes x 4 keys, not the identity",
+           "%s%s", why, identity ? "the identity" : "");
+    // negative control: the same check finds that folding instead of cycle walking breaks the bijection
+    char why_broken[512] = "";
+    int broken_passes = is_bijection(folded_permute, 1000, 99, why_broken, sizeof(why_broken));
+    report(!broken_passes, "negative control: the bijection check rejects a folded (modulo) Feistel permutation",
+           "the broken permutation passed");
+
+    // sequential (no shuffle): batch k holds windows 2k and 2k+1 of all 48, across shard boundaries
+    int ids[4 * 48];
+    why[0] = '\0';
+    independent_order(2, 0, 0, 24, ids, why, sizeof(why));
+    for (int g = 0; g < 48; g++) {
+        if (ids[g] != main_window_id(g)) { NOTE(why, "row %d is window %d, want %d", g, ids[g], main_window_id(g)); }
+    }
+    report(why[0] == '\0', "independent: without shuffle, rows are the 48 windows of T + 1 tokens in order", "%s", why);
+
+    // shuffled, B = 2 (48 = 24 batches x 2): every window once per epoch, a new order every epoch
+    why[0] = '\0';
+    independent_order(2, 1, 42, 4 * 24, ids, why, sizeof(why));
+    int in_order = 0, consecutive = 0;
+    for (int e = 0; e < 4; e++) {
+        int sorted[48];
+        memcpy(sorted, ids + e * 48, sizeof(sorted));
+        qsort(sorted, 48, sizeof(int), compare_ints);
+        for (int g = 0; g < 48; g++) {
+            if (sorted[g] != main_window_id(g)) { NOTE(why, "epoch %d: window %d missing or repeated", e, main_window_id(g)); }
+        }
+        for (int g = 0; g < 48; g++) { in_order += ids[e * 48 + g] == main_window_id(g); }
+        for (int k = 0; k < 24; k++) { consecutive += ids[e * 48 + 2 * k + 1] == ids[e * 48 + 2 * k] + 1; }
+        if (e > 0 && memcmp(ids + e * 48, ids + (e - 1) * 48, 48 * sizeof(int)) == 0) { NOTE(why, "epochs %d and %d have the same order", e - 1, e); }
+    }
+    report(why[0] == '\0', "independent: shuffled, each epoch visits each of the 48 windows once, in a new order", "%s", why);
+    // a uniformly random order puts about 1 of 48 windows in place and about 1 of 24 batches on two consecutive
+    // windows per epoch; llm.c's layout would have every batch consecutive
+    report(in_order <= 12 && consecutive <= 12, "independent: shuffled rows are not in file order and a batch's two rows are not neighbours",
+           "over 4 epochs %d of 192 windows in place, %d of 96 batches with consecutive rows", in_order, consecutive);
+    int again[4 * 48], other[4 * 48];
+    char ignore[512] = "";
+    independent_order(2, 1, 42, 4 * 24, again, ignore, sizeof(ignore));
+    independent_order(2, 1, 43, 24, other, ignore, sizeof(ignore));
+    report(memcmp(ids, again, sizeof(again)) == 0, "independent: same seed gives the same order over 4 epochs", "two loaders with seed 42 differ");
+    report(memcmp(ids, other, 48 * sizeof(int)) != 0, "independent: different seed gives a different order", "seeds 42 and 43 give the same epoch 0");
+
+    // B = 5: 48 = 9 batches x 5 + 3 windows left over; an epoch has 45 distinct windows, and the ones left over
+    // change with the epoch, so over 8 epochs every window is used
+    {
+        Job j = {g_main_pattern, 5, 3, 0, 1, 1, 42, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT};
+        DataLoader l;
+        open_loader(&l, &j);
+        why[0] = '\0';
+        if (l.batches_per_epoch != 9) { NOTE(why, "batches_per_epoch %zu, want 9", l.batches_per_epoch); }
+        dataloader_free(&l);
+        int* many = (int*)malloc_or_die(8 * 45 * sizeof(int));
+        independent_order(5, 1, 42, 8 * 9, many, why, sizeof(why));
+        int used[3][20] = {{0}};
+        for (int e = 0; e < 8; e++) {
+            int sorted[45];
+            memcpy(sorted, many + e * 45, sizeof(sorted));
+            qsort(sorted, 45, sizeof(int), compare_ints);
+            for (int i = 1; i < 45; i++) { if (sorted[i] == sorted[i - 1]) { NOTE(why, "epoch %d: window %d twice", e, sorted[i]); } }
+            for (int i = 0; i < 45; i++) { used[sorted[i] / 10000][sorted[i] % 10000] = 1; }
+        }
+        int unused = 0;
+        for (int g = 0; g < 48; g++) { unused += !used[main_window_id(g) / 10000][main_window_id(g) % 10000]; }
+        if (unused > 0) { NOTE(why, "%d windows never used in 8 epochs", unused); }
+        report(why[0] == '\0', "independent: B=5 over 48 windows, 9 batches of distinct windows per epoch, the 3 left over vary", "%s", why);
+        free(many);
+    }
+
+    // more shards than the loader keeps open (70 > DL_MAX_OPEN_SHARDS): two epochs read every window of every shard
+    {
+        char dir[512], pattern[600];
+        snprintf(dir, sizeof(dir), "%s/many", g_root);
+        make_dir(dir);
+        // uint32 tokens: shard 69 holds ids from 69 * STRIDE = 138000
+        for (int s = 0; s < 70; s++) { write_dataset_shard(dir, s, 7, 4, 0, STRIDE); }  // 2 windows of T + 1 = 4 each
+        snprintf(pattern, sizeof(pattern), "%s/d_*.bin", dir);
+        Job j = {pattern, 4, 3, 0, 1, 1, 1, 70 * STRIDE, 0, NULL, DL_ROWS_INDEPENDENT};
+        DataLoader l;
+        open_loader(&l, &j);
+        why[0] = '\0';
+        for (int e = 0; e < 2; e++) {
+            int seen[140];
+            for (size_t k = 0; k < l.batches_per_epoch; k++) {
+                dataloader_next_batch(&l);
+                for (int r = 0; r < 4; r++) { seen[k * 4 + (size_t)r] = window_id(l.inputs + r * 3, 3); }
+                if (l.open_files > DL_MAX_OPEN_SHARDS) { NOTE(why, "%zu shards open", l.open_files); }
+            }
+            qsort(seen, 140, sizeof(int), compare_ints);
+            for (int i = 0; i < 140; i++) {
+                if (seen[i] != (i / 2) * 10000 + i % 2) { NOTE(why, "epoch %d: window %d missing or repeated", e, (i / 2) * 10000 + i % 2); }
+            }
+        }
+        report(why[0] == '\0' && l.batches_per_epoch == 35, "independent: 70 shards (more than are kept open), every window once per epoch",
+               "%s (batches_per_epoch %zu, want 35)", why, l.batches_per_epoch);
+        dataloader_free(&l);
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -650,7 +845,7 @@ static void bad_case(const char* tag, char* dir, char* pattern, char* bad_path, 
 static void test_errors(void) {
     char dir[512], pattern[600], bad[600], prefix[700], must[256];
     uint32_t* good = ramp(61, STRIDE);
-    Job j = {NULL, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL};
+    Job j = {NULL, 2, 3, 0, 1, 0, 0, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
 
     // no match
     char nomatch[600], nomatch_prefix[700];
@@ -749,7 +944,7 @@ static void test_errors(void) {
 
     // negative control: the same death check on a healthy data set must fail
     {
-        Job jok = {g_main_pattern, 2, 3, 0, 1, 0, 0, VOCAB, 30, NULL};
+        Job jok = {g_main_pattern, 2, 3, 0, 1, 0, 0, VOCAB, 30, NULL, DL_ROWS_CONTIGUOUS};
         char why[4600] = "";
         int died = dies_with(&jok, "error: ", NULL, why, sizeof(why));
         report(!died, "negative control: the error check fails on a healthy data set", "it reported a healthy run as an error");
@@ -757,17 +952,11 @@ static void test_errors(void) {
 
     // set_state with a state that does not fit: saved by a shuffled B=2 T=3 P=1 loader after 5 batches
     DataLoaderState s;
-    {
-        Job js = {g_main_pattern, 2, 3, 0, 1, 1, 42, VOCAB, 0, NULL};
-        DataLoader l;
-        open_loader(&l, &js);
-        take(&l, 5, NULL, NULL, NULL);
-        dataloader_get_state(&l, &s);
-        dataloader_free(&l);
-    }
+    Job js = {g_main_pattern, 2, 3, 0, 1, 1, 42, VOCAB, 0, NULL, DL_ROWS_CONTIGUOUS};
+    state_after(&js, 5, &s);
     char main_prefix[700];
     snprintf(main_prefix, sizeof(main_prefix), "error: %s: ", g_main_pattern);
-    Job js = {g_main_pattern, 2, 3, 0, 1, 1, 42, VOCAB, 0, &s};
+    js.state = &s;
     {
         char why[4600] = "";
         Job jfit = js;
@@ -810,6 +999,50 @@ static void test_errors(void) {
     bad_state = s;
     bad_state.magic = 0;
     expect_death("error: set_state with a state that is not one", &jx, main_prefix, "not valid");
+
+    // --rows: a contiguous state does not fit an independent loader, and the error says how to resume it
+    jx = js; jx.rows = DL_ROWS_INDEPENDENT;
+    expect_death("error: set_state with the other rows layout", &jx, main_prefix,
+                 "rows = contiguous in the state, independent now (resume it with --rows contiguous)");
+    // a version 1 state (before --rows; shuffle was a uint32, whose high half is now rows) is a contiguous one
+    DataLoaderState v1 = s;
+    v1.version = 1;
+    {
+        char why[4600] = "";
+        Job jfit = js;
+        jfit.state = &v1;
+        jfit.batches = 3;
+        int died = dies_with(&jfit, "error: ", NULL, why, sizeof(why));
+        report(!died, "set_state: a version 1 state resumes a contiguous loader", "%s", why);
+    }
+    jx = js; jx.rows = DL_ROWS_INDEPENDENT; jx.state = &v1;
+    expect_death("error: set_state of a version 1 state into an independent loader", &jx, main_prefix, "resume it with --rows contiguous");
+    // an independent state: its position is a multiple of B*P windows, its shard position 0
+    DataLoaderState si;
+    Job jis = {g_main_pattern, 2, 3, 0, 1, 1, 42, VOCAB, 3, NULL, DL_ROWS_INDEPENDENT};
+    state_after(&jis, 5, &si);
+    jis.state = &bad_state;
+    bad_state = si;
+    bad_state.window_pos = 11;
+    expect_death("error: set_state (independent) with a window position inside a batch", &jis, main_prefix,
+                 "window position 11, but an epoch is 24 batches of B*processes = 2 rows");
+    bad_state = si;
+    bad_state.window_pos = 50;
+    expect_death("error: set_state (independent) with a window position past the epoch", &jis, main_prefix, "window position 50");
+    bad_state = si;
+    bad_state.shard_pos = 1;
+    expect_death("error: set_state (independent) with a shard position", &jis, main_prefix, "shard position 1");
+
+    // independent rows need T + 1 tokens per shard and B*P windows in all
+    bad_case("short_row", dir, pattern, bad, prefix);
+    write_shard(bad, good, 3, 2);
+    Job jrow = j;
+    jrow.pattern = pattern;
+    jrow.rows = DL_ROWS_INDEPENDENT;
+    expect_death("error: independent rows, a shard shorter than T + 1 tokens", &jrow, prefix, "3 tokens, but one row needs T + 1 = 4");
+    Job jfew = {g_main_pattern, 50, 3, 0, 1, 1, 42, VOCAB, 0, NULL, DL_ROWS_INDEPENDENT};
+    expect_death("error: independent rows, fewer windows than one batch has rows", &jfew, main_prefix,
+                 "48 rows of T + 1 = 4 tokens in all shards, but one batch needs B*processes = 50*1 rows");
     free(good);
 }
 
@@ -836,6 +1069,7 @@ int main(void) {
     test_sharding();
     test_shuffle();
     test_resume();
+    test_independent();
     test_uint32();
     test_large_offsets();
     test_errors();

@@ -91,7 +91,7 @@ static void test_mqar(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// mqar-zoology (pdn spec 8.1)
+// mqar-zoology (spec/pdn.md 8.1)
 
 static void test_mqar_zoology(void) {
     Task t = {TASK_MQAR_ZOOLOGY, 64, 64, 8};
@@ -207,7 +207,7 @@ static void test_stack(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// a5 (kalman spec 8.1)
+// a5 (spec/kalman.md 8.1)
 
 static int perm_parity(const unsigned char* p) {
     int inv = 0;

@@ -40,6 +40,7 @@ expect_error "gka iterations out of range" "--gka-iters" -- ./train_kla --gka-it
 expect_error "gka kv heads do not divide" "--gka-kv-heads" -- ./train_kla --mixer gka --lin-heads 4 --gka-kv-heads 3
 expect_error "unknown kalman preset" "--kalman-preset" "mamba" -- ./train_kla --kalman-preset mamba2
 expect_error "T above max_seq_len (attn)" "-t" "max_seq_len" -- ./train_kla --mixer attn:2 --max-seq-len 64 -t 128
+expect_error "unknown rows layout" "--rows" "contiguous, independent" -- ./train_kla --rows foo
 
 # ---- documented defaults (README "Patterns" and "Quick start"), so the README and the code cannot drift apart
 pattern_of() { "$@" -b 1 -t 8 -x 1 -v 0 -m 1 -g 0 2>&1 | awk -F'|' '/ mixer pattern / { gsub(/ /, "", $3); print $3 }'; }
@@ -86,7 +87,9 @@ expect_error "shard wrong version" "version_000.bin" -- ./train_kla "${SMALL[@]}
 expect_error "shard truncated payload" "truncated_000.bin" -- ./train_kla "${SMALL[@]}" -i "$tmp/truncated_*.bin"
 expect_error "shard with extra bytes" "extra_000.bin" -- ./train_kla "${SMALL[@]}" -i "$tmp/extra_*.bin"
 expect_error "shard token id >= vocab" "badtoken_000.bin" "60000" "9024" -- ./train_kla "${SMALL[@]}" -i "$tmp/badtoken_*.bin" -b 4 -t 1024 -x 1
-expect_error "shard too short for B*T+1" "short_000.bin" -- ./train_kla "${SMALL[@]}" -i "$tmp/short_*.bin"
+expect_error "shard too short for B*T+1 (--rows contiguous)" "short_000.bin" "B*T*processes + 1" -- ./train_kla "${SMALL[@]}" -i "$tmp/short_*.bin" --rows contiguous
+expect_error "shard too short for one row of T+1" "short_000.bin" "one row needs T + 1 = 65" -- ./train_kla "${SMALL[@]}" -i "$tmp/short_*.bin" -t 64
+expect_error "fewer rows than one batch" "short_*.bin" "1 rows of T + 1 = 33 tokens" "B*processes = 2*1" -- ./train_kla "${SMALL[@]}" -i "$tmp/short_*.bin"
 expect_error "missing tokenizer" "no_tokenizer.bin" -- ./train_kla "${SMALL[@]}" -g 8 --tokenizer "$tmp/no_tokenizer.bin"
 
 # ---- checkpoints and output dir
@@ -164,6 +167,19 @@ for sched in constant cosine; do
         fail "resume ($sched lr)" "the resumed run differs from the uninterrupted one"
     fi
 done
+# --rows contiguous is a run flag: -y 1 alone takes it back, and the resumed run ends bit for bit where the
+# uninterrupted one does; the same resume under the default --rows independent refuses the state in one line
+./train_kla "${SMALL[@]}" -k constant -x 6 -n 3 --rows contiguous -o "$tmp/rows_full" > /dev/null 2>&1
+mkdir -p "$tmp/rows_part" && cp "$tmp/rows_full/"{model_00000003.bin,state_00000003.bin,DONE_00000003} "$tmp/rows_part/"
+out=$(./train_kla -o "$tmp/rows_part" -y 1 2>&1)
+if cmp -s "$tmp/rows_full/model_00000006.bin" "$tmp/rows_part/model_00000006.bin" && ! echo "$out" | grep -q overrides &&
+   ! cmp -s "$tmp/rows_full/model_00000006.bin" "$tmp/full_constant/model_00000006.bin"; then
+    pass "resume (--rows contiguous): -y 1 alone keeps the layout, bit for bit; the independent-rows run differs"
+else
+    fail "resume (--rows contiguous)" "the resumed run differs, or equals the independent-rows run: $(echo "$out" | tail -n 1)"
+fi
+mkdir -p "$tmp/rows_other" && cp "$tmp/rows_full/"{model_00000003.bin,state_00000003.bin,DONE_00000003} "$tmp/rows_other/"
+expect_error "resume with the other --rows" "rows = contiguous in the state, independent now" "--rows contiguous" -- ./train_kla -o "$tmp/rows_other" -y 1 --rows independent
 # negative control: resuming with a different data seed must NOT give the same weights
 mkdir -p "$tmp/ctrl" && cp "$tmp/full_constant/"{model_00000003.bin,state_00000003.bin,DONE_00000003} "$tmp/ctrl/"
 ./train_kla "${SMALL[@]}" -k constant -x 6 -o "$tmp/ctrl" -y 1 -l 2e-3 > /dev/null 2>&1

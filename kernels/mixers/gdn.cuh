@@ -21,7 +21,7 @@ Backward: spec 1.6 with the chunkwise core backward of spec 3.4. Decode: spec 4 
 #include "../gdn.cuh"
 #include "../gdn_chunk.cuh"
 
-// one gdn/kaczmarz layer's settings (spec/gdn_kaczmarz.md section 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
+// one gdn/kaczmarz layer's settings (spec/gdn_kaczmarz.md 0; FORMATS.md in_proj blocks q|k|v|z|a|b)
 typedef struct {
     int H, dk, dv, W, kaczmarz;
     int D;    // 2*H*dk + H*dv: the conv'ed channels q | k | v
