@@ -3,8 +3,8 @@ train_common.h: the training program of train_kla.c and train_kla.cu, written on
 trainers provide (model_forward with m->mean_loss and m->num_labelled, model_backward, model_update, ...;
 decode_init / model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
 run directory and resume, validation, the synthetic tasks' evaluation, the multiple-choice evaluation
-(HellaSwag), sampling, checkpoints, the stop on divergence, the step line and its ETA, and the loop itself (train_main, at the end). Include it after the
-trainer's model code.
+(HellaSwag), sampling, checkpoints, the stop on divergence, the step line and its ETA, and the loop itself
+(train_main, at the end). Include it after the trainer's model code.
 */
 #ifndef TRAIN_KLA_TRAIN_COMMON_H
 #define TRAIN_KLA_TRAIN_COMMON_H
@@ -405,7 +405,8 @@ static void check_default_data(const Options* o) {
 
 // ----------------------------------------------------------------------------------------------------------
 // the ETA of the step line (README "Training output"): the steps left at the smoothed step time, plus the
-// validations and samples left at their measured mean cost (one not yet measured counts nothing)
+// validations, HellaSwag evaluations and samples left at their measured mean cost (one not yet measured counts
+// nothing)
 
 typedef struct {
     double val_s, sample_s, hella_s;  // seconds spent so far
