@@ -172,12 +172,12 @@ static int hellaswag_correct(Model* m, const HellaSwag* h, int B) {
 }
 
 // The accuracy on stdout, `step <step> | hellaswag <correct>/<n> = <accuracy>`, and in main.log as llm.c writes
-// it, `s:<step> hella:<accuracy>`.
+// it (llmc/logger.h's logger_log_eval, which its dev/vislog.ipynb plots as HellaSwag), `s:<step> eval:<accuracy>`.
 static void hellaswag_report(Model* m, const HellaSwag* h, int B, long long step, FILE* log) {
     int correct = hellaswag_correct(m, h, B);
     double accuracy = (double)correct / h->n;
     printf("step %lld | hellaswag %d/%d = %.4f\n", step, correct, h->n, accuracy);
-    if (log) { fprintf(log, "s:%lld hella:%.4f\n", step, accuracy); fflush(log); }
+    if (log) { fprintf(log, "s:%lld eval:%.4f\n", step, accuracy); fflush(log); }
 }
 
 // --eval: the loss of the model on -j (-m batches, default all of them), printed, and appended to -o's main.log
@@ -363,7 +363,7 @@ static void note_if_all_warmup(const Options* o, int max_steps) {
 
 // The lines an interrupted run wrote to main.log after its checkpoint at `start` go (the resumed run writes those
 // steps again), so no step is logged twice; the HellaSwag accuracy of step `start` goes too, and is evaluated
-// again (the `hel` of `hella` is not `tel`). Returns whether the log keeps the validation loss of step `start`,
+// again (the `eva` of `eval` is not `tel`). Returns whether the log keeps the validation loss of step `start`,
 // which the resumed run then does not compute again (the same weights give the same loss).
 static int trim_log_for_resume(const char* dir, int start) {
     char path[4096], line[1024];

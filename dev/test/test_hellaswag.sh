@@ -36,13 +36,13 @@ untrained=$(count_of 0 "$tmp/train.out")
 trained=$(count_of 40 "$tmp/train.out")
 if [ -n "$untrained" ] && in_chance_band "$untrained"; then pass "the untrained model (step 0) is near chance: $untrained/$N"; else fail "untrained near chance" "got '$untrained'/$N ($(tail -2 "$tmp/train.out" | head -c 300))"; fi
 if [ -n "$trained" ] && [ "$trained" -ge 40 ]; then pass "after 40 steps the model picks the true continuation: $trained/$N"; else fail "trained above chance" "got '$trained'/$N, expected >= 40"; fi
-lines=$(grep -c ' hella:' "$tmp/run/main.log")
-acc40=$(sed -n 's/^s:40 hella:\(.*\)/\1/p' "$tmp/run/main.log")
+lines=$(grep -c ' eval:' "$tmp/run/main.log")
+acc40=$(sed -n 's/^s:40 eval:\(.*\)/\1/p' "$tmp/run/main.log")
 expected=$(awk -v c="$trained" -v n=$N 'BEGIN { printf "%.4f", c / n }')
-if [ "$lines" = 3 ] && grep -q '^s:0 hella:' "$tmp/run/main.log" && grep -q '^s:20 hella:' "$tmp/run/main.log" && [ "$acc40" = "$expected" ]; then
-    pass "main.log has s:<step> hella:<accuracy> at steps 0, 20, 40 (s:40 hella:$acc40)"
+if [ "$lines" = 3 ] && grep -q '^s:0 eval:' "$tmp/run/main.log" && grep -q '^s:20 eval:' "$tmp/run/main.log" && [ "$acc40" = "$expected" ]; then
+    pass "main.log has s:<step> eval:<accuracy> at steps 0, 20, 40 (s:40 eval:$acc40)"
 else
-    fail "main.log hella lines" "$lines lines, s:40 hella:'$acc40', expected $expected"
+    fail "main.log eval lines" "$lines lines, s:40 eval:'$acc40', expected $expected"
 fi
 
 # ---- the checkpoint: --eval gives the training run's count, with any batch (rows of one example split across
@@ -61,8 +61,8 @@ grep -q '^step 40 | hellaswag [0-9]*/10 = ' "$tmp/eval.out" && pass "--hellaswag
 
 # ---- -y 1 keeps --hellaswag (a run flag) and logs each step's accuracy once: the one of step 40 is evaluated again
 ./train_kla -o "$tmp/run" -y 1 -x 60 > "$tmp/resume.out" 2>&1
-steps=$(sed -n 's/^s:\([0-9]*\) hella:.*/\1/p' "$tmp/run/main.log" | tr '\n' ' ')
-[ "$steps" = "0 20 40 60 " ] && pass "-y 1 keeps --hellaswag; main.log has each step's accuracy once (steps $steps)" || fail "resume hella lines" "steps '$steps'"
+steps=$(sed -n 's/^s:\([0-9]*\) eval:.*/\1/p' "$tmp/run/main.log" | tr '\n' ' ')
+[ "$steps" = "0 20 40 60 " ] && pass "-y 1 keeps --hellaswag; main.log has each step's accuracy once (steps $steps)" || fail "resume eval lines" "steps '$steps'"
 
 # ---- every mixer runs it (one model of all eight; only the forward pass is used)
 ALL=(--mixer attn:1,gdn:1,kaczmarz:1,kalman:1,gka:1,pdn:1,pgdn:1,pkda:1 --width 32 --heads 2 --lin-heads 2 --dk 16 --dv 16)
