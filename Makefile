@@ -130,7 +130,7 @@ $(SANITIZE_PROGRAMS): $(COMMON)
 # the libFuzzer harness dev/test/fuzz.c, one binary per reader, with clang (scripts/install_deps.sh test installs
 # it); `make fuzz` runs 50x the bounded, seeded fuzzing that make test runs (dev/test/test_fuzz.sh)
 CLANG ?= clang
-FUZZ_TARGETS = shard model state tokenizer encode
+FUZZ_TARGETS = shard model state tokenizer encode evalfile
 fuzz-build: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
 build/fuzz/fuzz_%: dev/test/fuzz.c $(COMMON)
 	@mkdir -p build/fuzz

@@ -618,4 +618,106 @@ static inline void dataloader_free(DataLoader* l) {
     memset(l, 0, sizeof(*l));
 }
 
+// ----------------------------------------------------------------------------------------------------------
+// multiple-choice evaluation files (HellaSwag): llm.c's eval file format (FORMATS.md "Multiple-choice eval file")
+//
+// A header of 256 int32 ([0] = magic 20240522, [1] = version 1, [2] = examples, [3] = the longest example record in
+// bytes), then per example a record of uint16 words: 65535 (<START_EXAMPLE>), the record's length in bytes, the
+// example's index (not checked: a subset of a data set may keep its original indices), the label (the correct
+// completion), the number of completions (4), the context's length and tokens, then per completion its length and
+// tokens. The whole file is read and checked up front: a file that passes every check below is safe to score (no
+// length runs past its record, no token past the vocabulary).
+
+#define EVAL_MAGIC 20240522
+#define EVAL_VERSION 1
+#define EVAL_START_EXAMPLE 65535
+#define EVAL_COMPLETIONS 4  // llm.c's files (HellaSwag, MMLU) have 4; the format's field is checked against it
+
+typedef struct {
+    int label;                                       // the correct completion, in [0, EVAL_COMPLETIONS)
+    const uint16_t* context;                         // points into EvalFile.words
+    int context_len;                                 // >= 1
+    const uint16_t* completion[EVAL_COMPLETIONS];
+    int completion_len[EVAL_COMPLETIONS];            // each >= 1
+} EvalExample;
+
+typedef struct {
+    int num_examples;
+    uint16_t* words;        // the file after its header
+    EvalExample* examples;  // (num_examples)
+} EvalFile;
+
+// Reads and checks an eval file whose tokens must lie in [0, vocab_size); any problem is a one-line error naming
+// the file (and the example, with the byte offset of its record).
+static inline void evalfile_load(EvalFile* e, const char* path, int vocab_size) {
+    FILE* f = fopen_or_die(path, "rb");
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { die("%s: cannot stat (%s)", path, strerror(errno)); }
+    if (!S_ISREG(st.st_mode)) { die("%s: not a regular file", path); }
+    long long file_size = (long long)st.st_size;
+    if (file_size < DL_HEADER_BYTES) { die("%s: file is %lld bytes, too small for the %d-byte eval file header", path, file_size, DL_HEADER_BYTES); }
+    unsigned char header[DL_HEADER_BYTES];
+    fread_or_die(header, DL_HEADER_BYTES, f, path);
+    uint32_t magic = dl_le32_(header), version = dl_le32_(header + 4), n = dl_le32_(header + 8), longest = dl_le32_(header + 12);
+    if (magic != EVAL_MAGIC) { die("%s: bad magic %u, expected %d (a multiple-choice eval file, scripts/hellaswag.py)", path, magic, EVAL_MAGIC); }
+    if (version != EVAL_VERSION) { die("%s: version %u, expected %d", path, version, EVAL_VERSION); }
+    if (n == 0 || n > 65535) { die("%s: the header declares %u examples, expected 1 to 65535", path, n); }
+    size_t payload = (size_t)(file_size - DL_HEADER_BYTES);
+    if (payload % 2 != 0) { die("%s: truncated: the examples take an odd number of bytes (%zu)", path, payload); }
+    size_t num_words = payload / 2;
+    e->num_examples = (int)n;
+    e->words = (uint16_t*)malloc_or_die(payload > 0 ? payload : 1);
+    e->examples = (EvalExample*)malloc_or_die(n * sizeof(EvalExample));
+    fread_or_die(e->words, payload, f, path);
+    fclose(f);
+    size_t pos = 0, longest_seen = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint16_t* w = e->words + pos;
+        long long offset = DL_HEADER_BYTES + 2 * (long long)pos;
+        size_t left = num_words - pos;
+        if (left < 6) { die("%s: truncated: example %u (byte %lld) is cut off after %zu bytes", path, i, offset, 2 * left); }
+        if (w[0] != EVAL_START_EXAMPLE) { die("%s: example %u (byte %lld): delimiter %u, expected %d", path, i, offset, w[0], EVAL_START_EXAMPLE); }
+        size_t len = w[1] / 2;  // the record in words
+        if (w[1] % 2 != 0 || len < 6) { die("%s: example %u (byte %lld): a record of %u bytes is impossible", path, i, offset, w[1]); }
+        if (len > left) { die("%s: truncated: example %u (byte %lld) declares %u bytes, %zu are left", path, i, offset, w[1], 2 * left); }
+        if (w[4] != EVAL_COMPLETIONS) { die("%s: example %u (byte %lld): %u completions, expected %d", path, i, offset, w[4], EVAL_COMPLETIONS); }
+        if (w[3] >= EVAL_COMPLETIONS) { die("%s: example %u (byte %lld): label %u is not in [0, %d)", path, i, offset, w[3], EVAL_COMPLETIONS); }
+        EvalExample* x = &e->examples[i];
+        x->label = w[3];
+        // the context, then each completion: a length >= 1 and that many tokens, all inside the record
+        size_t at = 5;
+        for (int part = -1; part < EVAL_COMPLETIONS; part++) {
+            const char* what = part < 0 ? "the context" : "a completion";
+            if (at >= len) { die("%s: example %u (byte %lld): its record of %u bytes ends before %s", path, i, offset, w[1], what); }
+            int count = w[at];
+            if (count == 0) { die("%s: example %u (byte %lld): %s is empty", path, i, offset, what); }
+            if (at + 1 + count > len) { die("%s: example %u (byte %lld): %s of %d tokens runs past its record of %u bytes", path, i, offset, what, count, w[1]); }
+            for (int t = 0; t < count; t++) {
+                if (w[at + 1 + t] >= vocab_size) {
+                    die("%s: example %u (byte %lld): token %u is outside the model's vocabulary [0, %d)", path, i, offset, w[at + 1 + t], vocab_size);
+                }
+            }
+            if (part < 0) {
+                x->context = w + at + 1;
+                x->context_len = count;
+            } else {
+                x->completion[part] = w + at + 1;
+                x->completion_len[part] = count;
+            }
+            at += 1 + (size_t)count;
+        }
+        if (at != len) { die("%s: example %u (byte %lld): %zu bytes after its last completion inside the record", path, i, offset, 2 * (len - at)); }
+        if (2 * len > longest_seen) { longest_seen = 2 * len; }
+        pos += len;
+    }
+    if (pos != num_words) { die("%s: %zu extra bytes after the %u examples the header declares", path, 2 * (num_words - pos), n); }
+    if (longest != longest_seen) { die("%s: the header says the longest example is %u bytes, it is %zu", path, longest, longest_seen); }
+}
+
+static inline void evalfile_free(EvalFile* e) {
+    free(e->words);
+    free(e->examples);
+    memset(e, 0, sizeof(*e));
+}
+
 #endif // TRAIN_KLA_DATALOADER_H

@@ -1349,6 +1349,8 @@ typedef struct {
     int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute, overwrite;
     int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
     const char *task_name, *task_eval;      // --task, --task-eval
+    const char* hellaswag;                  // --hellaswag: the multiple-choice eval file (dataloader.h's EvalFile)
+    int hellaswag_every, hellaswag_max;     // --hellaswag-every, --hellaswag-max
     int task_vocab, task_len, task_pairs;   // --task-vocab, --task-len, --task-pairs (0 = the task's default)
     Task task;                              // the task the run trains on (kind TASK_NONE: token shards)
     int eval_lens[MAX_EVAL_LENS];           // --task-eval: extra evaluation lengths (task length parameter)
@@ -1369,8 +1371,9 @@ static void check_checkpoint_use_flags(Options* o) {
     const char* mode = o->generate > 0 ? "--generate" : "--eval";
     if (o->init_file == NULL) { die("flag %s: needs the model to use (-e model.bin)", mode); }
     static const char* training[] = {"-i", "-y", "-d", "-x", "-k", "-l", "-u", "-q", "-c", "-v", "-s", "-g", "-n", "-nk",
-                                     "--seed", "--rows", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r"};
-    static const char* of_eval[] = {"-j", "-m", "-b", "-t", "-o"};
+                                     "--seed", "--rows", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r",
+                                     "--hellaswag-every"};
+    static const char* of_eval[] = {"-j", "-m", "-b", "-t", "-o", "--hellaswag", "--hellaswag-max"};
     static const char* of_generate[] = {"--prompt", "--temperature", "--top-k", "--samples", "--sample-seed", "--tokenizer"};
     for (size_t i = 0; i < sizeof(training) / sizeof(training[0]); i++) {
         if (find_flag(o->flags, o->num_flags, training[i])->given) {
@@ -1390,7 +1393,8 @@ static void check_checkpoint_use_flags(Options* o) {
 // With a task the data come from its generator (tasks.h): the sequence length and the vocabulary are the task's,
 // and the flags about token shards and GPT-2 text are errors. Used for --task, and for a checkpoint whose header
 // names a task (use_checkpoint_task).
-static const char* TASK_SHARD_FLAGS[] = {"-i", "-j", "-t", "--vocab-size", "--rows", "--shuffle", "--prompt", "--tokenizer"};
+static const char* TASK_SHARD_FLAGS[] = {"-i", "-j", "-t", "--vocab-size", "--rows", "--shuffle", "--prompt", "--tokenizer",
+                                         "--hellaswag"};
 #define NUM_TASK_SHARD_FLAGS ((int)(sizeof(TASK_SHARD_FLAGS) / sizeof(TASK_SHARD_FLAGS[0])))
 
 // A flag that has no meaning with a task: those of token shards and GPT-2 text, and -g (samples)
@@ -1541,6 +1545,9 @@ static void parse_options(Options* o, int argc, char** argv) {
     o->top_k = 0;
     o->sample_seed = 1337;
     o->overwrite = 0;
+    o->hellaswag = NULL;
+    o->hellaswag_every = 0;
+    o->hellaswag_max = 0;
     // the 1 after the help marks a run flag (Flag.run_flag): kept in the state file, taken back by -y 1; then `given`
     Flag flags[] = {
         {"-i", FLAG_STRING, &o->train_glob, "train token shards (glob)", 1, 0},
@@ -1599,6 +1606,9 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--generate", FLAG_INT, &o->generate, "N > 0: print samples of N tokens from -e, exit (no training)", 0, 0},
         {"--eval", FLAG_INT, &o->eval, "1: print loss and perplexity of -e on -j, exit (no training)", 0, 0},
         {"--tokenizer", FLAG_STRING, &o->tokenizer_path, "tokenizer file (made by make data)", 1, 0},
+        {"--hellaswag", FLAG_STRING, &o->hellaswag, "multiple-choice eval file (llm.c's format, e.g. HellaSwag)", 1, 0},
+        {"--hellaswag-every", FLAG_INT, &o->hellaswag_every, "its accuracy every N steps (0 = only at the end)", 1, 0},
+        {"--hellaswag-max", FLAG_INT, &o->hellaswag_max, "examples of --hellaswag scored: the first N (0 = all)", 1, 0},
         {"--task", FLAG_STRING, &o->task_name, "synthetic task instead of shards: mqar, mqar-zoology, sniah, palindrome, stack, a5", 0, 0},
         {"--task-vocab", FLAG_INT, &o->task_vocab, "task vocabulary (0 = the task's: 8192 mqar/sniah, 128 palindrome)", 0, 0},
         {"--task-len", FLAG_INT, &o->task_len, "task length: tokens per sequence, palindrome: source tokens (0 = spec's)", 0, 0},
@@ -1666,6 +1676,11 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->samples >= 1, "--samples", "must be >= 1");
     require(o->generate >= 0, "--generate", "must be >= 0");
     require(o->eval == 0 || o->eval == 1, "--eval", "must be 0 or 1");
+    require(o->hellaswag_every >= 0, "--hellaswag-every", "must be >= 0");
+    require(o->hellaswag_max >= 0, "--hellaswag-max", "must be >= 0");
+    // by value, not by `given`: -y 1 gives back the run's defaults of both with no --hellaswag
+    require(o->hellaswag_every == 0 || o->hellaswag != NULL, "--hellaswag-every", "needs --hellaswag FILE");
+    require(o->hellaswag_max == 0 || o->hellaswag != NULL, "--hellaswag-max", "needs --hellaswag FILE");
     if (o->generate > 0 || o->eval) { check_checkpoint_use_flags(o); }
     require(o->depth >= 1 && o->depth <= MAX_LAYERS, "--depth", "must be in [1, 128]");
     require(o->width >= 1, "--width", "must be >= 1");

@@ -2,9 +2,9 @@
 train_common.h: the training program of train_kla.c and train_kla.cu, written once against the model API both
 trainers provide (model_forward with m->mean_loss and m->num_labelled, model_backward, model_update, ...;
 decode_init / model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
-run directory and resume, validation, the synthetic tasks' evaluation, sampling, checkpoints, the stop on
-divergence, the step line and its ETA, and the loop itself (train_main, at the end). Include it after the
-trainer's model code.
+run directory and resume, validation, the synthetic tasks' evaluation, the multiple-choice evaluation
+(HellaSwag), sampling, checkpoints, the stop on divergence, the step line and its ETA, and the loop itself
+(train_main, at the end). Include it after the trainer's model code.
 */
 #ifndef TRAIN_KLA_TRAIN_COMMON_H
 #define TRAIN_KLA_TRAIN_COMMON_H
@@ -99,15 +99,106 @@ static int64_t checkpoint_step(const char* path) {
     return -1;
 }
 
+// ----------------------------------------------------------------------------------------------------------
+// multiple-choice evaluation (--hellaswag; README "HellaSwag"): llm.c's eval files, scored as llm.c scores them
+
+// The eval file of --hellaswag, the examples scored (the first --hellaswag-max, 0 = all) and the batch length T:
+// the positions of their longest row.
+typedef struct {
+    EvalFile file;
+    int n, T;
+} HellaSwag;
+
+// A row is the context followed by one completion: its tokens but the last are the inputs, and the positions
+// whose next token belongs to the completion are labelled with it (the context's next tokens are ignored).
+static int hellaswag_row_positions(const EvalExample* x, int c) { return x->context_len + x->completion_len[c] - 1; }
+
+// Loads --hellaswag (nothing without it: h->n = 0). A row longer than an all-attn model's position embedding is
+// an error, before anything is trained.
+static void hellaswag_open(HellaSwag* h, const Options* opt, const Config* cfg) {
+    memset(h, 0, sizeof(*h));
+    if (opt->hellaswag == NULL) { return; }
+    evalfile_load(&h->file, opt->hellaswag, cfg->vocab_size);
+    h->n = opt->hellaswag_max > 0 && opt->hellaswag_max < h->file.num_examples ? opt->hellaswag_max : h->file.num_examples;
+    for (int i = 0; i < h->n; i++) {
+        const EvalExample* x = &h->file.examples[i];
+        for (int c = 0; c < EVAL_COMPLETIONS; c++) {
+            int len = hellaswag_row_positions(x, c);
+            if (config_has_wpe(cfg) && len > cfg->max_seq_len) {
+                die("--hellaswag %s: example %d, completion %d: %d context + %d completion tokens need %d positions, more than the model's max_seq_len %d",
+                    opt->hellaswag, i, c, x->context_len, x->completion_len[c], len, cfg->max_seq_len);
+            }
+            if (len > h->T) { h->T = len; }
+        }
+    }
+}
+
+// How many of the first h->n examples the model gets right. Each example gives EVAL_COMPLETIONS rows; a row's
+// score is the mean loss over its completion's tokens, and the prediction is the row of the lowest score (the
+// first of equals), llm.c's "acc_norm". The rows of all examples are one stream cut into batches of B rows of T
+// positions, one row per sequence (a recurrent mixer's state must not carry one row into the next); the positions
+// after a row's end, and the rows after the last, are padding: token 0, no label.
+static int hellaswag_correct(Model* m, const HellaSwag* h, int B) {
+    int T = h->T, rows = h->n * EVAL_COMPLETIONS;
+    int* inputs = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    int* targets = (int*)malloc_or_die((size_t)B * T * sizeof(int));
+    float* score = (float*)malloc_or_die((size_t)rows * sizeof(float));
+    for (int first = 0; first < rows; first += B) {
+        for (int b = 0; b < B; b++) {
+            int* in = inputs + (size_t)b * T;
+            int* tg = targets + (size_t)b * T;
+            for (int p = 0; p < T; p++) { in[p] = 0; tg[p] = TASK_IGNORE; }
+            if (first + b >= rows) { continue; }
+            const EvalExample* x = &h->file.examples[(first + b) / EVAL_COMPLETIONS];
+            int c = (first + b) % EVAL_COMPLETIONS, ctx = x->context_len;
+            for (int p = 0; p < hellaswag_row_positions(x, c); p++) {
+                in[p] = p < ctx ? x->context[p] : x->completion[c][p - ctx];
+                if (p + 1 >= ctx) { tg[p] = x->completion[c][p + 1 - ctx]; }
+            }
+        }
+        model_forward(m, inputs, targets, B, T);
+        const float* losses = model_position_losses(m);
+        for (int b = 0; b < B && first + b < rows; b++) {
+            double sum = 0.0;
+            for (int p = 0; p < T; p++) { if (targets[(size_t)b * T + p] >= 0) { sum += losses[(size_t)b * T + p]; } }
+            const EvalExample* x = &h->file.examples[(first + b) / EVAL_COMPLETIONS];
+            score[first + b] = (float)(sum / x->completion_len[(first + b) % EVAL_COMPLETIONS]);
+        }
+    }
+    int correct = 0;
+    for (int i = 0; i < h->n; i++) {
+        const float* s = score + (size_t)i * EVAL_COMPLETIONS;
+        int best = 0;
+        for (int c = 1; c < EVAL_COMPLETIONS; c++) { if (s[c] < s[best]) { best = c; } }
+        correct += best == h->file.examples[i].label;
+    }
+    free(inputs);
+    free(targets);
+    free(score);
+    return correct;
+}
+
+// The accuracy on stdout, `step <step> | hellaswag <correct>/<n> = <accuracy>`, and in main.log as llm.c writes
+// it (llmc/logger.h's logger_log_eval, which its dev/vislog.ipynb plots as HellaSwag), `s:<step> eval:<accuracy>`.
+static void hellaswag_report(Model* m, const HellaSwag* h, int B, long long step, FILE* log) {
+    int correct = hellaswag_correct(m, h, B);
+    double accuracy = (double)correct / h->n;
+    printf("step %lld | hellaswag %d/%d = %.4f\n", step, correct, h->n, accuracy);
+    if (log) { fprintf(log, "s:%lld eval:%.4f\n", step, accuracy); fflush(log); }
+}
+
 // --eval: the loss of the model on -j (-m batches, default all of them), printed, and appended to -o's main.log
-// as `s:<step> evl:<loss> ppl:<perplexity> tok:<tokens>` (step: of the checkpoint's name, -1 if it has none).
+// as `s:<step> evl:<loss> ppl:<perplexity> tok:<tokens>` (step: of the checkpoint's name, -1 if it has none); with
+// --hellaswag, its accuracy too.
 static void evaluate_model(Model* m, const Options* opt) {
     const Config* cfg = &m->config;
     if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) { die("flag -t: %d exceeds the model's max_seq_len %d", opt->T, cfg->max_seq_len); }
+    HellaSwag hella;
+    hellaswag_open(&hella, opt, cfg);
     DataLoader val;
     validation_loader_init(&val, opt, cfg);
     FILE* log = NULL;
-    if (opt->out_dir) {  // opened after the data is checked and before the evaluation runs
+    if (opt->out_dir) {  // opened after the data are checked and before the evaluation runs
         char path[4096];
         snprintf(path, sizeof(path), "%s/main.log", opt->out_dir);
         log = fopen(path, "a");
@@ -118,11 +209,12 @@ static void evaluate_model(Model* m, const Options* opt) {
     size_t tokens = (size_t)batches * opt->B * opt->T;
     printf("eval | %s on %s | %d batches of %d x %d = %zu tokens | loss %.6f | perplexity %.4f\n", opt->init_file,
            opt->val_glob, batches, opt->B, opt->T, tokens, loss, exp(loss));
-    if (log) {
-        fprintf(log, "s:%lld evl:%.4f ppl:%.4f tok:%zu\n", (long long)checkpoint_step(opt->init_file), loss, exp(loss), tokens);
-        fclose(log);
-    }
+    long long step = (long long)checkpoint_step(opt->init_file);
+    if (log) { fprintf(log, "s:%lld evl:%.4f ppl:%.4f tok:%zu\n", step, loss, exp(loss), tokens); }
+    if (hella.n > 0) { hellaswag_report(m, &hella, opt->B, step, log); }
+    if (log) { fclose(log); }
     dataloader_free(&val);
+    evalfile_free(&hella.file);
 }
 
 // --eval and --generate: use the model loaded from -e, without training (no optimizer state, nothing written but
@@ -277,7 +369,8 @@ static void note_if_all_warmup(const Options* o, int max_steps) {
 }
 
 // The lines an interrupted run wrote to main.log after its checkpoint at `start` go (the resumed run writes those
-// steps again), so no step is logged twice. Returns whether the log keeps the validation loss of step `start`,
+// steps again), so no step is logged twice; the HellaSwag accuracy of step `start` goes too, and is evaluated
+// again (the `eva` of `eval` is not `tel`). Returns whether the log keeps the validation loss of step `start`,
 // which the resumed run then does not compute again (the same weights give the same loss).
 static int trim_log_for_resume(const char* dir, int start) {
     char path[4096], line[1024];
@@ -319,11 +412,12 @@ static void check_default_data(const Options* o) {
 
 // ----------------------------------------------------------------------------------------------------------
 // the ETA of the step line (README "Training output"): the steps left at the smoothed step time, plus the
-// validations and samples left at their measured mean cost (one not yet measured counts nothing)
+// validations, HellaSwag evaluations and samples left at their measured mean cost (one not yet measured counts
+// nothing)
 
 typedef struct {
-    double val_s, sample_s;  // seconds spent so far
-    int vals, samples;       // how many
+    double val_s, sample_s, hella_s;  // seconds spent so far
+    int vals, samples, hellas;        // how many
 } EvalTimes;
 
 // How many of the loop iterations step+1 .. max_steps run an event of every `every` steps (0: the last only):
@@ -337,6 +431,7 @@ static double eta_seconds(const Options* o, const EvalTimes* t, int step, int ma
     double eta = step_ms * (max_steps - step - 1) / 1000.0;
     if (t->vals > 0) { eta += t->val_s / t->vals * events_left(step, max_steps, o->val_every); }
     if (t->samples > 0 && o->gen_tokens > 0) { eta += t->sample_s / t->samples * events_left(step, max_steps, o->sample_every); }
+    if (t->hellas > 0) { eta += t->hella_s / t->hellas * events_left(step, max_steps, o->hellaswag_every); }
     return eta;
 }
 
@@ -394,7 +489,7 @@ static void task_report(Model* m, const Options* opt, int split, int step, FILE*
 // ----------------------------------------------------------------------------------------------------------
 // the training program, written once for both trainers. Besides the model API above (model_forward,
 // model_backward, model_zero_grad, model_grad_norm, model_update, model_read_state, model_write_checkpoint,
-// model_count_correct, model_free, decode), each trainer supplies:
+// model_count_correct, model_position_losses, model_free, decode), each trainer supplies:
 //   trainer_open_model(m, path, opt)   the model of a file (path), or with path NULL one built from opt->config and
 //                                      initialised from --seed
 //   trainer_describe(buf, n)           the run table's "compute" row
@@ -440,6 +535,8 @@ static int train_main(Options* opt, int argc, char** argv) {
     if (config_has_wpe(cfg) && opt->T > cfg->max_seq_len) {
         die("flag %s: sequence length %d exceeds the model's max_seq_len %d", task ? "--task-len" : "-t", opt->T, cfg->max_seq_len);
     }
+    HellaSwag hella;
+    hellaswag_open(&hella, opt, cfg);
 
     // ---- data (token shards, or a task's generator: one micro-batch of inputs and targets) and tokenizer
     DataLoader train_loader = {0}, val_loader = {0};
@@ -491,7 +588,7 @@ static int train_main(Options* opt, int argc, char** argv) {
     double ema_ms = 0.0, timed_ms = 0.0, peak = trainer_peak_flops();
     double flops_per_token = model_flops_per_token(cfg, opt->T, NULL);
     int timed_steps = 0;
-    EvalTimes eval = {0, 0, 0, 0};
+    EvalTimes eval = {0, 0, 0, 0, 0, 0};
     for (int step = start; step <= opt->max_steps; step++) {
         int last = step == opt->max_steps;
         int evaluate = ((opt->val_every > 0 && step % opt->val_every == 0) || last) && !(step == start && val_logged_at_start);
@@ -507,6 +604,12 @@ static int train_main(Options* opt, int argc, char** argv) {
         if (evaluate) {
             eval.val_s += now_seconds() - t_eval;
             eval.vals++;
+        }
+        if (hella.n > 0 && ((opt->hellaswag_every > 0 && step % opt->hellaswag_every == 0) || last)) {
+            double t0 = now_seconds();
+            hellaswag_report(&model, &hella, opt->B, step, log);
+            eval.hella_s += now_seconds() - t0;
+            eval.hellas++;
         }
         if (opt->gen_tokens > 0 && ((opt->sample_every > 0 && step % opt->sample_every == 0 && step > start) || last)) {
             double t0 = now_seconds();
@@ -574,6 +677,7 @@ static int train_main(Options* opt, int argc, char** argv) {
     if (log) { fclose(log); }
     if (opt->gen_tokens > 0) { tokenizer_free(&tokenizer); }
     free(prompt_ids);
+    evalfile_free(&hella.file);
     if (!task) {
         dataloader_free(&train_loader);
         dataloader_free(&val_loader);

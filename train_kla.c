@@ -3543,6 +3543,9 @@ static void model_count_correct(const Model* m, const int* targets, int N, long*
     task_count_correct(m->acts.logits, targets, N, m->config.vocab_size, m->config.padded_vocab_size, labelled, correct);
 }
 
+// the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored)
+static const float* model_position_losses(const Model* m) { return m->acts.losses; }
+
 static void trainer_describe(char* buf, size_t n, const Config* c) {
     (void)c;
     snprintf(buf, n, "CPU, fp32, %d threads", max_threads());

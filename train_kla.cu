@@ -768,6 +768,10 @@ static void model_count_correct(Model* m, const int* targets, int N, long* label
     cudaCheck(cudaFree(dev));
 }
 
+// the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored), on the
+// host: model_forward copied it there
+static const float* model_position_losses(const Model* m) { return m->losses_host; }
+
 static cudaDeviceProp device_properties;   // of device 0, read by main
 
 static void trainer_describe(char* buf, size_t n, const Config* c) {

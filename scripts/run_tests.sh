@@ -22,6 +22,7 @@ run ./test_tasks
 run bash dev/test/test_task_train.sh
 run bash dev/test/test_tokenizer.sh
 run bash dev/test/test_train.sh
+run bash dev/test/test_hellaswag.sh
 run bash dev/test/test_encode_shards.sh
 run bash dev/test/test_plot_log.sh
 run bash dev/test/test_docs.sh

@@ -1,14 +1,15 @@
 /*
 fuzz.c: libFuzzer harness for every reader of untrusted bytes (issue 15): the token shard reader (dataloader.h),
-the model and state file readers (model.h), the tokenizer file reader and the encoder (tokenizer.h).
+the model and state file readers (model.h), the tokenizer file reader and the encoder (tokenizer.h), and the
+multiple-choice eval file reader (dataloader.h's evalfile_load).
 
 Built by `make fuzz-build` with clang -fsanitize=fuzzer,address,undefined, one binary per target:
-build/fuzz/fuzz_<target>, target = shard | model | state | tokenizer | encode. dev/test/test_fuzz.sh runs a bounded,
+build/fuzz/fuzz_<target>, target = shard | model | state | tokenizer | encode | evalfile. dev/test/test_fuzz.sh runs a bounded,
 seeded number of inputs of each (make test); `make fuzz` runs longer. A crash, a sanitizer report, a hang
 (-timeout) or an allocation above -malloc_limit_mb fails, and libFuzzer keeps the input as the reproducer.
 
 What an input means:
-  - shard, model, state, tokenizer: edits to a valid template file (a small shard, a small model of five mixers,
+  - shard, model, state, tokenizer, evalfile: edits to a valid template file (a small shard, a small model of five mixers,
     a state file, data/tokenizer.bin), so that the mutations start from the structure the reader expects:
     byte 0 = flags (bit 0: recompute the checksums after editing, so the checks behind them are reached too;
     bit 1: cut the file at the first edit's offset), then 5-byte records (uint32 offset mod the file size,
@@ -118,6 +119,17 @@ static void make_template(void) {
             write_state_file(&s, 100, params, params + 100, path);
         }
         free(params);
+    } else if (strcmp(target, "evalfile") == 0) {
+        // two examples of llm.c's format (FORMATS.md "Multiple-choice eval file"): START_EXAMPLE, record bytes,
+        // index, label, 4 completions, a context of 2 tokens, completions of 1, 1, 2 and 1 tokens
+        int32_t header[256] = {20240522, 1, 2, 34};
+        uint16_t examples[2][17] = {{65535, 34, 0, 2, 4, 2, 10, 11, 1, 12, 1, 13, 2, 14, 15, 1, 16},
+                                    {65535, 34, 1, 0, 4, 2, 20, 21, 1, 22, 1, 23, 2, 24, 25, 1, 26}};
+        snprintf(path, sizeof(path), "%s/template", dir);
+        FILE* f = fopen_or_die(path, "wb");
+        fwrite_or_die(header, sizeof(header), f, path);
+        fwrite_or_die(examples, sizeof(examples), f, path);
+        fclose(f);
     } else if (strcmp(target, "tokenizer") == 0) {
         snprintf(path, sizeof(path), "data/tokenizer.bin");
     } else {
@@ -221,6 +233,10 @@ static void run_file_reader(void) {
         float* mv = (float*)malloc_or_die(200 * sizeof(float));
         read_state_file(&s, 100, mv, mv + 100, path);
         free(mv);
+    } else if (strcmp(target, "evalfile") == 0) {
+        EvalFile e;
+        evalfile_load(&e, path, 50257);
+        evalfile_free(&e);
     } else {
         Tokenizer t;
         tokenizer_init(&t, path);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_fuzz.sh [long]: runs the libFuzzer harness dev/test/fuzz.c (built with ASan/UBSan by `make fuzz-build`) on
-# each reader of untrusted bytes: the shard reader, the model and state file readers, the tokenizer file reader and
-# the encoder. Bounded and seeded (-seed=15, a fixed number of inputs per target, about a minute in all on 2 cores);
+# each reader of untrusted bytes: the shard reader, the model and state file readers, the tokenizer file reader,
+# the encoder and the multiple-choice eval file reader. Bounded and seeded (-seed=15, a fixed number of inputs per target, about a minute in all on 2 cores);
 # `long` (make fuzz) runs 50 times as many. A crash, a sanitizer report, a hang (-timeout=10 s per input) or an
 # allocation above 512 MB fails, and libFuzzer keeps the input under dev/test/fuzz_reproducers/<target>-*; every
 # reproducer kept there is replayed first, so a fixed bug stays fixed. Needs clang with libFuzzer
@@ -21,12 +21,12 @@ scale=1
 LIMITS=(-timeout=10 -malloc_limit_mb=512 -rss_limit_mb=2048)
 # inputs per target: the tokenizer reader builds its hash tables for every input (~60 ms under ASan), the rest take
 # about a millisecond; the encoder's inputs are texts up to 512 bytes, the others edit lists up to 64 bytes
-declare -A runs=([shard]=4000 [model]=4000 [state]=4000 [tokenizer]=200 [encode]=20000)
-declare -A max_len=([shard]=64 [model]=64 [state]=64 [tokenizer]=64 [encode]=512)
+declare -A runs=([shard]=4000 [model]=4000 [state]=4000 [tokenizer]=200 [encode]=20000 [evalfile]=4000)
+declare -A max_len=([shard]=64 [model]=64 [state]=64 [tokenizer]=64 [encode]=512 [evalfile]=64)
 
 first_error() { grep -m1 -E "ERROR|SUMMARY|runtime error|fuzz encode" "$log" | head -c 300; }
 
-for t in shard model state tokenizer encode; do
+for t in shard model state tokenizer encode evalfile; do
     bin=build/fuzz/fuzz_$t
     replayed=0
     for f in "$repro/$t"-*; do

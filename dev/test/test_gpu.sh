@@ -57,6 +57,28 @@ if [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.2) }'; then
 else
     echo "FAIL task on the GPU: tiny gdn model learns stack, bf16: test accuracy '$acc': $(tail -2 "$tdir/learn.out")" | tee -a "$log"
 fi
+# HellaSwag-style evaluation (README "HellaSwag") on the GPU: the FP32 build counts the same correct examples as the
+# CPU trainer on the same checkpoint (a model of attn and gdn trained 30 steps on the CPU), on two files cut out of
+# the demo val split: the true continuation against random tokens (the model is right on most), and against spans
+# of other documents (near chance: many close calls, so the per-row scores of both trainers must order alike; fp32
+# round-off, ~1e-6 relative, flips a pick only on a near-tie). The BF16 build's counts are printed, not compared.
+if [ -d data/demo ]; then
+    VAL="data/demo/demo_val_*.bin"
+    /usr/bin/python3 scripts/hellaswag.py --from-shards "$VAL" -n 60 --context 16 --completion 4 --distractors random -o "$tdir/random.bin" > /dev/null
+    /usr/bin/python3 scripts/hellaswag.py --from-shards "$VAL" -n 100 -o "$tdir/spans.bin" > /dev/null
+    ./train_kla --mixer attn:1,gdn:1 --width 64 --heads 2 -b 8 -t 32 -x 30 -v 0 -m 1 -g 0 -o "$tdir/hella" > /dev/null 2>&1
+    hella() { "$@" -e "$tdir/hella/model_00000030.bin" --eval 1 -m 1 2>&1 | sed -n 's/^step 30 | hellaswag \([0-9]*\/[0-9]*\) = .*/\1/p'; }
+    for f in random spans; do
+        cpu=$(hella ./train_kla --hellaswag "$tdir/$f.bin")
+        gpu=$(hella ./build/train_klacu_fp32 --hellaswag "$tdir/$f.bin")
+        bf16=$(hella ./build/train_klacu_bf16 --hellaswag "$tdir/$f.bin")
+        if [ -n "$cpu" ] && [ "$gpu" = "$cpu" ]; then
+            echo "PASS hellaswag on the GPU ($f distractors): fp32 $gpu correct, as the CPU trainer (bf16: $bf16)" | tee -a "$log"
+        else
+            echo "FAIL hellaswag on the GPU ($f distractors): fp32 '$gpu' correct, the CPU trainer '$cpu'" | tee -a "$log"
+        fi
+    done
+fi
 rm -rf "$tdir"
 # the labs: built into build/labs when absent, then run from dev/cuda (each runs its default version's validation)
 mkdir -p build/labs
