@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # test_gpu.sh: the GPU tests (make test-gpu), run on a machine with an NVIDIA GPU and torch: the reference dumps,
-# test_klacu in both precisions, the out-of-memory error, then the kernel labs' validations (dev/cuda/*.cu, each
-# exits 1 on a failed check). Ends with "N passed, M failed".
+# test_klacu in both precisions, the out-of-memory error, a synthetic task and the HellaSwag-style evaluation
+# against the CPU trainer, then the kernel labs' validations (dev/cuda/*.cu, each exits 1 on a failed check).
+# Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # the reference dumps of dev/test/parity_configs.txt (made here when absent: torch is on the GPU machine);
-# test_klacu runs those whose mixers train_kla.cu has
+# test_klacu runs every one
 bash scripts/make_reference.sh || exit 1
 log=$(mktemp)
 for p in fp32 bf16; do
