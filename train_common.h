@@ -384,7 +384,8 @@ static int trim_log_for_resume(const char* dir, int start) {
         int s;
         char kind[4];
         if (sscanf(line, "s:%d %3[a-z]:", &s, kind) == 2) {  // s:<step> trl:... (update step+1) or s:<step> tel:...
-            int val = strcmp(kind, "tel") == 0;
+            // the validation of the model after s updates: tel, and a task's val_len lines written with it
+            int val = strcmp(kind, "tel") == 0 || strcmp(kind, "val") == 0;
             if (val ? s > start : s >= start) { continue; }
             kept_val |= val && s == start;
         }

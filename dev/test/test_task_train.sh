@@ -52,14 +52,17 @@ else
 fi
 
 # ---- the checkpoint records the task: -y 1 resumes bit for bit, -e picks the task up without task flags
-./train_kla --task stack --task-len 24 "${TINY[@]}" -x 8 -n 4 -v 0 -o "$tmp/full" > /dev/null 2>&1
-./train_kla --task stack --task-len 24 "${TINY[@]}" -x 8 -n 4 -v 0 -o "$tmp/part" > /dev/null 2>&1
+# (validation at the resume step too: main.log keeps its tel and val_len lines once, as the uninterrupted run's)
+./train_kla --task stack --task-len 24 --task-eval 48 "${TINY[@]}" -x 8 -n 4 -v 4 -o "$tmp/full" > /dev/null 2>&1
+./train_kla --task stack --task-len 24 --task-eval 48 "${TINY[@]}" -x 8 -n 4 -v 4 -o "$tmp/part" > /dev/null 2>&1
 rm -f "$tmp/part/DONE_00000008" "$tmp/part/model_00000008.bin" "$tmp/part/state_00000008.bin"
-./train_kla --task stack --task-len 24 "${TINY[@]}" -x 8 -n 4 -v 0 -o "$tmp/part" -y 1 > "$tmp/resume.out" 2>&1
-if grep -q "resuming from .*model_00000004.bin" "$tmp/resume.out" && cmp -s "$tmp/full/model_00000008.bin" "$tmp/part/model_00000008.bin"; then
-    pass "task run resumed from step 4 ends bit-identical to the uninterrupted run"
+./train_kla --task stack --task-len 24 --task-eval 48 "${TINY[@]}" -x 8 -n 4 -v 4 -o "$tmp/part" -y 1 > "$tmp/resume.out" 2>&1
+if grep -q "resuming from .*model_00000004.bin" "$tmp/resume.out" && cmp -s "$tmp/full/model_00000008.bin" "$tmp/part/model_00000008.bin" &&
+   cmp -s "$tmp/full/main.log" "$tmp/part/main.log" && [ "$(grep -c '^s:4 val_len:' "$tmp/part/main.log")" -eq 2 ]; then
+    pass "task run resumed from step 4 ends bit-identical to the uninterrupted run, main.log line for line"
 else
-    fail "task run resumed from step 4 ends bit-identical to the uninterrupted run" "$(tail -2 "$tmp/resume.out")"
+    fail "task run resumed from step 4 ends bit-identical to the uninterrupted run, main.log line for line" \
+        "$(tail -2 "$tmp/resume.out"; diff "$tmp/full/main.log" "$tmp/part/main.log" | head -4)"
 fi
 ./train_kla -e "$tmp/full/model_00000008.bin" -b 16 -x 1 -m 2 > "$tmp/e.out" 2>&1
 if grep -q "| task .*stack, vocab 128, length 24" "$tmp/e.out" && grep -q "test len 24 | loss" "$tmp/e.out"; then
