@@ -741,6 +741,32 @@ static size_t gka_core_backward_smem(int dk, int dv) {
            * sizeof(float);
 }
 
+// The backward's recomputation of one segment (spec 3.2): from its checkpoint (Hc, Uc, the states before its first
+// token), segH[s] = H_t and segU[s] = U_t of its L tokens t = r0 .. r0 + L - 1 (global rows of the head), one
+// token after the other (never H_{t-1} = (H_t - k k^T)/gamma). k, v: shared [dk], [dv] workspace. Ends with
+// __syncthreads(): the states are visible to the whole CTA.
+__device__ void gka_recompute_segment(float* segH, float* segU, const float* Hc, const float* Uc, float* k, float* v,
+                                      const floatX* qkv, const float* g, size_t r0, int L, int H, int hh, int dk,
+                                      int dv) {
+    const int tid = threadIdx.x, nth = blockDim.x, DE = 2 * H * dk + H * dv;
+    const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
+    for (int s = 0; s < L; s++) {
+        const size_t r = r0 + s;
+        __syncthreads();   // k, v of the previous token are consumed
+        if (tid < dk) { k[tid] = to_float(qkv[r * DE + H * dk + hh * dk + tid]); }
+        if (tid < dv) { v[tid] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + tid]); }
+        __syncthreads();
+        const float gam = expf(g[r * H + hh]);
+        const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
+        const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
+        float* Hn = segH + (size_t)s * dkdk;
+        float* Un = segU + (size_t)s * dkdv;
+        for (int idx = tid; idx < dk * dk; idx += nth) { Hn[idx] = gam * Hp[idx] + k[idx / dk] * k[idx % dk]; }
+        for (int idx = tid; idx < dk * dv; idx += nth) { Un[idx] = gam * Up[idx] + k[idx / dv] * v[idx % dv]; }
+    }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(GKA_CORE_THREADS)
 gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const float* dQt, const float* Z,
                          const floatX* dO, const float* Hck, const float* Uck, const floatX* qkv, const float* alpha,
@@ -773,22 +799,7 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
         const int t0 = n * GKA_CHECKPOINT, L = min(GKA_CHECKPOINT, T - t0);
         const float* Hc = Hck + ((size_t)bh * NT + n) * dkdk;
         const float* Uc = Uck + ((size_t)bh * NT + n) * dkdv;
-        // recompute the segment's states from its checkpoint
-        for (int s = 0; s < L; s++) {
-            const size_t r = (size_t)b * T + t0 + s;
-            __syncthreads();   // k, v of the previous token are consumed
-            if (tid < dk) { k[tid] = to_float(qkv[r * DE + H * dk + hh * dk + tid]); }
-            if (tid < dv) { v[tid] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + tid]); }
-            __syncthreads();
-            const float gam = expf(g[r * H + hh]);
-            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
-            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
-            float* Hn = segH + (size_t)s * dkdk;
-            float* Un = segU + (size_t)s * dkdv;
-            for (int idx = tid; idx < dk * dk; idx += nth) { Hn[idx] = gam * Hp[idx] + k[idx / dk] * k[idx % dk]; }
-            for (int idx = tid; idx < dk * dv; idx += nth) { Un[idx] = gam * Up[idx] + k[idx / dv] * v[idx % dv]; }
-        }
-        __syncthreads();   // the segment's states are visible to the whole CTA
+        gka_recompute_segment(segH, segU, Hc, Uc, k, v, qkv, g, (size_t)b * T + t0, L, H, hh, dk, dv);
         for (int s = L - 1; s >= 0; s--) {
             const size_t r = (size_t)b * T + t0 + s, e = r * H + hh;
             const float* Ht = segH + (size_t)s * dkdk;

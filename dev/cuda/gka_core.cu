@@ -372,22 +372,7 @@ v1_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, const floa
         const int t0 = n * GKA_CHECKPOINT, L = min(GKA_CHECKPOINT, T - t0);
         const float* Hc = Hck + ((size_t)bh * NT + n) * dkdk;
         const float* Uc = Uck + ((size_t)bh * NT + n) * dkdv;
-        // recompute the segment's states from its checkpoint
-        for (int s = 0; s < L; s++) {
-            const size_t r = (size_t)b * T + t0 + s;
-            __syncthreads();   // k, v of the previous token are consumed
-            if (tid < dk) { k[tid] = to_float(qkv[r * DE + H * dk + hh * dk + tid]); }
-            if (tid < dv) { v[tid] = to_float(qkv[r * DE + 2 * H * dk + hh * dv + tid]); }
-            __syncthreads();
-            const float gam = expf(g[r * H + hh]);
-            const float* Hp = s == 0 ? Hc : segH + (size_t)(s - 1) * dkdk;
-            const float* Up = s == 0 ? Uc : segU + (size_t)(s - 1) * dkdv;
-            float* Hn = segH + (size_t)s * dkdk;
-            float* Un = segU + (size_t)s * dkdv;
-            for (int idx = tid; idx < dk * dk; idx += nth) { Hn[idx] = gam * Hp[idx] + k[idx / dk] * k[idx % dk]; }
-            for (int idx = tid; idx < dk * dv; idx += nth) { Un[idx] = gam * Up[idx] + k[idx / dv] * v[idx % dv]; }
-        }
-        __syncthreads();   // the segment's states are visible to the whole CTA
+        gka_recompute_segment(segH, segU, Hc, Uc, k, v, qkv, g, (size_t)b * T + t0, L, H, hh, dk, dv);
         for (int s = L - 1; s >= 0; s--) {
             const size_t r = (size_t)b * T + t0 + s, e = r * H + hh;
             const float* Ht = segH + (size_t)s * dkdk;
