@@ -19,7 +19,7 @@ ifndef NO_OMP
   endif
 endif
 
-PROGRAMS = train_kla test_kla test_tasks test_tokenizer test_dataloader encode_shards
+PROGRAMS = train_kla test_kla test_tasks test_tokenizer test_dataloader test_ranks encode_shards
 COMMON = utils.h tokenizer.h dataloader.h model.h tasks.h train_common.h
 
 # CUDA programs (train_klacu, test_klacu), built whenever nvcc is found, GPU or not.
@@ -36,7 +36,7 @@ else ifeq ($(PRECISION),BF16)
 else
   $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
-CUDA_HEADERS = $(wildcard kernels/*.cuh kernels/mixers/*.cuh) dev/test/parity.h $(COMMON)
+CUDA_HEADERS = $(wildcard kernels/*.cuh kernels/mixers/*.cuh) multi_gpu.cuh ranks.h dev/test/parity.h $(COMMON)
 # USE_CUDNN=1: attention through cuDNN's flash attention (bf16 only). cudnn-frontend's headers are an external
 # dependency (https://github.com/NVIDIA/cudnn-frontend, never committed): CUDNN_FRONTEND_PATH names their include
 # directory, by default the first of ./cudnn-frontend/include, ../cudnn-frontend/include, ~/cudnn-frontend/include.
@@ -54,9 +54,33 @@ ifeq ($(USE_CUDNN),1)
   NVCC_LDLIBS += -lcudnn -lnvrtc
   CUDA_OBJECTS = build/attention_cudnn.o
 endif
+# Several GPUs (README "Multi-GPU"): with NCCL's nccl.h found in $(NCCL_HOME)/include, the CUDA toolkit or /usr/include,
+# train_klacu is built for multi-GPU runs (-DMULTI_GPU), else it is a single-GPU program (NO_MULTI_GPU=1 forces
+# that). With MPI (Open MPI's mpi.h in $(MPI_HOME)/include, by default Debian's and Ubuntu's place) rank 0's NCCL id
+# reaches the other ranks through MPI_Bcast under mpirun, else through a file (ranks.h); NO_USE_MPI=1 leaves MPI out.
+CUDA_DIR = $(patsubst %/bin/nvcc,%,$(NVCC))
+NCCL_HOME ?=
+NCCL_HEADER = $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_DIR)/include/nccl.h /usr/include/nccl.h))
+MPI_HOME ?= /usr/lib/x86_64-linux-gnu/openmpi
+MULTI_GPU_STATUS = single GPU (NCCL not found)
+ifneq ($(NCCL_HEADER),)
+  ifndef NO_MULTI_GPU
+    NCCL_DIR = $(patsubst %/include/nccl.h,%,$(NCCL_HEADER))
+    NVCC_FLAGS += -DMULTI_GPU -I$(NCCL_DIR)/include
+    NVCC_LDLIBS += -L$(NCCL_DIR)/lib -L$(NCCL_DIR)/lib64 -l:libnccl.so.2 -Xlinker -rpath=$(NCCL_DIR)/lib
+    MULTI_GPU_STATUS = multi-GPU (NCCL in $(NCCL_DIR)), without MPI
+    ifneq ($(wildcard $(MPI_HOME)/include/mpi.h),)
+      ifndef NO_USE_MPI
+        NVCC_FLAGS += -DUSE_MPI -DOMPI_SKIP_MPICXX=1 -I$(MPI_HOME)/include
+        NVCC_LDLIBS += -L$(MPI_HOME)/lib -lmpi -Xlinker -rpath=$(MPI_HOME)/lib
+        MULTI_GPU_STATUS = multi-GPU (NCCL in $(NCCL_DIR)), with MPI ($(MPI_HOME))
+      endif
+    endif
+  endif
+endif
 ifneq ($(NVCC),)
   CUDA_PROGRAMS = train_klacu test_klacu
-  CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), sm_$(GPU_COMPUTE_CAPABILITY))
+  CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), sm_$(GPU_COMPUTE_CAPABILITY), $(MULTI_GPU_STATUS))
 else
   CUDA_STATUS = nvcc not found: CUDA programs skipped
 endif
@@ -109,6 +133,9 @@ test_tokenizer: dev/test/test_tokenizer.c $(COMMON)
 test_dataloader: dev/test/test_dataloader.c $(COMMON)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
+test_ranks: dev/test/test_ranks.c ranks.h $(COMMON)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+
 encode_shards: scripts/encode_shards.c $(COMMON)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
@@ -122,6 +149,7 @@ build/sanitize/test_kla: test_kla.c train_kla.c
 build/sanitize/test_tasks: dev/test/test_tasks.c train_kla.c
 build/sanitize/test_tokenizer: dev/test/test_tokenizer.c
 build/sanitize/test_dataloader: dev/test/test_dataloader.c
+build/sanitize/test_ranks: dev/test/test_ranks.c ranks.h
 build/sanitize/encode_shards: scripts/encode_shards.c
 $(SANITIZE_PROGRAMS): $(COMMON)
 	@mkdir -p build/sanitize

@@ -120,7 +120,8 @@ typedef struct {
 // The resumable position, written raw into the trainer's state file. Fixed-width fields only, laid out
 // without padding, little-endian on every machine we run on. It holds no rank: all ranks are always at the
 // same position, so the state saved by rank 0 restores every rank. The configuration fields are only there
-// so that dataloader_set_state can refuse a state that was saved with a different setup.
+// so that dataloader_set_state can refuse a state that was saved with a different setup (B and the process
+// count may change: a run resumed on another number of GPUs; dataloader_set_state says where the data go on).
 // Version 2 added `rows` in what were the high 16 bits of version 1's uint32 `shuffle`: a version 1 state (of a
 // run before --rows existed) is read as rows = contiguous, the only layout there was.
 #define DL_STATE_MAGIC 0x4C44414BU  // "KADL"
@@ -555,11 +556,13 @@ static inline void dataloader_set_state(DataLoader* l, const DataLoaderState* s)
         die("%s: %s: rows = %s in the state, %s now (resume it with --rows %s)", p, what, DL_ROWS_NAMES[rows],
             DL_ROWS_NAMES[l->rows], DL_ROWS_NAMES[rows]);
     }
-    if (s->B != l->B) { die("%s: %s: B = %llu in the state, %zu now", p, what, (unsigned long long)s->B, l->B); }
     if (s->T != l->T) { die("%s: %s: T = %llu in the state, %zu now", p, what, (unsigned long long)s->T, l->T); }
-    if (s->num_processes != (uint32_t)l->num_processes) {
-        die("%s: %s: %u processes in the state, %d now", p, what, s->num_processes, l->num_processes);
-    }
+    if (s->num_processes == 0 || s->B == 0) { die("%s: %s: B = %llu and %u processes", p, what, (unsigned long long)s->B, s->num_processes); }
+    // Another B or process count (a run resumed on another number of GPUs): independent rows are counted in
+    // windows of T + 1 tokens whatever B*P, so the stream goes on exactly where it stopped; contiguous rows come
+    // in windows of B*T*P + 1 tokens, so a new B*P restarts the current shard at its first window.
+    uint64_t saved_rows = s->B * s->num_processes, rows_now = (uint64_t)l->B * (uint64_t)l->num_processes;
+    int regroup = s->B != l->B || s->num_processes != (uint32_t)l->num_processes;
     if (s->shuffle != (uint16_t)l->shuffle) {
         die("%s: %s: shuffle = %u in the state, %d now", p, what, (unsigned)s->shuffle, l->shuffle);
     }
@@ -579,23 +582,31 @@ static inline void dataloader_set_state(DataLoader* l, const DataLoaderState* s)
             (unsigned long long)s->shard_pos, l->num_shards, rows == DL_ROWS_INDEPENDENT ? " (independent rows: 0)" : "");
     }
     if (rows == DL_ROWS_INDEPENDENT) {
-        size_t rows_per_batch = l->B * (size_t)l->num_processes;
-        if (s->window_pos % rows_per_batch != 0 || s->window_pos > l->batches_per_epoch * rows_per_batch) {
-            die("%s: %s: window position %llu, but an epoch is %zu batches of B*processes = %zu rows", p, what,
-                (unsigned long long)s->window_pos, l->batches_per_epoch, rows_per_batch);
+        if (s->window_pos % saved_rows != 0 || s->window_pos > l->num_windows) {
+            die("%s: %s: window position %llu, but an epoch is %zu windows taken B*processes = %llu at a time", p, what,
+                (unsigned long long)s->window_pos, l->num_windows, (unsigned long long)saved_rows);
         }
     }
     l->epoch = s->epoch;
     l->shard_pos = (size_t)s->shard_pos;
     dl_start_epoch_(l);
+    l->window_pos = (size_t)s->window_pos;
     if (rows == DL_ROWS_CONTIGUOUS) {
         size_t shard = l->shard_order[l->shard_pos];
-        if (s->window_pos > l->shard_windows[shard]) {
+        if (regroup && saved_rows != rows_now) {
+            printf("data: the checkpoint's batches were B*processes = %llu*%u rows, now %zu*%d: contiguous rows come in windows of "
+                   "that many rows, so epoch %llu restarts its shard %zu (%s) at its first window\n", (unsigned long long)s->B,
+                   s->num_processes, l->B, l->num_processes, (unsigned long long)l->epoch, l->shard_pos, l->shard_paths[shard]);
+            l->window_pos = 0;
+        } else if (s->window_pos > l->shard_windows[shard]) {
             die("%s: %s: window position %llu, but %s has %zu windows", p, what,
                 (unsigned long long)s->window_pos, l->shard_paths[shard], l->shard_windows[shard]);
         }
+    } else if (regroup) {
+        printf("data: the checkpoint's batches were B*processes = %llu*%u rows, now %zu*%d: the stream goes on at window %zu of "
+               "epoch %llu, where it stopped\n", (unsigned long long)s->B, s->num_processes, l->B, l->num_processes, l->window_pos,
+               (unsigned long long)l->epoch);
     }
-    l->window_pos = (size_t)s->window_pos;
 }
 
 static inline void dataloader_free(DataLoader* l) {

@@ -1335,7 +1335,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
     }
 }
 
-#define MAX_FLAGS 64
+#define MAX_FLAGS 80
 #define MAX_EVAL_LENS 16
 
 // Everything the command line sets (defaults in parse_options), and the model config the flags describe.
@@ -1346,7 +1346,7 @@ typedef struct {
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
     const char* rows_name;  // --rows, parsed into rows (DL_ROWS_*)
     int rows;
-    int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute, overwrite;
+    int gka_iters, gka_kv_heads, kalman_expand, kalman_n, recompute, zero, overwrite;
     int generate, eval, samples, top_k, sample_seed;  // use -e without training (--generate, --eval), and sampling
     const char *task_name, *task_eval;      // --task, --task-eval
     const char* hellaswag;                  // --hellaswag: the multiple-choice eval file (dataloader.h's EvalFile)
@@ -1371,7 +1371,7 @@ static void check_checkpoint_use_flags(Options* o) {
     const char* mode = o->generate > 0 ? "--generate" : "--eval";
     if (o->init_file == NULL) { die("flag %s: needs the model to use (-e model.bin)", mode); }
     static const char* training[] = {"-i", "-y", "-d", "-x", "-k", "-l", "-u", "-q", "-c", "-v", "-s", "-g", "-n", "-nk",
-                                     "--seed", "--rows", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r",
+                                     "--seed", "--rows", "--shuffle", "--beta1", "--beta2", "--adam-eps", "--grad-clip", "-r", "-z",
                                      "--hellaswag-every"};
     static const char* of_eval[] = {"-j", "-m", "-b", "-t", "-o", "--hellaswag", "--hellaswag-max"};
     static const char* of_generate[] = {"--prompt", "--temperature", "--top-k", "--samples", "--sample-seed", "--tokenizer"};
@@ -1558,7 +1558,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--overwrite", FLAG_INT, &o->overwrite, "1 = first delete the log and checkpoints of a run in -o", 0, 0},
         {"-b", FLAG_INT, &o->B, "micro-batch size (sequences)", 1, 0},
         {"-t", FLAG_INT, &o->T, "sequence length", 1, 0},
-        {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T (0 = B*T)", 1, 0},
+        {"-d", FLAG_INT, &o->total_batch, "total batch in tokens, a multiple of B*T*ranks (0 = B*T*ranks)", 1, 0},
         {"-x", FLAG_INT, &o->max_steps, "optimizer steps (-1 = one epoch of the train shards)", 1, 0},
         {"-k", FLAG_STRING, &o->schedule, "lr schedule: cosine, linear, constant, wsd", 1, 0},
         {"-l", FLAG_FLOAT, &o->lr, "peak learning rate", 1, 0},
@@ -1597,6 +1597,7 @@ static void parse_options(Options* o, int argc, char** argv) {
         {"--adam-eps", FLAG_FLOAT, &o->adam_eps, "AdamW epsilon", 1, 0},
         {"--grad-clip", FLAG_FLOAT, &o->grad_clip, "clip the global gradient norm to this (0 = off)", 1, 0},
         {"-r", FLAG_INT, &o->recompute, "train_kla.cu: recompute activations in the backward to save memory (0 = off, 1 = on)", 0, 0},
+        {"-z", FLAG_INT, &o->zero, "train_kla.cu on several GPUs: 1 = shard AdamW's state over the ranks (ZeRO-1)", 0, 0},
         {"--chunk", FLAG_INT, &o->chunk, "gdn/kaczmarz chunk length; the other recurrent mixers' state-checkpoint interval", 0, 0},
         {"--prompt", FLAG_STRING, &o->prompt, "text the samples continue (default: start from EOT)", 1, 0},
         {"--temperature", FLAG_FLOAT, &o->temperature, "sampling temperature", 1, 0},
@@ -1670,6 +1671,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->adam_eps > 0.0f, "--adam-eps", "must be > 0");
     require(o->grad_clip >= 0.0f, "--grad-clip", "must be >= 0");
     require(o->recompute == 0 || o->recompute == 1, "-r", "must be 0 or 1");
+    require(o->zero == 0 || o->zero == 1, "-z", "must be 0 or 1");
     require(o->chunk >= 1 && o->chunk <= 256, "--chunk", "must be in [1, 256]");
     require(o->temperature > 0.0f, "--temperature", "must be > 0");
     require(o->top_k >= 0, "--top-k", "must be >= 0");
@@ -1740,7 +1742,7 @@ static void parse_options(Options* o, int argc, char** argv) {
 
 // The run's settings as a table, before training starts. compute: where it runs ("CPU, fp32, 2 threads", a GPU).
 static void print_run_table(const Config* cfg, size_t num_parameters, const Options* o, size_t train_tokens,
-                            size_t val_tokens, int resumed, int grad_accum, int max_steps, const char* compute) {
+                            size_t val_tokens, int resumed, int grad_accum, int num_ranks, int max_steps, const char* compute) {
     char pattern[512];
     format_mixer_pattern(cfg, pattern, sizeof(pattern));
     printf("+-----------------------+----------------------------------------------------+\n");
@@ -1771,8 +1773,9 @@ static void print_run_table(const Config* cfg, size_t num_parameters, const Opti
         printf("| %-21s | %-50zu |\n", "val tokens", val_tokens);
     }
     printf("| %-21s | %-50s |\n", "init", resumed ? "resume" : o->init_file ? o->init_file : "random");
-    char batch[64];
-    snprintf(batch, sizeof(batch), "B %d, T %d, grad accum %d = %d tokens", o->B, o->T, grad_accum, o->total_batch);
+    char batch[96], ranks[32] = "";
+    if (num_ranks > 1) { snprintf(ranks, sizeof(ranks), ", %d ranks", num_ranks); }
+    snprintf(batch, sizeof(batch), "B %d, T %d, grad accum %d%s = %d tokens", o->B, o->T, grad_accum, ranks, o->total_batch);
     printf("| %-21s | %-50s |\n", "batch", batch);
     if (o->task.kind == TASK_NONE) { printf("| %-21s | %-50s |\n", "batch rows", DL_ROWS_NAMES[o->rows]); }
     printf("| %-21s | %-50d |\n", "steps", max_steps);

@@ -21,16 +21,23 @@ static int validation_batches(const DataLoader* val, int max_batches) {
     return max_batches < 0 || (size_t)max_batches > val->batches_per_epoch ? (int)val->batches_per_epoch : max_batches;
 }
 
-// Mean loss over the first max_batches batches of the validation split (-1: all), in its fixed order.
+// This process's rank among the num_ranks processes of a multi-GPU run (train_kla.cu's multi_gpu.cuh; the CPU
+// trainer is one process): set by train_main from trainer_ranks.
+static int this_rank = 0, num_ranks = 1;
+
+// Mean loss over the first max_batches batches of the validation split (-1: all), in its fixed order. With several
+// ranks, rank r evaluates the batches i with i mod num_ranks = r, and the sum is taken over the ranks.
 static float validation_loss(Model* m, DataLoader* val, int max_batches) {
     dataloader_reset(val);
     int n = validation_batches(val, max_batches);
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next_batch(val);
+        if (i % num_ranks != this_rank) { continue; }
         model_forward(m, val->inputs, val->targets, (int)val->B, (int)val->T);
         sum += m->mean_loss;
     }
+    trainer_sum_over_ranks(&sum, 1);
     return (float)(sum / n);
 }
 
@@ -327,12 +334,14 @@ static void take_run_flags(Options* o, int argc, char** argv, int64_t step) {
 // refuses a directory that holds another run's files (a mixed log, stale checkpoints that a later -y 1 would
 // take), unless --overwrite 1 deletes them first; -y 1 takes the run's flags back from its newest complete
 // checkpoint. Returns that checkpoint's step, or -1 for a run from step 0.
+// With several ranks, only rank 0 checks and deletes; the others only take the resumed run's flags back.
 static int64_t prepare_run_dir(Options* o, int argc, char** argv) {
     if (o->out_dir == NULL) {
         printf("note: no -o: nothing of this run is saved (no main.log, no checkpoints)\n");
         return -1;
     }
-    prepare_output_dir(o->out_dir);
+    if (this_rank == 0) { prepare_output_dir(o->out_dir); }
+    if (o->resume == 0 && this_rank != 0) { return -1; }
     if (o->resume == 0) {
         int n = run_files(o->out_dir, 0);
         if (n > 0 && o->overwrite == 0) {
@@ -499,10 +508,21 @@ static void task_report(Model* m, const Options* opt, int split, int step, FILE*
 //                                      and waiting for the step to finish before it is timed)
 //   trainer_finish(m, timed_steps)     after the loop (the GPU: its profile)
 //   trainer_memory(buf, n)             the summary line's memory field ("" for none)
+//   trainer_ranks(&rank, &num_ranks)   which of the run's processes this is (the CPU: 0 of 1)
+//   trainer_sum_over_ranks(v, n)       v[0..n) = their sums over the ranks, on every rank (the CPU: nothing)
+//   model_reduce_gradients(m)          the gradients -> their mean over the ranks (the CPU: nothing)
+// With several ranks (train_kla.cu's multi_gpu.cuh) every rank runs this program on its part of each batch: rank 0
+// alone writes main.log and the checkpoints (the others print nothing), every rank evaluates the validation
+// batches that are its share, and every rank computes the task and HellaSwag evaluations whole (only rank 0's
+// are printed).
 
 // Runs what the flags ask: --eval / --generate on the model of -e, or a training run (fresh, from -e, or -y 1
 // resuming the newest checkpoint of -o). Returns the exit code.
 static int train_main(Options* opt, int argc, char** argv) {
+    trainer_ranks(&this_rank, &num_ranks);
+    if (num_ranks > 1 && (opt->generate > 0 || opt->eval)) {
+        die("%s runs in one process: start it without mpirun or srun", opt->generate > 0 ? "--generate" : "--eval");
+    }
     if (opt->generate > 0 || opt->eval) {  // --generate, --eval: use the model of -e and exit, no training
         Model model;
         trainer_open_model(&model, opt->init_file, opt);
@@ -546,11 +566,17 @@ static int train_main(Options* opt, int argc, char** argv) {
         task_inputs = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
         task_targets = (int*)malloc_or_die((size_t)opt->B * opt->T * sizeof(int));
     } else {
-        dataloader_init(&train_loader, opt->train_glob, opt->B, opt->T, 0, 1, opt->rows, opt->shuffle, (uint64_t)opt->seed,
-                        cfg->vocab_size);
+        dataloader_init(&train_loader, opt->train_glob, opt->B, opt->T, this_rank, num_ranks, opt->rows, opt->shuffle,
+                        (uint64_t)opt->seed, cfg->vocab_size);
         validation_loader_init(&val_loader, opt, cfg);
     }
-    int grad_accum = opt->total_batch / (opt->B * opt->T);
+    // a step is grad_accum micro-batches of B x T on each rank; -d 0 (the default): one micro-batch per rank
+    int rank_batch = opt->B * opt->T * num_ranks;
+    if (strcmp(run_flag_value(opt->run_flags, opt->run_flags_bytes, "-d"), "0") == 0) { opt->total_batch = rank_batch; }
+    if (opt->total_batch % rank_batch != 0) {
+        die("flag -d: %d is not a multiple of B*T*ranks = %d*%d*%d", opt->total_batch, opt->B, opt->T, num_ranks);
+    }
+    int grad_accum = opt->total_batch / rank_batch;
     if (opt->max_steps == -1) {
         opt->max_steps = (int)(train_loader.batches_per_epoch / grad_accum);
         if (opt->max_steps < 1) { die("-i %s: one epoch holds fewer than one step of %d tokens; lower -d", opt->train_glob, opt->total_batch); }
@@ -574,13 +600,15 @@ static int train_main(Options* opt, int argc, char** argv) {
     char compute[320];
     trainer_describe(compute, sizeof(compute), cfg);
     print_run_table(cfg, model.num_parameters, opt, train_loader.num_tokens, val_loader.num_tokens, resume_step >= 0,
-                    grad_accum, opt->max_steps, compute);
+                    grad_accum, num_ranks, opt->max_steps, compute);
 
-    // multi-GPU (issue 16): rank 0 alone writes main.log and the checkpoints (`log` and the -o branches below)
+    // rank 0 alone writes main.log (and the checkpoints), and tells the others whether it kept the validation
     FILE* log = NULL;
     int start = (int)state.step;
-    int val_logged_at_start = resume_step >= 0 && trim_log_for_resume(opt->out_dir, start);
-    if (opt->out_dir) {
+    double val_kept = this_rank == 0 && resume_step >= 0 && trim_log_for_resume(opt->out_dir, start);
+    trainer_sum_over_ranks(&val_kept, 1);
+    int val_logged_at_start = val_kept > 0.0;
+    if (opt->out_dir && this_rank == 0) {
         snprintf(path, sizeof(path), "%s/main.log", opt->out_dir);
         log = fopen_or_die(path, resume_step >= 0 ? "a" : "w");
     }
@@ -612,7 +640,7 @@ static int train_main(Options* opt, int argc, char** argv) {
             eval.hella_s += now_seconds() - t0;
             eval.hellas++;
         }
-        if (opt->gen_tokens > 0 && ((opt->sample_every > 0 && step % opt->sample_every == 0 && step > start) || last)) {
+        if (opt->gen_tokens > 0 && this_rank == 0 && ((opt->sample_every > 0 && step % opt->sample_every == 0 && step > start) || last)) {
             double t0 = now_seconds();
             generate(&model, &tokenizer, prompt_ids, prompt_len, opt->gen_tokens, opt);
             eval.sample_s += now_seconds() - t0;
@@ -621,8 +649,8 @@ static int train_main(Options* opt, int argc, char** argv) {
         if (opt->out_dir && step > start && ((opt->ckpt_every > 0 && step % opt->ckpt_every == 0) || last)) {
             state.step = step;
             if (!task) { dataloader_get_state(&train_loader, &state.loader); }
-            model_write_checkpoint(&model, &state, opt->out_dir);
-            delete_old_checkpoints(opt->out_dir, opt->ckpt_keep);
+            model_write_checkpoint(&model, &state, opt->out_dir);  // every rank: ZeRO's state is gathered
+            if (this_rank == 0) { delete_old_checkpoints(opt->out_dir, opt->ckpt_keep); }
             printf("wrote checkpoint %s/model_%08d.bin\n", opt->out_dir, step);
         }
         if (last) { break; }
@@ -633,8 +661,8 @@ static int train_main(Options* opt, int argc, char** argv) {
         model_zero_grad(&model);
         double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
-            if (task) {  // micro-batch number step*grad_accum+micro of the training stream: resumes with no state
-                uint64_t first = ((uint64_t)step * grad_accum + micro) * opt->B;
+            if (task) {  // micro-batch (step*grad_accum+micro)*num_ranks+rank of the training stream: resumes with no state
+                uint64_t first = (((uint64_t)step * grad_accum + micro) * num_ranks + this_rank) * opt->B;
                 task_batch(&opt->task, opt->task.len, SPLIT_TRAIN, (uint64_t)opt->seed, first, opt->B, task_inputs, task_targets);
                 model_forward(&model, task_inputs, task_targets, opt->B, opt->T);
             } else {
@@ -644,8 +672,10 @@ static int train_main(Options* opt, int argc, char** argv) {
             model_backward(&model, 1.0f / grad_accum);
             loss += model.mean_loss / grad_accum;
         }
-        // multi-GPU (issue 16) plugs in here: the gradients (and the loss) are all-reduced across the ranks before
-        // the norm and the update, which then see the global batch
+        // the gradients and the loss of the global batch: means over the ranks
+        model_reduce_gradients(&model);
+        trainer_sum_over_ranks(&loss, 1);
+        loss /= num_ranks;
         float norm = model_grad_norm(&model);
         stop_if_diverged(step + 1, loss, norm, opt->out_dir);
         float grad_scale = opt->grad_clip > 0.0f && norm > opt->grad_clip ? opt->grad_clip / norm : 1.0f;

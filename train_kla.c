@@ -3556,6 +3556,10 @@ static void trainer_step_begin(Model* m) { (void)m; }
 static void trainer_step_end(Model* m, int timed) { (void)m; (void)timed; }
 static void trainer_finish(Model* m, int timed_steps) { (void)m; (void)timed_steps; }
 static void trainer_memory(char* buf, size_t n) { (void)n; buf[0] = '\0'; }
+// one process: nothing to share
+static void trainer_ranks(int* rank, int* num_ranks) { *rank = 0; *num_ranks = 1; }
+static void trainer_sum_over_ranks(double* values, int n) { (void)values; (void)n; }
+static void model_reduce_gradients(Model* m) { (void)m; }
 
 #include "train_common.h"
 
@@ -3563,6 +3567,7 @@ int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
     require(opt.recompute == 0, "-r", "activation recomputation is an option of train_kla.cu (the CPU trainer keeps every activation)");
+    require(opt.zero == 0, "-z", "ZeRO-1 shards AdamW's state over the GPUs of a train_kla.cu run (the CPU trainer is one process)");
     return train_main(&opt, argc, argv);
 }
 #endif // TESTING

@@ -38,6 +38,7 @@ When compiled with -DTESTING the file provides everything but main(), for test_k
 #include "kernels/encoder.cuh"
 #include "kernels/classifier.cuh"
 #include "kernels/adamw.cuh"
+#include "multi_gpu.cuh"
 
 // ----------------------------------------------------------------------------------------------------------
 // small kernels of this file
@@ -153,6 +154,10 @@ typedef struct {
     float* host_staging;                // host, the device layout: transfers
     size_t num_parameters;              // parameters (the files' count)
     size_t num_device_floats;           // dev_table.num_parameters: with the alignment padding
+    size_t num_alloc_floats;            // the device buffers' length: num_device_floats rounded up to num_ranks
+                                        // slices of a multiple of 64 floats (multi_gpu.cuh)
+    size_t shard_start, shard_floats;   // this rank's slice of them: its part of the gradient norm, and with -z 1
+                                        // the parameters whose AdamW state it keeps (m_memory, v_memory)
     int recompute;                      // -r: 1 = recompute norm and MLP activations in the backward
     const MixerOps* mixer[MAX_LAYERS];  // each layer's row of MIXER_TABLE
     MixerSettings settings[MAX_LAYERS]; // each layer's mixer settings, built once by model_build
@@ -257,7 +262,11 @@ static void model_build(Model* m, const Config* c, int recompute) {
     // files' layout small tensors (gate biases of H floats) leave the following ones 4-byte aligned, and
     // cuBLASLt and the vectorised kernels then fall back to slow paths
     build_parameter_layout_aligned(c, &m->dev_table, NULL, NULL, 64);
-    size_t n = m->num_device_floats = m->dev_table.num_parameters;
+    m->num_device_floats = m->dev_table.num_parameters;
+    size_t slice_unit = 64 * (size_t)multi.num_ranks;
+    size_t n = m->num_alloc_floats = ceil_div_z(m->num_device_floats, slice_unit) * slice_unit;
+    m->shard_floats = n / multi.num_ranks;
+    m->shard_start = (size_t)multi.rank * m->shard_floats;
     m->params_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the parameters");
     m->grads_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "the gradients");
     cudaCheck(cudaMemset(m->params_memory, 0, n * sizeof(float)));
@@ -268,7 +277,7 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->params_x = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "the bf16 copy of the parameters");
 #endif
     m->host_params = (float*)malloc_or_die(m->num_parameters * sizeof(float));
-    m->host_staging = (float*)calloc_or_die(n, sizeof(float));
+    m->host_staging = (float*)calloc_or_die(m->num_device_floats, sizeof(float));
     build_parameter_layout_aligned(c, &m->dev_table, &m->params, m->params_memory, 64);
     build_parameter_layout_aligned(c, &m->dev_table, &m->grads, m->grads_memory, 64);
     cudaCheck(cudaStreamCreate(&m->stream));
@@ -278,14 +287,18 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->ctx.stream = m->stream;
 }
 
-// host array in the files' layout -> device array in the device layout (padding left as it is)
-static void model_to_device(Model* m, float* dev, const float* host) {
+// host array in the files' layout -> device array in the device layout (padding left as it is): the floats
+// [first, first + count) of the device layout, at dev[0 .. count) (the part beyond the layout's end is left)
+static void model_to_device_range(Model* m, float* dev, const float* host, size_t first, size_t count) {
     for (int k = 0; k < m->table.num_tensors; k++) {
         memcpy(m->host_staging + m->dev_table.t[k].offset, host + m->table.t[k].offset, m->table.t[k].numel * sizeof(float));
     }
     cudaCheck(cudaStreamSynchronize(m->stream));
-    cudaCheck(cudaMemcpy(dev, m->host_staging, m->num_device_floats * sizeof(float), cudaMemcpyHostToDevice));
+    size_t n = m->num_device_floats, end = first + count < n ? first + count : n;
+    if (first < end) { cudaCheck(cudaMemcpy(dev, m->host_staging + first, (end - first) * sizeof(float), cudaMemcpyHostToDevice)); }
 }
+
+static void model_to_device(Model* m, float* dev, const float* host) { model_to_device_range(m, dev, host, 0, m->num_device_floats); }
 
 // device array in the device layout -> host array in the files' layout
 static void model_to_host(Model* m, float* host, const float* dev) {
@@ -534,63 +547,119 @@ static void model_backward(Model* m, float loss_scale) {
 }
 
 static void model_zero_grad(Model* m) {
-    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->num_device_floats * sizeof(float), m->stream));
+    cudaCheck(cudaMemsetAsync(m->grads_memory, 0, m->num_alloc_floats * sizeof(float), m->stream));
 }
 
-// Global L2 norm of all gradients (deterministic: fixed-order partial sums).
+// Several ranks (multi_gpu.cuh): every rank's gradients -> their mean over the ranks, the gradient of the global
+// batch; on every rank (all-reduce), or with -z 1 on this rank's slice only (reduce-scatter), which is all that
+// its part of the norm and its AdamW update read. One rank: nothing to do.
+static void model_reduce_gradients(Model* m) {
+    if (multi.num_ranks == 1) { return; }
+#ifdef MULTI_GPU
+    profile_mark("host");
+    if (multi.zero) {
+        ncclCheck(ncclReduceScatter(m->grads_memory, m->grads_memory + m->shard_start, m->shard_floats, ncclFloat32, ncclAvg,
+                                    multi.comm, m->stream));
+    } else {
+        ncclCheck(ncclAllReduce(m->grads_memory, m->grads_memory, m->num_alloc_floats, ncclFloat32, ncclAvg, multi.comm, m->stream));
+    }
+    profile_mark("gradient all-reduce");
+#endif
+}
+
+// Global L2 norm of all gradients (deterministic: fixed-order partial sums). With several ranks, the sum over the
+// ranks of each one's squared norm of its slice, in double, whether or not AdamW's state is sharded.
 static float model_grad_norm(Model* m) {
     float norm_sq;
     profile_mark("host");
-    global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory, m->num_device_floats, m->stream);
+    size_t first = multi.num_ranks > 1 ? m->shard_start : 0, n = multi.num_ranks > 1 ? m->shard_floats : m->num_device_floats;
+    global_norm_squared(m->scratch.norm_sq, (float*)m->scratch.work, m->grads_memory + first, n, m->stream);
     profile_mark("grad norm");
     cudaCheck(cudaMemcpyAsync(&norm_sq, m->scratch.norm_sq, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
-    return sqrtf(norm_sq);
+    if (multi.num_ranks == 1) { return sqrtf(norm_sq); }
+    double total = norm_sq;
+    multi_gpu_sum(&total, 1);
+    return sqrtf((float)total);
 }
 
+// The parameters whose AdamW state this rank keeps: all of them, or with -z 1 its slice (multi_gpu.cuh).
+static size_t adam_first(const Model* m) { return multi.zero ? m->shard_start : 0; }
+static size_t adam_floats(const Model* m) { return multi.zero ? m->shard_floats : m->num_alloc_floats; }
+
 // AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
+static void model_alloc_adam(Model* m) {
+    if (m->m_memory != NULL) { return; }
+    size_t bytes = adam_floats(m) * sizeof(float);
+    m->m_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's m");
+    m->v_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's v");
+    cudaCheck(cudaMemset(m->m_memory, 0, bytes));
+    cudaCheck(cudaMemset(m->v_memory, 0, bytes));
+}
+
+// With -z 1 each rank updates the part of each tensor that lies in its slice, and an all-gather then gives every
+// rank all the parameters (the fp32 master and the floatX copy).
 static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
-    size_t n = m->num_device_floats;
-    if (m->m_memory == NULL) {
-        m->m_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's m");
-        m->v_memory = (float*)cuda_malloc_or_die(n * sizeof(float), "AdamW's v");
-        cudaCheck(cudaMemsetAsync(m->m_memory, 0, n * sizeof(float), m->stream));
-        cudaCheck(cudaMemsetAsync(m->v_memory, 0, n * sizeof(float), m->stream));
-    }
+    model_alloc_adam(m);
+    size_t first = adam_first(m), end = first + adam_floats(m);
     float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
     for (int k = 0; k < m->dev_table.num_tensors; k++) {
         const TensorInfo* ti = &m->dev_table.t[k];
-        size_t o = ti->offset;
+        size_t lo = ti->offset > first ? ti->offset : first, hi = ti->offset + ti->numel < end ? ti->offset + ti->numel : end;
+        if (lo >= hi) { continue; }
 #ifdef ENABLE_FP32
         floatX* px = NULL;  // the master is the copy
 #else
-        floatX* px = m->params_x + o;
+        floatX* px = m->params_x + lo;
 #endif
-        adamw_update(m->params_memory + o, px, m->grads_memory + o, m->m_memory + o, m->v_memory + o, ti->numel,
-                     lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
+        adamw_update(m->params_memory + lo, px, m->grads_memory + lo, m->m_memory + (lo - first), m->v_memory + (lo - first),
+                     hi - lo, lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
     }
     profile_mark("adamw");
+#ifdef MULTI_GPU
+    if (multi.zero && multi.num_ranks > 1) {
+        ncclCheck(ncclAllGather(m->params_memory + first, m->params_memory, m->shard_floats, ncclFloat32, multi.comm, m->stream));
+#ifndef ENABLE_FP32
+        ncclCheck(ncclAllGather(m->params_x + first, m->params_x, m->shard_floats, ncclBfloat16, multi.comm, m->stream));
+#endif
+        profile_mark("parameter all-gather");
+    }
+#endif
 }
 
 // ----------------------------------------------------------------------------------------------------------
 // checkpoints: the files of model.h, through host copies
 
-// AdamW state to the host (NULL pointers before the first update); caller frees
+// AdamW state to rank 0's host (NULL pointers before the first update, and on the other ranks); caller frees.
+// Sharded (-z 1), every rank must call it: the slices are gathered into the gradient buffer, free between steps.
 static void model_download_adam(Model* m, float** mh, float** vh) {
     *mh = *vh = NULL;
     if (m->m_memory == NULL) { return; }
     size_t bytes = m->num_parameters * sizeof(float);
-    *mh = (float*)malloc_or_die(bytes);
-    *vh = (float*)malloc_or_die(bytes);
-    model_to_host(m, *mh, m->m_memory);
-    model_to_host(m, *vh, m->v_memory);
+    float* state[2] = {m->m_memory, m->v_memory};
+    float** host[2] = {mh, vh};
+    for (int i = 0; i < 2; i++) {
+        const float* full = state[i];
+#ifdef MULTI_GPU
+        if (multi.zero && multi.num_ranks > 1) {
+            ncclCheck(ncclAllGather(state[i], m->grads_memory, m->shard_floats, ncclFloat32, multi.comm, m->stream));
+            full = m->grads_memory;
+        }
+#endif
+        if (multi.rank != 0) { continue; }
+        *host[i] = (float*)malloc_or_die(bytes);
+        model_to_host(m, *host[i], full);
+    }
 }
 
+// Every rank calls it (the sharded AdamW state is gathered); rank 0 writes the files.
 static void model_write_checkpoint(Model* m, const TrainState* s, const char* dir) {
     float *mh, *vh;
-    model_download_parameters(m);
     model_download_adam(m, &mh, &vh);
-    write_checkpoint(&m->config, &m->table, m->host_params, mh, vh, s, dir);
+    if (multi.rank == 0) {
+        model_download_parameters(m);
+        write_checkpoint(&m->config, &m->table, m->host_params, mh, vh, s, dir);
+    }
     free(mh);
     free(vh);
 }
@@ -599,16 +668,10 @@ static void model_read_state(Model* m, TrainState* s, const char* path) {
     size_t n = m->num_parameters, bytes = n * sizeof(float);
     float* mh = (float*)malloc_or_die(bytes);
     float* vh = (float*)malloc_or_die(bytes);
-    if (read_state_file(s, n, mh, vh, path)) {
-        size_t dev_bytes = m->num_device_floats * sizeof(float);
-        if (m->m_memory == NULL) {
-            m->m_memory = (float*)cuda_malloc_or_die(dev_bytes, "AdamW's m");
-            m->v_memory = (float*)cuda_malloc_or_die(dev_bytes, "AdamW's v");
-            cudaCheck(cudaMemset(m->m_memory, 0, dev_bytes));
-            cudaCheck(cudaMemset(m->v_memory, 0, dev_bytes));
-        }
-        model_to_device(m, m->m_memory, mh);
-        model_to_device(m, m->v_memory, vh);
+    if (read_state_file(s, n, mh, vh, path)) {  // the whole state, whatever the ranks that wrote it: this rank's part
+        model_alloc_adam(m);
+        model_to_device_range(m, m->m_memory, mh, adam_first(m), adam_floats(m));
+        model_to_device_range(m, m->v_memory, vh, adam_first(m), adam_floats(m));
     }
     free(mh);
     free(vh);
@@ -772,14 +835,17 @@ static void model_count_correct(Model* m, const int* targets, int N, long* label
 // host: model_forward copied it there
 static const float* model_position_losses(const Model* m) { return m->losses_host; }
 
-static cudaDeviceProp device_properties;   // of device 0, read by main
+static cudaDeviceProp device_properties;   // of this rank's device, read by main
 
 static void trainer_describe(char* buf, size_t n, const Config* c) {
-    snprintf(buf, n, "%s, %s, attention: %s", device_properties.name, PRECISION_NAME,
+    char gpus[32] = "";
+    if (multi.num_ranks > 1) { snprintf(gpus, sizeof(gpus), "%d x ", multi.num_ranks); }
+    snprintf(buf, n, "%s%s, %s, attention: %s", gpus, device_properties.name, PRECISION_NAME,
              config_has_mixer(c, MIXER_ATTN) ? ATTENTION_NAME : "none");
 }
 
-static double trainer_peak_flops(void) { return PEAK_FLOPS; }
+// the MFU of the step line is per GPU
+static double trainer_peak_flops(void) { return PEAK_FLOPS * multi.num_ranks; }
 
 static void trainer_step_begin(Model* m) {
     (void)m;
@@ -798,6 +864,8 @@ static void trainer_finish(Model* m, int timed_steps) {
 }
 
 static void trainer_memory(char* buf, size_t n) { snprintf(buf, n, " | peak mem %.0f MiB", cuda_bytes_allocated / 1048576.0); }
+static void trainer_ranks(int* rank, int* num_ranks) { *rank = multi.rank; *num_ranks = multi.num_ranks; }
+static void trainer_sum_over_ranks(double* values, int n) { multi_gpu_sum(values, n); }
 
 #include "train_common.h"
 
@@ -805,12 +873,10 @@ int main(int argc, char** argv) {
     Options opt;
     parse_options(&opt, argc, argv);
     require(opt.chunk == GDN_CHUNK, "--chunk", "train_kla.cu's gdn/kaczmarz kernels use chunks of 64 tokens");
-    int num_devices = 0;
-    if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) {
-        die("no CUDA device found (train_kla.cu needs an NVIDIA GPU; the CPU trainer is train_kla)");
-    }
-    cudaCheck(cudaGetDeviceProperties(&device_properties, 0));
-    cudaCheck(cudaSetDevice(0));
+    multi_gpu_init(opt.zero);  // the rank's GPU, and NCCL between the ranks
+    int device;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaGetDeviceProperties(&device_properties, device));
     matmul_setup();
     int code = train_main(&opt, argc, argv);
     encoder_teardown();
@@ -818,6 +884,7 @@ int main(int argc, char** argv) {
 #ifdef USE_CUDNN
     attention_cudnn_destroy();
 #endif
+    multi_gpu_finish();
     return code;
 }
 #endif // TESTING

@@ -27,13 +27,15 @@ static inline void die(const char* fmt, ...) {
     (void)fmt;
     longjmp(fuzz_die_jump, 1);
 #else
+    // the line is formatted first and written in one piece, so that the ranks of a multi-GPU run, which may all
+    // stop at once, never interleave their lines
+    char line[4096];
     va_list ap;
     fflush(stdout);
-    fprintf(stderr, "error: ");
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "error: %s\n", line);
     exit(1);
 #endif
 }

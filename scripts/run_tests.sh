@@ -18,6 +18,7 @@ run() {
 run bash scripts/make_reference.sh
 run ./test_kla dev/test/ref
 run ./test_dataloader
+run ./test_ranks
 run ./test_tasks
 run bash dev/test/test_task_train.sh
 run bash dev/test/test_tokenizer.sh

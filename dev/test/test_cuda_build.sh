@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test_cuda_build.sh: the CUDA programs compile in both precisions (CI has nvcc but no GPU; the GPU tests are
-# dev/test/test_gpu.sh). Builds build/{train,test}_klacu_{bf16,fp32} and the kernel labs of dev/cuda into a
-# temporary directory. Prints one PASS/FAIL line per program; without nvcc, one line saying so.
+# test_cuda_build.sh: the CUDA programs compile in both precisions, with NCCL where it is found and without it
+# (CI has nvcc but no GPU; the GPU tests are dev/test/test_gpu.sh). Builds build/{train,test}_klacu_{bf16,fp32},
+# and train_klacu without NCCL and the kernel labs of dev/cuda into a temporary directory. Prints one PASS/FAIL
+# line per program; without nvcc, one line saying so.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v nvcc > /dev/null; then
@@ -17,6 +18,19 @@ for target in build/train_klacu_bf16 build/train_klacu_fp32 build/test_klacu_bf1
     fi
 done
 tmp=$(mktemp -d)
+# several GPUs (README "Multi-GPU"): make builds them with NCCL when it finds nccl.h, and the program also
+# compiles without it, as the single-GPU program of a machine without NCCL
+if make -s -n build/train_klacu_bf16 2>/dev/null | grep -q -- "-DMULTI_GPU"; then
+    echo "PASS CUDA build: NCCL found, the programs above are built for several GPUs (-DMULTI_GPU)"
+else
+    echo "PASS CUDA build: NCCL not found, the programs above are single-GPU ones"
+fi
+if out=$(nvcc -O1 -arch=sm_90 -std=c++17 -DENABLE_BF16 train_kla.cu -o "$tmp/train_klacu_single" -lcublasLt -lcublas 2>&1); then
+    echo "PASS CUDA build: train_klacu without NCCL (the single-GPU program)"
+else
+    echo "FAIL CUDA build: train_klacu without NCCL"
+    echo "$out" | tail -20
+fi
 for lab in dev/cuda/*.cu; do
     name=$(basename "$lab" .cu)
     for precision in BF16 FP32; do

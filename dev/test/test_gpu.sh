@@ -81,9 +81,21 @@ if [ -d data/demo ]; then
     done
 fi
 rm -rf "$tdir"
-# the labs: built into build/labs when absent, then run from dev/cuda (each runs its default version's validation)
+# several GPUs: data-parallel training (dev/test/test_multigpu.sh; mpirun's launch too where there is one)
+if [ "$(nvidia-smi -L 2> /dev/null | wc -l)" -ge 2 ]; then
+    echo "== multi-GPU"
+    mpirun_cmd=""
+    command -v mpirun > /dev/null && mpirun_cmd="mpirun --allow-run-as-root -np"
+    MPIRUN=$mpirun_cmd bash dev/test/test_multigpu.sh 2>&1 | tee -a "$log"
+else
+    echo "note: one GPU: the multi-GPU tests (dev/test/test_multigpu.sh) need 2"
+fi
+# the labs: built into build/labs when absent, then run from dev/cuda (each runs its default version's validation);
+# GPU_TEST_LABS="gka_core pdn_core" runs only those, GPU_TEST_LABS=none none of them
 mkdir -p build/labs
-for lab in gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalman_scan pdn_core gka_core; do
+LABS=${GPU_TEST_LABS:-gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalman_scan pdn_core gka_core}
+[ "$LABS" = none ] && LABS=""
+for lab in $LABS; do
     for precision in bf16 fp32; do
         bin=build/labs/${lab}_${precision}_bin
         if [ ! -x "$bin" ] && ! nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -DENABLE_${precision^^} -I. "dev/cuda/$lab.cu" \
