@@ -22,7 +22,7 @@
 #   REPRO_BATCH=           overrides every run's batch size -b (quick checks on the CPU)
 #   REPRO_EVAL_BATCHES=-1  -m: validation/test batches per length; -1 = 2000 sequences, the specs' test-set size
 #   REPRO_ONLY=            an extended regex: run only the grid entries whose name matches; names are
-#                          claim2_a5_<mixer>_d<depth>_L<len>_s<seed>, claim3_zoo_<mixer>_P<pairs>_s<seed>,
+#                          claim2_a5_<mixer>_d<depth>_L<len>_s<seed>, claim3_zoo_<mixer>_P<pairs>[_lr<lr>]_s<seed>,
 #                          claim1_mqar_<mixer>_s<seed>, claim1_sniah_<mixer>_s<seed> (e.g. REPRO_ONLY='^claim2')
 #   REPRO_THREADS=1        OMP_NUM_THREADS of each run
 #   REPRO_CONTENTION_PCT=20  the estimate's assumption: each other run on the GPU adds this % to a run's step time
@@ -97,10 +97,12 @@ declare -A A5_MIXER_FLAGS=([kalman]="--kalman-preset plain --kalman-n 16 --kalma
                            [gdn]="--lin-heads 2 --dk 64 --dv 64" [attn]="")
 # claim 3, Zoology MQAR (spec/pdn.md 8.1, spec/gka.md 12.1): 2 layers, width 64 (Zoology's smallest; the gka paper
 #   stresses widths at or below the number of pairs), vocab 8192, length 256, pairs 64 / 32 / 16 (4P <= L), batch 64,
-#   cosine lr 3e-3 (one point of Zoology's sweep {1e-3, 3.2e-3, 1e-2}; the papers report the best of a sweep),
+#   cosine lr 3e-3 by default (one point of Zoology's sweep {1e-3, 3.2e-3, 1e-2, 3.2e-2}; the papers report the best
+#   of a sweep: REPRO_ZOO_LRS="1e-3 3e-3 1e-2" runs each; pgdn learned nothing at 3e-3 on 2026-11-26),
 #   weight decay 0.1, 2000 steps (Zoology: about 2500 steps of 256). Our gka keeps its gates (the paper's MQAR gka
 #   has none: gamma = alpha = 1).
-ZOO_RECIPE="-k cosine -l 3e-3 -u 100 -q 0.1 -c 0.1 --grad-clip 1"
+ZOO_RECIPE="-k cosine -u 100 -q 0.1 -c 0.1 --grad-clip 1"
+ZOO_LRS=(${REPRO_ZOO_LRS:-3e-3})
 ZOO_STEPS=2000
 declare -A ZOO_MIXER_FLAGS=([gka]="--gka-iters 30" [pgdn]="" [gdn]="")
 # claim 1 (spec/gdn_kaczmarz.md 6.2): the KLA paper's MQAR model (2 layers, width 256, 4 heads of dk 48, dv 96,
@@ -111,6 +113,9 @@ declare -A ZOO_MIXER_FLAGS=([gka]="--gka-iters 30" [pgdn]="" [gdn]="")
 KLA_MODEL="--width 256 --heads 4 --lin-heads 4 --dk 48 --dv 96 --mlp-hidden 1024"
 KLA_RECIPE="-k constant -l 1e-3 -u 100 -c 0.1 --grad-clip 1"
 KLA_STEPS=4000
+
+# the run names of claim 3 carry the learning rate when several are swept (_lr1e-2), else nothing
+zoo_lr_tag() { [ ${#ZOO_LRS[@]} -gt 1 ] && echo "_lr$1"; }
 
 grid() {
     local L d m P
@@ -123,12 +128,15 @@ grid() {
             done
         done
     done
+    local lr
     for P in 64 32 16; do
-        for m in gka pgdn gdn; do
-            # shellcheck disable=SC2086
-            add "claim3_zoo_${m}_P$P" 3 "mqar-zoology P=$P" "$m" 2 64 256 "" "$ZOO_STEPS" 64 8192 \
-                --task mqar-zoology --task-len 256 --task-pairs "$P" --mixer "$m:2" --width 64 --heads 4 \
-                --lin-heads 2 --dk 32 --dv 32 $TRUNK ${ZOO_MIXER_FLAGS[$m]} $ZOO_RECIPE
+        for lr in "${ZOO_LRS[@]}"; do
+            for m in gka pgdn gdn; do
+                # shellcheck disable=SC2086
+                add "claim3_zoo_${m}_P${P}$(zoo_lr_tag "$lr")" 3 "mqar-zoology P=$P lr $lr" "$m" 2 64 256 "" "$ZOO_STEPS" 64 8192 \
+                    --task mqar-zoology --task-len 256 --task-pairs "$P" --mixer "$m:2" --width 64 --heads 4 \
+                    --lin-heads 2 --dk 32 --dv 32 $TRUNK ${ZOO_MIXER_FLAGS[$m]} $ZOO_RECIPE -l "$lr"
+            done
         done
     done
     for m in kaczmarz gdn; do
@@ -314,7 +322,7 @@ write_table() {
         summary
         echo
         echo "Recipes: claim 2 \`--task a5 $TRUNK --width 128 --heads 4 -b ${BATCH:-128} $A5_RECIPE\` (kalman ${A5_MIXER_FLAGS[kalman]}; gdn ${A5_MIXER_FLAGS[gdn]});"
-        echo "claim 3 \`--task mqar-zoology --task-len 256 --width 64 --heads 4 --lin-heads 2 --dk 32 --dv 32 $TRUNK -b ${BATCH:-64} $ZOO_RECIPE\`;"
+        echo "claim 3 \`--task mqar-zoology --task-len 256 --width 64 --heads 4 --lin-heads 2 --dk 32 --dv 32 $TRUNK -b ${BATCH:-64} $ZOO_RECIPE -l <${ZOO_LRS[*]}>\`;"
         echo "claim 1 \`$KLA_MODEL $TRUNK -b ${BATCH:-32} $KLA_RECIPE\`; every run's full command line is the first line of its log."
     } > "$tmp" && mv "$tmp" "$table_file"
 }
@@ -350,12 +358,14 @@ summary() {
             done
         done
         for P in 64 32 16; do
-            line=""; any=0
-            for m in gka pgdn gdn; do
-                i=$(find_run "claim3_zoo_${m}_P$P" "$s"); [ -n "$i" ] || continue
-                a=""; [ "${R_STATUS[i]}" = ok ] && a=$(first_acc "$i") && any=1; line+=" $m ${a:--},"
+            for lr in "${ZOO_LRS[@]}"; do
+                line=""; any=0
+                for m in gka pgdn gdn; do
+                    i=$(find_run "claim3_zoo_${m}_P${P}$(zoo_lr_tag "$lr")" "$s"); [ -n "$i" ] || continue
+                    a=""; [ "${R_STATUS[i]}" = ok ] && a=$(first_acc "$i") && any=1; line+=" $m ${a:--},"
+                done
+                [ "$any" = 1 ] && echo "- claim 3, mqar-zoology P=$P width 64, lr $lr, seed $s:${line%,}"
             done
-            [ "$any" = 1 ] && echo "- claim 3, mqar-zoology P=$P width 64, seed $s:${line%,}"
         done
         local k g
         k=$(find_run claim1_mqar_kaczmarz "$s"); g=$(find_run claim1_mqar_gdn "$s")
