@@ -20,7 +20,7 @@ done
 tmp=$(mktemp -d)
 # several GPUs (README "Multi-GPU"): make builds them with NCCL when it finds nccl.h, and the program also
 # compiles without it, as the single-GPU program of a machine without NCCL
-if make -s -n build/train_klacu_bf16 2>/dev/null | grep -q -- "-DMULTI_GPU"; then
+if make -s -n -B build/train_klacu_bf16 2>/dev/null | grep -q -- "-DMULTI_GPU"; then
     echo "PASS CUDA build: NCCL found, the programs above are built for several GPUs (-DMULTI_GPU)"
 else
     echo "PASS CUDA build: NCCL not found, the programs above are single-GPU ones"
