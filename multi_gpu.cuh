@@ -76,10 +76,13 @@ static void multi_gpu_init(int zero) {
     if (cudaGetDeviceCount(&num_devices) != cudaSuccess || num_devices == 0) {
         die("no CUDA device found (train_kla.cu needs an NVIDIA GPU; the CPU trainer is train_kla)");
     }
-    if (r.local_rank >= num_devices) {
+    // the GPU of the rank on its host; a rank that sees a single GPU takes it (a launcher that binds one GPU to each
+    // rank, such as srun --gpus-per-task=1, leaves each rank its own in CUDA_VISIBLE_DEVICES)
+    int device = num_devices == 1 ? 0 : r.local_rank;
+    if (device >= num_devices) {
         die("rank %d is rank %d of its host (%s), but the host has %d GPUs: one rank per GPU", r.rank, r.local_rank, r.launcher, num_devices);
     }
-    cudaCheck(cudaSetDevice(r.local_rank));
+    cudaCheck(cudaSetDevice(device));
     if (r.num_ranks == 1) { return; }
 #ifndef MULTI_GPU
     die("%s started %d ranks, but this train_klacu was built without NCCL (make finds nccl.h in the CUDA toolkit, "
