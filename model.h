@@ -1342,6 +1342,7 @@ static void check_model_flags(const Config* c, Flag* flags, int n, const char* p
 typedef struct {
     const char *train_glob, *val_glob, *out_dir, *init_file, *mixer, *schedule, *prompt, *tokenizer_path;
     const char *kalman_preset, *norm, *mlp;
+    // total_batch: -d; 0 (the default) until train_main makes it one micro-batch per rank, B*T*ranks
     int B, T, total_batch, max_steps, warmup, val_every, val_batches, sample_every, gen_tokens, ckpt_every, ckpt_keep;
     int resume, depth, width, heads, lin_heads, dk, dv, max_seq_len, vocab_size, seed, shuffle, chunk, mlp_hidden;
     const char* rows_name;  // --rows, parsed into rows (DL_ROWS_*)
@@ -1422,7 +1423,6 @@ static void options_use_task(Options* o, const Task* t) {
     o->T = task_seq_len(t, t->len);
     o->vocab_size = t->vocab;
     o->gen_tokens = 0;
-    if (!find_flag(o->flags, o->num_flags, "-d")->given) { o->total_batch = o->B * o->T; }
     if (o->total_batch % (o->B * o->T) != 0) { die("flag -d: %d is not a multiple of B*T = %d*%d (T: the task's sequence length)", o->total_batch, o->B, o->T); }
 }
 
@@ -1641,8 +1641,7 @@ static void parse_options(Options* o, int argc, char** argv) {
     require(o->T >= 1, "-t", "must be >= 1");
     require(o->total_batch >= 0, "-d", "must be >= 0");
     parse_task_flags(o);
-    if (o->total_batch == 0) { o->total_batch = o->B * o->T; }
-    require(o->total_batch % (o->B * o->T) == 0, "-d", "must be a multiple of B*T");
+    require(o->total_batch % (o->B * o->T) == 0, "-d", "must be a multiple of B*T");  // 0: train_main's default
     require(o->max_steps >= -1 && o->max_steps != 0, "-x", "must be >= 1, or -1 for one epoch");
     o->sched = -1;
     for (int i = 0; i < 4; i++) { if (strcmp(o->schedule, SCHED_NAMES[i]) == 0) { o->sched = i; } }

@@ -91,7 +91,7 @@ static void multi_gpu_init(int zero) {
     ncclUniqueId id;
     if (r.rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
 #ifdef USE_MPI
-    if (strcmp(r.launcher, "mpirun (Open MPI)") == 0 || strcmp(r.launcher, "mpiexec (MPICH)") == 0) {
+    if (r.by_mpi) {
         MPI_Init(NULL, NULL);
         multi.mpi = 1;
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);

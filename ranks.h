@@ -40,6 +40,7 @@ typedef struct {
     int num_ranks;
     int local_rank;        // the rank among this host's processes: the GPU it uses
     const char* launcher;  // which variables said so
+    int by_mpi;            // an MPI launcher (mpirun, mpiexec) started the run: MPI can bootstrap it
     char launch[128];      // a name unique to this launch (ranks_exchange_id's file), "" for one process
 } Ranks;
 
@@ -56,11 +57,11 @@ static int ranks_env_int(const char* name) {
 }
 
 static void ranks_from_environment(Ranks* r) {
-    static const struct { const char *launcher, *rank, *size, *local; } known[4] = {
-        {"mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-        {"mpiexec (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-        {"srun (Slurm)", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"},
-        {"RANK/WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
+    static const struct { const char *launcher, *rank, *size, *local; int mpi; } known[4] = {
+        {"mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", 1},
+        {"mpiexec (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", 1},
+        {"srun (Slurm)", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", 0},
+        {"RANK/WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", 0},
     };
     memset(r, 0, sizeof(*r));
     r->num_ranks = 1;
@@ -76,6 +77,7 @@ static void ranks_from_environment(Ranks* r) {
         r->num_ranks = size;
         r->local_rank = local;
         r->launcher = known[k].launcher;
+        r->by_mpi = known[k].mpi;
         if (size == 1) { return; }
         // the launch's name: the launcher's job id, else the one scripts/launch.sh or torchrun sets
         const char* job = NULL;

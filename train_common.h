@@ -572,7 +572,7 @@ static int train_main(Options* opt, int argc, char** argv) {
     }
     // a step is grad_accum micro-batches of B x T on each rank; -d 0 (the default): one micro-batch per rank
     int rank_batch = opt->B * opt->T * num_ranks;
-    if (strcmp(run_flag_value(opt->run_flags, opt->run_flags_bytes, "-d"), "0") == 0) { opt->total_batch = rank_batch; }
+    if (opt->total_batch == 0) { opt->total_batch = rank_batch; }
     if (opt->total_batch % rank_batch != 0) {
         die("flag -d: %d is not a multiple of B*T*ranks = %d*%d*%d", opt->total_batch, opt->B, opt->T, num_ranks);
     }

@@ -587,7 +587,6 @@ static float model_grad_norm(Model* m) {
 static size_t adam_first(const Model* m) { return multi.zero ? m->shard_start : 0; }
 static size_t adam_floats(const Model* m) { return multi.zero ? m->shard_floats : m->num_alloc_floats; }
 
-// AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
 static void model_alloc_adam(Model* m) {
     if (m->m_memory != NULL) { return; }
     size_t bytes = adam_floats(m) * sizeof(float);
@@ -597,6 +596,7 @@ static void model_alloc_adam(Model* m) {
     cudaCheck(cudaMemset(m->v_memory, 0, bytes));
 }
 
+// AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
 // With -z 1 each rank updates the part of each tensor that lies in its slice, and an all-gather then gives every
 // rank all the parameters (the fp32 master and the floatX copy).
 static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
