@@ -11,12 +11,14 @@ What the ranks share, and how:
 - with -z 1 (ZeRO-1) AdamW's m and v are sharded: rank r keeps the state of the r-th of num_ranks equal slices of
   the flat parameter buffer, gets the averaged gradient of its slice only (a reduce-scatter in place of the
   all-reduce), updates its slice of the parameters, and an all-gather gives every rank all of them again (the
-  fp32 master and the bf16 copy). A checkpoint gathers m and v to rank 0, which writes the same files as
-  without ZeRO;
-- the all-reduce runs after the step's last backward, not overlapped with it: overlapping it layer by layer on a
-  second stream during that backward was measured slower on 2 H200s over NVLink (the attn 124M model scaled 93.0%
-  against 95.2%; NCCL's kernels take SMs from the backward's matmuls, and the all-reduce of 124M fp32 gradients
-  takes about 1.5 ms there);
+  fp32 master and the bf16 copy: the passes read both, the norms, biases, gates, the embedding and the mixers'
+  small parameters in fp32). A checkpoint gathers m and v to rank 0, which writes the same files as without ZeRO;
+- the gradient reduction runs after the step's last backward, not overlapped with it. Overlapping it on a second
+  stream, in buckets of 1 to 4 layers as the backward finishes them, was measured twice: on 2 H200s the attn 124M
+  model scaled 93.0% against 95.2% without; on 4 H200s (2026-11-26) the best bucketing saved 0.37 of the 2.2 ms
+  all-reduce (93.3% -> 94.1%), with or without a high-priority stream or fewer NCCL CTAs. The last bucket holds
+  the tied embedding's gradient, a third of the model, which the encoder's backward finishes last, and NCCL's
+  kernels slow the backward's matmuls while they share the SMs;
 - the global gradient norm is the sum over ranks of each rank's slice's squared norm, with or without ZeRO, so
   that the two give the same clipping to the last bit;
 - rank 0 alone writes main.log and the checkpoints; the other ranks print nothing to stdout (their errors still

@@ -81,12 +81,16 @@ if [ -d data/demo ]; then
     done
 fi
 rm -rf "$tdir"
-# several GPUs: data-parallel training (dev/test/test_multigpu.sh; mpirun's launch too where there is one)
+# several GPUs: data-parallel training on 2 ranks, and on 4 where there are 4 GPUs (dev/test/test_multigpu.sh;
+# mpirun's launch too where there is one)
 if [ "$(nvidia-smi -L 2> /dev/null | wc -l)" -ge 2 ]; then
     echo "== multi-GPU"
     mpirun_cmd=""
     command -v mpirun > /dev/null && mpirun_cmd="mpirun --allow-run-as-root -np"
     MPIRUN=$mpirun_cmd bash dev/test/test_multigpu.sh 2>&1 | tee -a "$log"
+    if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+        MULTIGPU_RANKS=4 MPIRUN=$mpirun_cmd bash dev/test/test_multigpu.sh 2>&1 | tee -a "$log"
+    fi
 else
     echo "note: one GPU: the multi-GPU tests (dev/test/test_multigpu.sh) need 2"
 fi
