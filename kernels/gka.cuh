@@ -420,11 +420,11 @@ static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, flo
 //   dQt = s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]                                       5.2 pass 1
 // The tile products run on CUDA cores in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed summation order) in both
 // builds: the solve's 30 iterations amplify operand rounding by up to the condition bound 51 (spec 8), so bf16
-// operands are left for a later version with a measured error budget. The solve's products can run on tensor
-// cores instead (gka_mm with TC: cta_mm_tf32, 3xTF32 in the fp32 build for fp32's accuracy, TF32 in the bf16 build
-// as the official kernels, whose TF32 products spec 8 measured at 1e-3..4e-3 relative); dev/cuda/gka_core.cu's
-// version 3. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and have row strides of the
-// padded size + 4.
+// operands are left for a later version with a measured error budget. The products of the solve, the readout and
+// dQt can run on tensor cores instead (gka_mm with TC: cta_mm_tf32, 3xTF32 in the fp32 build for fp32's accuracy,
+// TF32 in the bf16 build as the official kernels, whose TF32 products spec 8 measured at 1e-3..4e-3 relative):
+// dev/cuda/gka_core.cu's version 3. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and
+// have row strides of the padded size + 4.
 
 #define GKA_CHUNK_THREADS 512   // threads of the per-chunk kernels
 #define GKA_STATE_COLS 32       // state columns per CTA of the state kernel
@@ -687,6 +687,7 @@ static size_t gka_chunk_product_smem(int dk, int dv) {
 }
 
 // readout (dqt = 0): o = s [diag(zeta) Qt U0 + ((Qt K^T) (.) M) V]; dQt (dqt = 1): s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]
+template <bool TC>
 __global__ void __launch_bounds__(GKA_CHUNK_THREADS)
 gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO, const floatX* qkv,
                          const float* alpha, const float* g, const float* Uck, int T, int H, int dk, int dv,
@@ -726,19 +727,19 @@ gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO
     }
     __syncthreads();
     if (dqt) {
-        cta_mm<false, true>(Qs, ldk, Ds, ldv, U0, ldv, BT, dkp, dvp, false, false);   // dO U0^T
-        cta_mm<false, true>(S, ldb, Ds, ldv, Vs, ldv, BT, BT, dvp, false);            // dO V^T
+        gka_mm<TC, false, true>(Qs, ldk, Ds, ldv, U0, ldv, BT, dkp, dvp, false, false);   // dO U0^T
+        gka_mm<TC, false, true>(S, ldb, Ds, ldv, Vs, ldv, BT, BT, dvp, false);            // dO V^T
         gka_mask_scale(S, ldb, Qs, ldk, dkp, gl, zeta);
-        cta_mm<false, false>(Qs, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);             // + (. (.) M) K
+        gka_mm<TC, false, false>(Qs, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);             // + (. (.) M) K
         for (int idx = tid; idx < L * dk; idx += blockDim.x) {
             const int c = idx / dk, j = idx % dk;
             dQt[(e0 + (size_t)c * H) * dk + j] = scale * Qs[c * ldk + j];
         }
     } else {
-        cta_mm<false, false>(Os, ldv, Qs, ldk, U0, ldv, BT, dvp, dkp, false, false);   // Qt U0
-        cta_mm<false, true>(S, ldb, Qs, ldk, Ks, ldk, BT, BT, dkp, false);             // Qt K^T
+        gka_mm<TC, false, false>(Os, ldv, Qs, ldk, U0, ldv, BT, dvp, dkp, false, false);   // Qt U0
+        gka_mm<TC, false, true>(S, ldb, Qs, ldk, Ks, ldk, BT, BT, dkp, false);             // Qt K^T
         gka_mask_scale(S, ldb, Os, ldv, dvp, gl, zeta);
-        cta_mm<false, false>(Os, ldv, S, ldb, Vs, ldv, BT, dvp, BT, true);             // + (. (.) M) V
+        gka_mm<TC, false, false>(Os, ldv, S, ldb, Vs, ldv, BT, dvp, BT, true);             // + (. (.) M) V
         for (int idx = tid; idx < L * dv; idx += blockDim.x) {
             const int c = idx / dv, j = idx % dv;
             o[(r0 + c) * H * dv + hh * dv + j] = from_float<floatX>(scale * Os[c * ldv + j]);
@@ -905,6 +906,15 @@ static GKASolveKernel gka_solve_kernel(bool tensor_cores, size_t smem, int dk, i
     return k;
 }
 
+// the same for the product kernel (the readout and dQt)
+typedef void (*GKAProductKernel)(floatX*, float*, const float*, const floatX*, const floatX*, const float*,
+                                 const float*, const float*, int, int, int, int, float);
+static GKAProductKernel gka_product_kernel(bool tensor_cores, size_t smem, int dk, int dv) {
+    GKAProductKernel k = tensor_cores ? gka_chunk_product_kernel<true> : gka_chunk_product_kernel<false>;
+    gka_kernel_smem((const void*)k, smem, dk, dv);
+    return k;
+}
+
 // spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. tensor_cores: the
 // solve's tile products on tensor cores (gka_mm).
 static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, const floatX* qkv,
@@ -913,14 +923,14 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     const int NT = gka_chunks(T);
     const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
     GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     gka_chunk_states_kernel<<<dim3(B * H, ceil_div(dk + dv, GKA_STATE_COLS)), GKA_STATE_THREADS, 0, stream>>>(
         Hck, Uck, qkv, g, T, H, dk, dv);
     cudaCheckLaunch();
     solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk, dv,
                                                                        iters, ridge);
     cudaCheckLaunch();
-    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         o, NULL, x, NULL, qkv, alpha, g, Uck, T, H, dk, dv, 1.0f / sqrtf((float)dk));
     cudaCheckLaunch();
 }
@@ -945,9 +955,9 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
     const size_t rec = gka_core_backward_smem(dk, dv);
     GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     gka_kernel_smem((const void*)gka_core_backward_kernel, rec, dk, dv);
-    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
     cudaCheckLaunch();
     solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T, H,

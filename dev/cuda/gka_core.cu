@@ -19,7 +19,7 @@ chunk's 64 tokens solve together (5.1(b-d): each iteration two tile products wit
 chunk's keys), the readout (5.1(f)); the backward's dQt and adjoint solve the same way (5.2 pass 1), then the
 rest of 3.2 as the recurrence of version 1 without its solves. The tile products are fp32 on CUDA cores in both
 builds. Measured on an H200 (2026-11-26, same shape, bf16 build): forward 40.1 ms, backward 130.1 ms.
-version 3 is version 2 with the solves' tile products on tensor cores (kernels/gka.cuh's gka_mm with TC,
+version 3 is version 2 with the tile products of the solves, the readout and dQt on tensor cores (gka_mm with TC,
 kernels/chunk_tiles.cuh's cta_mm_tf32): 3xTF32 in the fp32 build, TF32 in the bf16 build (as the official kernels).
 Not yet run on a GPU (written 2026-11-26 without device time); the trainer switches to it (GKA_TENSOR_CORES) once
 its validation passes.
