@@ -544,11 +544,12 @@ gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* 
 // the omegas' doubles rounded up to 32 bytes, so that the float tiles after them start 32-byte aligned (wmma)
 __host__ __device__ inline int gka_omega_slots(int iters) { return (iters + 3) / 4 * 4; }
 
-#ifdef ENABLE_FP32
-#define GKA_TF32_SPLIT true    // 3xTF32: the fp32 build's products keep fp32's accuracy
-#else
-#define GKA_TF32_SPLIT false   // TF32, as the official kernels
-#endif
+// The products are 3xTF32 in both builds (fp32's accuracy). Plain TF32, as the official kernels run it, was measured
+// on an H200 (dev/cuda/gka_core.cu version 3, 2026-11-26) and misses the solve's accuracy: the ridge solution x
+// 9e-4 .. 2e-3 off the exact one where fp32 gives 2e-6 (bound 1e-4), and the bf16 layer's o, dv and dalpha 1.0e-2
+// .. 1.8e-2 off the float64 reference (bound 1e-2; CUDA-core fp32: 1.7e-3 and below): the 30 Chebyshev steps and
+// the condition number (up to 51, spec 8) grow TF32's 2^-11 per product.
+#define GKA_TF32_SPLIT true
 // the solve's tile products: fp32 on CUDA cores, or with TC on tensor cores
 template <bool TC, bool A_T, bool B_T>
 __device__ __forceinline__ void gka_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb, int M, int N,
@@ -893,9 +894,8 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
-// what the trainer runs: the solve's products on CUDA cores until dev/cuda/gka_core.cu's version 3 (tensor cores)
-// has passed its validation on a GPU
-#define GKA_TENSOR_CORES false
+// what the trainer runs: the solve's products on tensor cores (3xTF32; dev/cuda/gka_core.cu version 3)
+#define GKA_TENSOR_CORES true
 
 // the solve kernel of the chosen products (tensor_cores: gka_mm's TC), its shared memory set to smem
 typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
