@@ -420,8 +420,11 @@ static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, flo
 //   dQt = s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]                                       5.2 pass 1
 // The tile products run on CUDA cores in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed summation order) in both
 // builds: the solve's 30 iterations amplify operand rounding by up to the condition bound 51 (spec 8), so bf16
-// operands are left for a later version with a measured error budget. Tiles are padded to multiples of 16 with
-// zeros (dk, dv any size up to 128) and have row strides of the padded size + 4.
+// operands are left for a later version with a measured error budget. The products of the solve, the readout and
+// dQt can run on tensor cores instead (gka_mm with TC: cta_mm_tf32, 3xTF32 in the fp32 build for fp32's accuracy,
+// TF32 in the bf16 build as the official kernels, whose TF32 products spec 8 measured at 1e-3..4e-3 relative):
+// dev/cuda/gka_core.cu's version 3. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and
+// have row strides of the padded size + 4.
 
 #define GKA_CHUNK_THREADS 512   // threads of the per-chunk kernels
 #define GKA_STATE_COLS 32       // state columns per CTA of the state kernel
@@ -538,13 +541,30 @@ gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* 
 // x_c, x_prev_c and rhs_c stay in registers: thread tid owns the elements tid, tid + 512, ... of the [BT][dk] tile.
 
 #define GKA_SOLVE_ELEMS (GKA_CHECKPOINT * 128 / GKA_CHUNK_THREADS)   // elements of the [BT][dk] tile per thread
+// the omegas' doubles rounded up to 32 bytes, so that the float tiles after them start 32-byte aligned (wmma)
+__host__ __device__ inline int gka_omega_slots(int iters) { return (iters + 3) / 4 * 4; }
+
+// The products are 3xTF32 in both builds (fp32's accuracy). Plain TF32, as the official kernels run it, was measured
+// on an H200 (dev/cuda/gka_core.cu version 3, 2026-11-26) and misses the solve's accuracy: the ridge solution x
+// 9e-4 .. 2e-3 off the exact one where fp32 gives 2e-6 (bound 1e-4), and the bf16 layer's o, dv and dalpha 1.0e-2
+// .. 1.8e-2 off the float64 reference (bound 1e-2; CUDA-core fp32: 1.7e-3 and below): the 30 Chebyshev steps and
+// the condition number (up to 51, spec 8) grow TF32's 2^-11 per product.
+#define GKA_TF32_SPLIT true
+// the solve's tile products: fp32 on CUDA cores, or with TC on tensor cores
+template <bool TC, bool A_T, bool B_T>
+__device__ __forceinline__ void gka_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb, int M, int N,
+                                       int K, bool acc, bool sync = true) {
+    if (TC) { cta_mm_tf32<A_T, B_T, GKA_TF32_SPLIT>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, sync); }
+    else { cta_mm<A_T, B_T>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, sync); }
+}
 
 static size_t gka_chunk_solve_smem(int dk, int iters) {
     const size_t BT = GKA_CHECKPOINT, ldk = gka_lds(dk), ldb = gka_lds(BT);
-    return (size_t)iters * sizeof(double) + BT * sizeof(double)
+    return (size_t)gka_omega_slots(iters) * sizeof(double) + BT * sizeof(double)
            + ((size_t)gka_pad(dk) * ldk + 3 * BT * ldk + 2 * BT * ldb + 6 * BT + 32) * sizeof(float);
 }
 
+template <bool TC>
 __global__ void __launch_bounds__(GKA_CHUNK_THREADS)
 gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha, const floatX* qkv,
                        const float* g, const float* Hck, int T, int H, int dk, int dv, int iters, float ridge) {
@@ -553,7 +573,7 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const int dkp = gka_pad(dk), ldk = gka_lds(dk), ldb = gka_lds(BT);
     double* om = gka_smem_solve;
-    double* tau = om + iters;              // [BT] per row
+    double* tau = om + gka_omega_slots(iters);   // [BT] per row
     float* H0 = (float*)(tau + BT);        // [dkp][ldk]
     float* Ks = H0 + dkp * ldk;            // [BT][ldk]
     float* Xs = Ks + BT * ldk;             // [BT][ldk] the iterate, as the products' operand
@@ -582,8 +602,8 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
             hh2 += v * v;
         }
         const float h0f2 = gka_block_sum(hh2, red);
-        cta_mm<false, false>(HY, ldk, Ks, ldk, H0, ldk, BT, dkp, dkp, false, false);   // K H0
-        cta_mm<false, true>(S, ldb, Ks, ldk, Ks, ldk, BT, BT, dkp, false);             // Gm = K K^T
+        gka_mm<TC, false, false>(HY, ldk, Ks, ldk, H0, ldk, BT, dkp, dkp, false, false);   // K H0
+        gka_mm<TC, false, true>(S, ldb, Ks, ldk, Ks, ldk, BT, BT, dkp, false);             // Gm = K K^T
         cta_rows<1>(BT, dk, [&](int r, int c, float* acc) { acc[0] += HY[r * ldk + c] * Ks[r * ldk + c]; },
                     [&](int r, float* acc) { quad[r] = acc[0]; });
         // W[i][c] = sum_{j <= c} (k_i.k_j)^2 M[c][j]: then term 3 of row c is sum_{i <= c} M[c][i] W[i][c]
@@ -631,10 +651,10 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
             if (idx < BT * dkp) { Xs[(idx / dkp) * ldk + idx % dkp] = x[m]; }
         }
         __syncthreads();
-        cta_mm<false, false>(HY, ldk, Xs, ldk, H0, ldk, BT, dkp, dkp, false, false);   // X H0
-        cta_mm<false, true>(S, ldb, Xs, ldk, Ks, ldk, BT, BT, dkp, false);             // X K^T
+        gka_mm<TC, false, false>(HY, ldk, Xs, ldk, H0, ldk, BT, dkp, dkp, false, false);   // X H0
+        gka_mm<TC, false, true>(S, ldb, Xs, ldk, Ks, ldk, BT, BT, dkp, false);             // X K^T
         gka_mask_scale(S, ldb, HY, ldk, dkp, gl, zeta);
-        cta_mm<false, false>(HY, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);              // + ((X K^T) (.) M) K
+        gka_mm<TC, false, false>(HY, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);              // + ((X K^T) (.) M) K
         const float c2 = (float)om[it], c3 = (float)(om[it] - 1.0);
         #pragma unroll
         for (int m = 0; m < GKA_SOLVE_ELEMS; m++) {
@@ -668,6 +688,7 @@ static size_t gka_chunk_product_smem(int dk, int dv) {
 }
 
 // readout (dqt = 0): o = s [diag(zeta) Qt U0 + ((Qt K^T) (.) M) V]; dQt (dqt = 1): s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]
+template <bool TC>
 __global__ void __launch_bounds__(GKA_CHUNK_THREADS)
 gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO, const floatX* qkv,
                          const float* alpha, const float* g, const float* Uck, int T, int H, int dk, int dv,
@@ -707,19 +728,19 @@ gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO
     }
     __syncthreads();
     if (dqt) {
-        cta_mm<false, true>(Qs, ldk, Ds, ldv, U0, ldv, BT, dkp, dvp, false, false);   // dO U0^T
-        cta_mm<false, true>(S, ldb, Ds, ldv, Vs, ldv, BT, BT, dvp, false);            // dO V^T
+        gka_mm<TC, false, true>(Qs, ldk, Ds, ldv, U0, ldv, BT, dkp, dvp, false, false);   // dO U0^T
+        gka_mm<TC, false, true>(S, ldb, Ds, ldv, Vs, ldv, BT, BT, dvp, false);            // dO V^T
         gka_mask_scale(S, ldb, Qs, ldk, dkp, gl, zeta);
-        cta_mm<false, false>(Qs, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);             // + (. (.) M) K
+        gka_mm<TC, false, false>(Qs, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);             // + (. (.) M) K
         for (int idx = tid; idx < L * dk; idx += blockDim.x) {
             const int c = idx / dk, j = idx % dk;
             dQt[(e0 + (size_t)c * H) * dk + j] = scale * Qs[c * ldk + j];
         }
     } else {
-        cta_mm<false, false>(Os, ldv, Qs, ldk, U0, ldv, BT, dvp, dkp, false, false);   // Qt U0
-        cta_mm<false, true>(S, ldb, Qs, ldk, Ks, ldk, BT, BT, dkp, false);             // Qt K^T
+        gka_mm<TC, false, false>(Os, ldv, Qs, ldk, U0, ldv, BT, dvp, dkp, false, false);   // Qt U0
+        gka_mm<TC, false, true>(S, ldb, Qs, ldk, Ks, ldk, BT, BT, dkp, false);             // Qt K^T
         gka_mask_scale(S, ldb, Os, ldv, dvp, gl, zeta);
-        cta_mm<false, false>(Os, ldv, S, ldb, Vs, ldv, BT, dvp, BT, true);             // + (. (.) M) V
+        gka_mm<TC, false, false>(Os, ldv, S, ldb, Vs, ldv, BT, dvp, BT, true);             // + (. (.) M) V
         for (int idx = tid; idx < L * dv; idx += blockDim.x) {
             const int c = idx / dv, j = idx % dv;
             o[(r0 + c) * H * dv + hh * dv + j] = from_float<floatX>(scale * Os[c * ldv + j]);
@@ -873,21 +894,43 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
-// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0
+// what the trainer runs: the solve's products on tensor cores (3xTF32; dev/cuda/gka_core.cu version 3)
+#define GKA_TENSOR_CORES true
+
+// the solve kernel of the chosen products (tensor_cores: gka_mm's TC), its shared memory set to smem
+typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
+                               const float*, int, int, int, int, int, float);
+static GKASolveKernel gka_solve_kernel(bool tensor_cores, size_t smem, int dk, int dv) {
+    GKASolveKernel k = tensor_cores ? gka_chunk_solve_kernel<true> : gka_chunk_solve_kernel<false>;
+    gka_kernel_smem((const void*)k, smem, dk, dv);
+    return k;
+}
+
+// the same for the product kernel (the readout and dQt)
+typedef void (*GKAProductKernel)(floatX*, float*, const float*, const floatX*, const floatX*, const float*,
+                                 const float*, const float*, int, int, int, int, float);
+static GKAProductKernel gka_product_kernel(bool tensor_cores, size_t smem, int dk, int dv) {
+    GKAProductKernel k = tensor_cores ? gka_chunk_product_kernel<true> : gka_chunk_product_kernel<false>;
+    gka_kernel_smem((const void*)k, smem, dk, dv);
+    return k;
+}
+
+// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. tensor_cores: the
+// solve's tile products on tensor cores (gka_mm).
 static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, const floatX* qkv,
                              const float* alpha, const float* g, int B, int T, int H, int dk, int dv, int iters,
-                             float ridge, cudaStream_t stream) {
+                             float ridge, bool tensor_cores, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_solve_kernel, solve, dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
+    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     gka_chunk_states_kernel<<<dim3(B * H, ceil_div(dk + dv, GKA_STATE_COLS)), GKA_STATE_THREADS, 0, stream>>>(
         Hck, Uck, qkv, g, T, H, dk, dv);
     cudaCheckLaunch();
-    gka_chunk_solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T,
-                                                                                H, dk, dv, iters, ridge);
+    solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk, dv,
+                                                                       iters, ridge);
     cudaCheckLaunch();
-    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         o, NULL, x, NULL, qkv, alpha, g, Uck, T, H, dk, dv, 1.0f / sqrtf((float)dk));
     cudaCheckLaunch();
 }
@@ -897,12 +940,13 @@ static size_t gka_core_backward_scratch_floats(int B, int T, int H, int dk, int 
     return (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv) + 2 * (size_t)B * T * H * dk;
 }
 
-// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks, then the rest of 3.2 as the recurrence; final-state
+// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (tensor_cores: as gka_core_forward's), then the rest of
+// 3.2 as the recurrence; final-state
 // gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
 static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO,
                               const float* Hck, const float* Uck, const floatX* qkv, const float* alpha, const float* g,
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
-                              float ridge, cudaStream_t stream) {
+                              float ridge, bool tensor_cores, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const float scale = 1.0f / sqrtf((float)dk);
     float* seg = scratch;
@@ -910,14 +954,14 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     float* Z = dQt + (size_t)B * T * H * dk;
     const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
     const size_t rec = gka_core_backward_smem(dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_solve_kernel, solve, dk, dv);
-    gka_kernel_smem((const void*)gka_chunk_product_kernel, prod, dk, dv);
+    GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
+    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     gka_kernel_smem((const void*)gka_core_backward_kernel, rec, dk, dv);
-    gka_chunk_product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
+    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
     cudaCheckLaunch();
-    gka_chunk_solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g,
-                                                                                Hck, T, H, dk, dv, iters, ridge);
+    solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T, H,
+                                                                       dk, dv, iters, ridge);
     cudaCheckLaunch();
     gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, rec, stream>>>(dqkv, dalpha, dg, seg, dQt, Z, dO, Hck, Uck,
                                                                        qkv, alpha, g, x, f, T, H, dk, dv, ridge, scale);

@@ -18,8 +18,11 @@ algorithm of spec 5 on chunks of 64 tokens: the chunk states (5.1(a), sequential
 chunk's 64 tokens solve together (5.1(b-d): each iteration two tile products with the chunk-start state and the
 chunk's keys), the readout (5.1(f)); the backward's dQt and adjoint solve the same way (5.2 pass 1), then the
 rest of 3.2 as the recurrence of version 1 without its solves. The tile products are fp32 on CUDA cores in both
-builds (a tensor-core version is the next). Measured on an H200 (2026-11-26, same shape, bf16 build):
-forward 40.1 ms, backward 130.1 ms.
+builds. Measured on an H200 (2026-11-26, same shape, bf16 build): forward 40.1 ms, backward 130.1 ms.
+version 3 is version 2 with the tile products of the solves, the readout and dQt on tensor cores (gka_mm with TC,
+kernels/chunk_tiles.cuh's cta_mm_tf32): 3xTF32 in the fp32 build, TF32 in the bf16 build (as the official kernels).
+Not yet run on a GPU (written 2026-11-26 without device time); the trainer switches to it (GKA_TENSOR_CORES) once
+its validation passes.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -508,7 +511,7 @@ static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
                               in.dv, iters, RIDGE, 0);
     } else {
         gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE,
-                         0);
+                         version == 3, 0);
     }
 }
 static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -517,7 +520,7 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
                     in.H, in.dk, in.dv, iters, RIDGE);
     } else {
         gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
-                          in.T, in.H, in.dk, in.dv, iters, RIDGE, 0);
+                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version == 3, 0);
     }
 }
 
@@ -592,7 +595,7 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 
 int main(int argc, char** argv) {
     version = argc > 1 ? atoi(argv[1]) : 2;
-    if (version != 1 && version != 2) { die("usage: %s [version 1 or 2, default 2]", argv[0]); }
+    if (version < 1 || version > 3) { die("usage: %s [version 1, 2 or 3, default 2]", argv[0]); }
     printf("version %d, precision %s, tolerance %.0e (relative L2), ridge a = %g\n", version, PRECISION_NAME,
            TOLERANCE, (double)RIDGE);
     validate(2, 150, 2, 16, 24, 30);     // T not a multiple of the 64-token segments, dk != dv
