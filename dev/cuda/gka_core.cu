@@ -5,7 +5,7 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 2        (the argument picks the version that is checked and timed; default 2)
+./gka_core_bin 3        (the argument picks the version that is checked and timed; default 3)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -13,16 +13,17 @@ kernels/gka.cuh's gka_recurrent_forward, which decode uses); the backward (in th
 segment's states from the forward's checkpoints into global scratch and walks it in reverse with one adjoint CHEB
 solve per token (implicit differentiation). Measured on an H200 (2026-11-26, B=16 T=2048 H=6 D=128 r=30):
 forward 66.1 ms, backward 161.0 ms.
-version 2 is kernels/gka.cuh's gka_core_forward / gka_core_backward, what train_kla.cu runs: the chunkwise
+version 2 is kernels/gka.cuh's gka_core_forward / gka_core_backward with the products on CUDA cores: the chunkwise
 algorithm of spec 5 on chunks of 64 tokens: the chunk states (5.1(a), sequential over chunks), then every
 chunk's 64 tokens solve together (5.1(b-d): each iteration two tile products with the chunk-start state and the
 chunk's keys), the readout (5.1(f)); the backward's dQt and adjoint solve the same way (5.2 pass 1), then the
 rest of 3.2 as the recurrence of version 1 without its solves. The tile products are fp32 on CUDA cores in both
 builds. Measured on an H200 (2026-11-26, same shape, bf16 build): forward 40.1 ms, backward 130.1 ms.
 version 3 is version 2 with the tile products of the solves, the readout and dQt on tensor cores (gka_mm with TC,
-kernels/chunk_tiles.cuh's cta_mm_tf32): 3xTF32 in the fp32 build, TF32 in the bf16 build (as the official kernels).
-Not yet run on a GPU (written 2026-11-26 without device time); the trainer switches to it (GKA_TENSOR_CORES) once
-its validation passes.
+kernels/chunk_tiles.cuh's cta_mm_tf32), 3xTF32 in both builds; the trainer runs it (GKA_TENSOR_CORES). Measured on
+an H200 (2026-11-26, same shape, bf16 build): forward 30.7 ms, backward 117.9 ms (version 2 in the same run: 37.3
+and 125.2 ms). Plain TF32 in the bf16 build, as the official kernels, failed this file's checks (kernels/gka.cuh's
+GKA_TF32_SPLIT says by how much).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -594,8 +595,8 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    version = argc > 1 ? atoi(argv[1]) : 2;
-    if (version < 1 || version > 3) { die("usage: %s [version 1, 2 or 3, default 2]", argv[0]); }
+    version = argc > 1 ? atoi(argv[1]) : 3;
+    if (version < 1 || version > 3) { die("usage: %s [version 1, 2 or 3, default 3]", argv[0]); }
     printf("version %d, precision %s, tolerance %.0e (relative L2), ridge a = %g\n", version, PRECISION_NAME,
            TOLERANCE, (double)RIDGE);
     validate(2, 150, 2, 16, 24, 30);     // T not a multiple of the 64-token segments, dk != dv
