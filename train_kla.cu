@@ -819,16 +819,19 @@ static void trainer_open_model(Model* m, const char* path, const Options* opt) {
 // the labelled positions of the last forward (targets >= 0) and how many of them the logits' argmax predicts
 static void model_count_correct(Model* m, const int* targets, int N, long* labelled, long* correct) {
     const Config* c = &m->config;
-    size_t n = (size_t)N * c->padded_vocab_size;
-    float* dev = NULL;
-    cudaCheck(cudaMalloc((void**)&dev, n * sizeof(float)));
-    float* host = (float*)malloc_or_die(n * sizeof(float));
-    convert_to_float(dev, m->acts.logits, n, m->stream);
-    cudaCheck(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    int* best_dev = NULL;
+    cudaCheck(cudaMalloc((void**)&best_dev, (size_t)N * sizeof(int)));
+    int* best = (int*)malloc_or_die((size_t)N * sizeof(int));
+    argmax_rows(best_dev, m->acts.logits, N, c->vocab_size, c->padded_vocab_size, m->stream);
+    cudaCheck(cudaMemcpyAsync(best, best_dev, (size_t)N * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
     cudaCheck(cudaStreamSynchronize(m->stream));
-    task_count_correct(host, targets, N, c->vocab_size, c->padded_vocab_size, labelled, correct);
-    free(host);
-    cudaCheck(cudaFree(dev));
+    for (int i = 0; i < N; i++) {
+        if (targets[i] < 0) { continue; }
+        *labelled += 1;
+        *correct += best[i] == targets[i];
+    }
+    free(best);
+    cudaCheck(cudaFree(best_dev));
 }
 
 // the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored), on the

@@ -15,6 +15,10 @@ One block of CLASSIFIER_BLOCK threads per row, which is read exactly twice: once
 write the gradient. Loads and stores are 16 bytes wide (8 bf16 or 4 floats), which needs Vp to be a multiple
 of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max, sum) pairs are combined in a fixed tree
 (warp shuffles, then the warps' results in one warp), so the result is the same on every run.
+
+argmax_rows: the index of each row's largest logit among the first V columns, the first one where several are
+equal (tasks.h's task_count_correct on the CPU picks the same), for the synthetic tasks' accuracy. One block of
+ARGMAX_BLOCK threads per row; only the N indices go to the host, not the logits.
 */
 #ifndef TRAIN_KLA_KERNELS_CLASSIFIER_CUH
 #define TRAIN_KLA_KERNELS_CLASSIFIER_CUH
@@ -123,6 +127,42 @@ static void fused_classifier(floatX* logits, float* losses, const int* targets, 
     if (write_dlogits && targets == NULL) { die("fused_classifier: the gradient needs targets"); }
     if (BT == 0) { return; }
     fused_classifier_kernel<<<BT, CLASSIFIER_BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_dlogits);
+    cudaCheckLaunch();
+}
+
+#define ARGMAX_BLOCK 256
+
+// (value, index) pairs: a wins over b when it is larger, or equal at a smaller index (the first maximum)
+__device__ __forceinline__ void argmax_combine(float* v, int* i, float ov, int oi) {
+    if (ov > *v || (ov == *v && oi < *i)) { *v = ov; *i = oi; }
+}
+
+__global__ void __launch_bounds__(ARGMAX_BLOCK) argmax_rows_kernel(int* best, const floatX* logits, int V, int Vp) {
+    __shared__ float warp_v[ARGMAX_BLOCK / 32];
+    __shared__ int warp_i[ARGMAX_BLOCK / 32];
+    const floatX* z = logits + (size_t)blockIdx.x * Vp;
+    float v = to_float(z[0]);
+    int idx = 0;
+    for (int j = threadIdx.x; j < V; j += ARGMAX_BLOCK) { argmax_combine(&v, &idx, to_float(z[j]), j); }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        argmax_combine(&v, &idx, ov, oi);
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) { warp_v[warp] = v; warp_i[warp] = idx; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_BLOCK / 32; w++) { argmax_combine(&v, &idx, warp_v[w], warp_i[w]); }
+        best[blockIdx.x] = idx;
+    }
+}
+
+// best [N] on the device = the argmax of each row of logits [N, Vp] over its first V columns (the first maximum)
+static void argmax_rows(int* best, const floatX* logits, int N, int V, int Vp, cudaStream_t stream) {
+    if (V <= 0 || V > Vp) { die("argmax_rows: vocabulary %d must be in 1..%d (the padded vocabulary)", V, Vp); }
+    if (N == 0) { return; }
+    argmax_rows_kernel<<<N, ARGMAX_BLOCK, 0, stream>>>(best, logits, V, Vp);
     cudaCheckLaunch();
 }
 

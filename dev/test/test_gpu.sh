@@ -28,16 +28,23 @@ fi
 # build follows the CPU trainer step for step: the 10 losses of a gdn + gka model on stack agree within 1e-4
 # relative (fp32 round-off in other summation orders, grown through 10 AdamW steps at lr 1e-2; test_klacu's 10
 # steps on the reference models agree within 1.1e-7); the negative control, another seed, must miss that bound.
+# The test accuracy of the same runs (the GPU's argmax_rows against tasks.h's task_count_correct on the CPU) agrees
+# within 0.002, a few of the ~2000 labelled positions: after 10 steps the logits are nearly flat, and the 1e-6 that
+# the two builds' logits differ by can flip a near tie; seed 8's accuracy (negative control) must miss that bound.
 # Then a tiny model learns the task in the BF16 build, as dev/test/test_task_train.sh asks of the CPU trainer.
-task_losses() { "$@" 2>&1 | sed -n 's/^step *[0-9]*\/[0-9]* | loss \([0-9.]*\) .*/\1/p' | tr '\n' ' '; }
+tdir=$(mktemp -d)
+losses_of() { sed -n 's/^step *[0-9]*\/[0-9]* | loss \([0-9.]*\) .*/\1/p' "$1" | tr '\n' ' '; }
+test_accuracy() { sed -n 's/^step *[0-9]*\/[0-9]* | test len [0-9]* | loss [0-9.]* | accuracy \([0-9.]*\)$/\1/p' "$1"; }
 # max relative difference of two equally long lists of losses ("" when they differ in length or are empty)
 max_rel() { awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); m = split(b, y, " "); if (n != m || n == 0) { exit };
     w = 0; for (i = 1; i <= n; i++) { d = x[i] - y[i]; d = d < 0 ? -d : d; r = d / (y[i] < 0 ? -y[i] : y[i]); if (r > w) { w = r } }
     printf "%.2e", w }'; }
+abs_diff() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") { exit }; d = a - b; printf "%.4f", d < 0 ? -d : d }'; }
 TASK=(--task stack --task-len 30 --mixer gdn:1,gka:1 --width 32 --heads 2 -b 16 -l 1e-2 -u 10 -k constant -m 8 -x 10 -v 0)
-cpu=$(task_losses ./train_kla "${TASK[@]}" --seed 7)
-gpu=$(task_losses ./build/train_klacu_fp32 "${TASK[@]}" --seed 7)
-other=$(task_losses ./build/train_klacu_fp32 "${TASK[@]}" --seed 8)
+./train_kla "${TASK[@]}" --seed 7 > "$tdir/cpu.out" 2>&1
+./build/train_klacu_fp32 "${TASK[@]}" --seed 7 > "$tdir/gpu.out" 2>&1
+./build/train_klacu_fp32 "${TASK[@]}" --seed 8 > "$tdir/other.out" 2>&1
+cpu=$(losses_of "$tdir/cpu.out"); gpu=$(losses_of "$tdir/gpu.out"); other=$(losses_of "$tdir/other.out")
 rel=$(max_rel "$gpu" "$cpu"); rel_other=$(max_rel "$other" "$cpu")
 if [ -n "$rel" ] && awk -v r="$rel" 'BEGIN { exit !(r <= 1e-4) }'; then
     echo "PASS task on the GPU: fp32 losses of 10 steps on stack within $rel of the CPU trainer's (tol 1e-4)" | tee -a "$log"
@@ -49,7 +56,18 @@ if [ -n "$rel_other" ] && awk -v r="$rel_other" 'BEGIN { exit !(r > 1e-4) }'; th
 else
     echo "FAIL task on the GPU: negative control (seed 8 against seed 7: '$rel_other', not caught)" | tee -a "$log"
 fi
-tdir=$(mktemp -d)
+acc_cpu=$(test_accuracy "$tdir/cpu.out"); acc_gpu=$(test_accuracy "$tdir/gpu.out"); acc_other=$(test_accuracy "$tdir/other.out")
+d=$(abs_diff "$acc_gpu" "$acc_cpu"); d_other=$(abs_diff "$acc_other" "$acc_cpu")
+if [ -n "$d" ] && awk -v d="$d" 'BEGIN { exit !(d <= 0.002) }'; then
+    echo "PASS task on the GPU: fp32 test accuracy $acc_gpu, the CPU trainer's $acc_cpu (within 0.002)" | tee -a "$log"
+else
+    echo "FAIL task on the GPU: fp32 test accuracy '$acc_gpu' against the CPU's '$acc_cpu' (tol 0.002)" | tee -a "$log"
+fi
+if [ -n "$d_other" ] && awk -v d="$d_other" 'BEGIN { exit !(d > 0.002) }'; then
+    echo "PASS task on the GPU: accuracy negative control (seed 8: $acc_other, off by $d_other, caught)" | tee -a "$log"
+else
+    echo "FAIL task on the GPU: accuracy negative control (seed 8: '$acc_other' against '$acc_cpu', not caught)" | tee -a "$log"
+fi
 ./build/train_klacu_bf16 --task stack --task-len 30 --mixer gdn:2 --width 32 --heads 2 -b 16 -l 1e-2 -u 10 -k constant \
     -m 8 -x 500 -v 0 --seed 7 -o "$tdir/learn" > "$tdir/learn.out" 2>&1
 acc=$(sed -n 's/^s:500 test_len:30 loss:[0-9.]* acc:\([0-9.]*\)$/\1/p' "$tdir/learn/main.log" 2> /dev/null)
