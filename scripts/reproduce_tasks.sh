@@ -23,7 +23,9 @@
 #   REPRO_EVAL_BATCHES=-1  -m: validation/test batches per length; -1 = 2000 sequences, the specs' test-set size
 #   REPRO_ONLY=            an extended regex: run only the grid entries whose name matches; names are
 #                          claim2_a5_<mixer>_d<depth>_L<len>_s<seed>, claim3_zoo_<mixer>_P<pairs>[_lr<lr>]_s<seed>,
-#                          claim1_mqar_<mixer>_s<seed>, claim1_sniah_<mixer>_s<seed> (e.g. REPRO_ONLY='^claim2')
+#                          claim1_mqar_<mixer>[_lr<lr>]_s<seed>, claim1_sniah_<mixer>[_lr<lr>]_s<seed>
+#                          (e.g. REPRO_ONLY='^claim2')
+#   REPRO_ZOO_LRS="3e-3"   claim 3's learning rates, REPRO_KLA_LRS="1e-3" claim 1's: each runs every cell once
 #   REPRO_THREADS=1        OMP_NUM_THREADS of each run
 #   REPRO_CONTENTION_PCT=20  the estimate's assumption: each other run on the GPU adds this % to a run's step time
 #   REPRO_CALIBRATE=1      first measure the GPU as loaded now (below) and rescale every run's steps by x0.5-x1.5;
@@ -110,12 +112,16 @@ declare -A ZOO_MIXER_FLAGS=([gka]="--gka-iters 30" [pgdn]="" [gdn]="")
 #   warmup steps), 4000 steps instead of up to 10000 with early stopping. MQAR: length 256, 32 pairs, evaluated at
 #   2x, 4x, 8x. S-NIAH: trained at 512 (paper: 1024) and evaluated at 2x, 4x, 8x, the paper's factors at half the
 #   lengths (the 8K evaluation would need several GiB per run).
+#   REPRO_KLA_LRS="3e-4 1e-3 3e-3" sweeps its learning rate (default the paper's 1e-3; at 1e-3 kaczmarz stayed near 15%
+#   on S-NIAH where gdn reached 98%, 2026-11-26).
 KLA_MODEL="--width 256 --heads 4 --lin-heads 4 --dk 48 --dv 96 --mlp-hidden 1024"
-KLA_RECIPE="-k constant -l 1e-3 -u 100 -c 0.1 --grad-clip 1"
+KLA_RECIPE="-k constant -u 100 -c 0.1 --grad-clip 1"
+KLA_LRS=(${REPRO_KLA_LRS:-1e-3})
 KLA_STEPS=4000
 
-# the run names of claim 3 carry the learning rate when several are swept (_lr1e-2), else nothing
+# the run names of claims 3 and 1 carry the learning rate when several are swept (_lr1e-2), else nothing
 zoo_lr_tag() { [ ${#ZOO_LRS[@]} -gt 1 ] && echo "_lr$1"; }
+kla_lr_tag() { [ ${#KLA_LRS[@]} -gt 1 ] && echo "_lr$1"; }
 
 grid() {
     local L d m P
@@ -139,15 +145,19 @@ grid() {
             done
         done
     done
-    for m in kaczmarz gdn; do
-        # shellcheck disable=SC2086
-        add "claim1_mqar_$m" 1 "mqar P=32" "$m" 2 256 256 "512,1024,2048" "$KLA_STEPS" 32 8192 \
-            --task mqar --task-len 256 --task-pairs 32 --task-eval 512,1024,2048 --mixer "$m:2" $KLA_MODEL $TRUNK $KLA_RECIPE
-    done
-    for m in kaczmarz gdn; do
-        # shellcheck disable=SC2086
-        add "claim1_sniah_$m" 1 "sniah" "$m" 2 256 512 "1024,2048,4096" "$KLA_STEPS" 32 8192 \
-            --task sniah --task-len 512 --task-eval 1024,2048,4096 --mixer "$m:2" $KLA_MODEL $TRUNK $KLA_RECIPE
+    for lr in "${KLA_LRS[@]}"; do
+        for m in kaczmarz gdn; do
+            # shellcheck disable=SC2086
+            add "claim1_mqar_$m$(kla_lr_tag "$lr")" 1 "mqar P=32$(kla_lr_tag "$lr" | sed 's/_lr/ lr /')" "$m" 2 256 256 \
+                "512,1024,2048" "$KLA_STEPS" 32 8192 --task mqar --task-len 256 --task-pairs 32 --task-eval 512,1024,2048 \
+                --mixer "$m:2" $KLA_MODEL $TRUNK $KLA_RECIPE -l "$lr"
+        done
+        for m in kaczmarz gdn; do
+            # shellcheck disable=SC2086
+            add "claim1_sniah_$m$(kla_lr_tag "$lr")" 1 "sniah$(kla_lr_tag "$lr" | sed 's/_lr/ lr /')" "$m" 2 256 512 \
+                "1024,2048,4096" "$KLA_STEPS" 32 8192 --task sniah --task-len 512 --task-eval 1024,2048,4096 \
+                --mixer "$m:2" $KLA_MODEL $TRUNK $KLA_RECIPE -l "$lr"
+        done
     done
 }
 grid
@@ -323,7 +333,7 @@ write_table() {
         echo
         echo "Recipes: claim 2 \`--task a5 $TRUNK --width 128 --heads 4 -b ${BATCH:-128} $A5_RECIPE\` (kalman ${A5_MIXER_FLAGS[kalman]}; gdn ${A5_MIXER_FLAGS[gdn]});"
         echo "claim 3 \`--task mqar-zoology --task-len 256 --width 64 --heads 4 --lin-heads 2 --dk 32 --dv 32 $TRUNK -b ${BATCH:-64} $ZOO_RECIPE -l <${ZOO_LRS[*]}>\`;"
-        echo "claim 1 \`$KLA_MODEL $TRUNK -b ${BATCH:-32} $KLA_RECIPE\`; every run's full command line is the first line of its log."
+        echo "claim 1 \`$KLA_MODEL $TRUNK -b ${BATCH:-32} $KLA_RECIPE -l <${KLA_LRS[*]}>\`; every run's full command line is the first line of its log."
     } > "$tmp" && mv "$tmp" "$table_file"
 }
 
@@ -367,15 +377,17 @@ summary() {
                 [ "$any" = 1 ] && echo "- claim 3, mqar-zoology P=$P width 64, lr $lr, seed $s:${line%,}"
             done
         done
-        local k g
-        k=$(find_run claim1_mqar_kaczmarz "$s"); g=$(find_run claim1_mqar_gdn "$s")
-        if [ -n "$k" ] && [ -n "$g" ] && [ "${R_STATUS[k]}" = ok ] && [ "${R_STATUS[g]}" = ok ]; then
-            local ak ag; ak=$(last_acc "$k"); ag=$(last_acc "$g")
-            echo "- claim 1, mqar at 8x (2048), seed $s: kaczmarz $ak, gdn $ag, difference $(awk -v a="$ak" -v b="$ag" 'BEGIN { printf "%+.2f", 100 * (a - b) }') points (paper: +7.03)"
-        fi
-        k=$(find_run claim1_sniah_kaczmarz "$s"); g=$(find_run claim1_sniah_gdn "$s")
-        for i in $k $g; do
-            [ "${R_STATUS[i]}" = ok ] && echo "- claim 1, sniah ${J_LEN[i]},${J_EVAL[i]}, seed $s: ${J_MIXER[i]} ${R_ACC[i]} (paper at 1K-8K: kaczmarz 1.00 everywhere, gdn 0.98-0.99)"
+        local k g lr
+        for lr in "${KLA_LRS[@]}"; do
+            k=$(find_run "claim1_mqar_kaczmarz$(kla_lr_tag "$lr")" "$s"); g=$(find_run "claim1_mqar_gdn$(kla_lr_tag "$lr")" "$s")
+            if [ -n "$k" ] && [ -n "$g" ] && [ "${R_STATUS[k]}" = ok ] && [ "${R_STATUS[g]}" = ok ]; then
+                local ak ag; ak=$(last_acc "$k"); ag=$(last_acc "$g")
+                echo "- claim 1, mqar at 8x (2048), lr $lr, seed $s: kaczmarz $ak, gdn $ag, difference $(awk -v a="$ak" -v b="$ag" 'BEGIN { printf "%+.2f", 100 * (a - b) }') points (paper: +7.03)"
+            fi
+            k=$(find_run "claim1_sniah_kaczmarz$(kla_lr_tag "$lr")" "$s"); g=$(find_run "claim1_sniah_gdn$(kla_lr_tag "$lr")" "$s")
+            for i in $k $g; do
+                [ "${R_STATUS[i]}" = ok ] && echo "- claim 1, sniah ${J_LEN[i]},${J_EVAL[i]}, lr $lr, seed $s: ${J_MIXER[i]} ${R_ACC[i]} (paper at 1K-8K: kaczmarz 1.00 everywhere, gdn 0.98-0.99)"
+            done
         done
     done
 }
@@ -387,8 +399,9 @@ J_START=()
 
 launch() {
     local i=$1 dir=$runs/${J_NAME[$1]} flags
-    # claim 1 evaluates 2000 sequences of up to 4096 tokens per length: only at the end (-v 0), for the evaluation
-    # at step 0 alone outlasted the whole budget on the first GPU run (2026-11-26)
+    # claim 1 evaluates 2000 sequences of up to 4096 tokens per length: only at the end (-v 0). On the first GPU run
+    # (2026-11-26) its evaluation at step 0 alone outlasted the whole budget, when train_klacu still took each
+    # evaluation batch's argmax on the host; on the GPU it now takes seconds, but the budget goes to training
     local every
     every=$(every_of "${J_STEPS[i]}")
     [ "${J_CLAIM[i]}" = 1 ] && every=0
