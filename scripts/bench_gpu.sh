@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU benchmark (not a test): the training step of train_klacu for 124M-sized models (attn = GPT-2 124M, gdn,
-# kaczmarz; 12 layers, width 768) at B=16, T=1024 and 4096, beside a PyTorch peer of the attn model measured in
-# the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py), plus the timing lines of the gdn
+# kaczmarz by default, any mixer with BENCH_MODELS; 12 layers, width 768) at B=16, T=1024 and 4096, beside a PyTorch
+# peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
+# when attn is among the models), plus the timing lines of the gdn
 # chunk backward kernel lab (dev/cuda/gdn_chunk_bwd.cu). Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
 # every run, so a run cut short still leaves the rows done so far) and the log of every run to $OUT/bench_gpu_logs/.
@@ -9,6 +10,8 @@
 # (made by `make data` on a machine with the npm packages; the GPU machine has no network, so carry data/demo along),
 # and a python3 with torch and CUDA for the peer.
 # Usage: bash scripts/bench_gpu.sh
+#   BENCH_MODELS="attn gdn kaczmarz"   the models (any of attn gdn kaczmarz gka kalman pdn pgdn pkda; the others run
+#                         their papers' blocks: kalman its LM recipe, the pdn family RMSNorm + SwiGLU; see MODEL_FLAGS)
 #   BENCH_GDN_VERSION=N   kernel version of the lab (default: the highest `case N:` of its dispatch switch)
 #   BENCH_RUN_TIMEOUT=S   seconds allowed to each run (default 300)
 # A failing run prints its error, its row reads FAILED and the others still run; the exit code is 1 if any failed.
@@ -18,7 +21,14 @@ cd "$(dirname "$0")/.." || exit 1
 B=16
 STEPS=30; WARMUP=10      # steps per run; both programs time the steps after the first WARMUP
 SEQ_LENS=(1024 4096)
-MODELS=(attn gdn kaczmarz)
+MODELS=(${BENCH_MODELS:-attn gdn kaczmarz})
+# each model's block beyond the shared 12 layers of width 768 (issues 10-12 ask for these recipes)
+declare -A MODEL_FLAGS=([attn]="" [gdn]="" [kaczmarz]="" [gka]=""
+                        [kalman]="--kalman-preset mamba --kalman-n 32 --norm rmsnorm --mlp none"
+                        [pdn]="--norm rmsnorm --mlp swiglu" [pgdn]="--norm rmsnorm --mlp swiglu" [pkda]="--norm rmsnorm --mlp swiglu")
+for M in "${MODELS[@]}"; do
+    [ -n "${MODEL_FLAGS[$M]+set}" ] || { echo "bench_gpu: unknown model '$M' in BENCH_MODELS (attn gdn kaczmarz gka kalman pdn pgdn pkda)" >&2; exit 1; }
+done
 MAX_SEQ_LEN=4096         # position-embedding rows of the attn model, the same in both programs
 FLA_GDN_TOKS=242000      # DESIGN.md's figure for FLA's GDN layers (one H200, T=1024), not measured here
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-300}
@@ -98,7 +108,7 @@ row() {
         vs_peer=$(ratio "${tok[train_klacu/attn/$4]}" "${tok[peer/attn/$4]}")
     fi
     if [ "$1" = peer ]; then vs_peer="(reference)"; fi
-    if [ "$3" != attn ] && [ "$4" = 1024 ]; then vs_fla=$(ratio "${tok[$key]}" "$FLA_GDN_TOKS"); fi
+    if { [ "$3" = gdn ] || [ "$3" = kaczmarz ]; } && [ "$4" = 1024 ]; then vs_fla=$(ratio "${tok[$key]}" "$FLA_GDN_TOKS"); fi
     echo "| $2 | $3 | $4 | ${ms[$key]} | ${tok[$key]} | ${mfu[$key]:--} | ${mem[$key]} MiB | $vs_peer | $vs_fla |"
 }
 
@@ -110,7 +120,8 @@ report() {
     # which attention train_klacu was built with (its run table says: cuDNN with USE_CUDNN=1, else its own kernels)
     echo "train_klacu: $(grep -ohE 'attention: [^|]*[^ |]' "$logs"/train_klacu_attn_T*.log 2> /dev/null | head -n 1 || true)."
     echo "B=$B, $STEPS steps per run, timed over the last $((STEPS - WARMUP)) (the first $WARMUP are warm-up). 12 layers,"
-    echo "width 768, 12 attention heads, position embedding of $MAX_SEQ_LEN rows (attn); gdn/kaczmarz: 6 heads, dk = dv = 128."
+    echo "width 768, 12 attention heads, position embedding of $MAX_SEQ_LEN rows (attn); the head-based recurrent mixers: 6 heads,"
+    echo "dk = dv = 128; kalman: \`${MODEL_FLAGS[kalman]}\`; pdn, pgdn, pkda: \`${MODEL_FLAGS[pdn]}\`."
     echo
     echo "| program | model | T | ms/step | tok/s | MFU | peak mem | train_klacu / PyTorch peer | vs FLA GDN 242K tok/s (DESIGN.md figure, not measured) |"
     echo "|---|---|---|---|---|---|---|---|---|"
@@ -213,11 +224,12 @@ for M in "${MODELS[@]}"; do
         elif [ "$have_data" = 0 ]; then
             fail "$key" "no demo data (make data)"
         else
-            say "train_klacu --mixer $M:12 T=$T"
+            say "train_klacu --mixer $M:12 ${MODEL_FLAGS[$M]} T=$T"
             # -u: the lr warmup. --mixer carries the layer count: a bare `attn` is one layer, refused with --depth 12
+            # shellcheck disable=SC2086
             run_logged "$log" ./train_klacu -b "$B" -t "$T" -x "$STEPS" -v 0 -m 1 -g 0 -u "$WARMUP" \
                 --depth 12 --width 768 --heads 12 --lin-heads 6 --dk 128 --dv 128 --max-seq-len "$MAX_SEQ_LEN" \
-                --mixer "$M:12"
+                --mixer "$M:12" ${MODEL_FLAGS[$M]}
             rc=$?
             line=$(grep 'summary | ms/step' "$log" | tail -n 1)
             if [ "$rc" != 0 ]; then
@@ -233,13 +245,15 @@ for M in "${MODELS[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------------------------------------
-# the PyTorch peer (attn) at every T
+# the PyTorch peer (attn) at every T, when attn is among the models
 
 py=""
 for candidate in python3 /usr/bin/python3; do
     if "$candidate" -c 'import torch' 2> /dev/null; then py=$candidate; break; fi
 done
-for T in "${SEQ_LENS[@]}"; do
+peer_lens=()
+[[ " ${MODELS[*]} " == *" attn "* ]] && peer_lens=("${SEQ_LENS[@]}")
+for T in "${peer_lens[@]}"; do
     key=peer/attn/$T
     log=$logs/peer_attn_T$T.log
     if [ -z "$py" ]; then
