@@ -887,6 +887,357 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
     }
 }
 
+// ---- backward passes 2 and 3 (spec 5.2) on the chunks, in place of the recurrent remainder: dev/cuda/gka_core.cu's
+// version 4. Per token: w_t = 2a (x_t.z_t)/f_t (0 where f_t = 0); per chunk, with the decays above:
+//   b_j = sum_{c >= j} M[c][j] zeta_c w_c,   W_j = sum_{t >= j} w_t exp(2 (gl_t - gl_j)),
+//   Mw[c][j] = (M^T diag(w) M)[c][j] = exp(gl_m - gl_m') W_m,  m = max(c, j), m' = min(c, j)
+// (every exponent <= 0: the log decays are <= 0, so gl falls along the chunk).
+//   pass 2, sequential over the chunks from the last: the gradients at each chunk's end from the chunks after it,
+//     Zend <- zeta_BT Zend + (diag(zeta) Z)^T X,  Bend <- zeta_BT Bend + (sum_c zeta_c^2 w_c) H0 + K^T diag(b) K,
+//     DUend <- zeta_BT DUend + s (diag(zeta) Qt)^T dO
+//   pass 3a, per chunk: HX = diag(zeta) X H0 + ((X K^T) (.) M) K and
+//     -dK_H = ((K X^T) (.) M^T) Z + ((K Z^T) (.) M^T) X + (Gm (.) Mw) K + diag(b) K H0 + diag(e) K (Zend + Zend^T + Bend)
+//     dG_c (H part) = -z_c.HX_c - (w_c/2) f_c^2 - (1/2) k_c.dK_H[c]
+//   pass 3b, per chunk: dV = s ((K Qt^T) (.) M^T) dO + diag(e) K DUend,
+//     dK_U = s ((V dO^T) (.) M^T) Qt + diag(e) V DUend^T,  dK = dK_H + dK_U,
+//     dG_c += qt_c.dQt[c] - k_c.dK_U[c],  dalpha_c = dQt[c].(x_c - q_hat_c),  dq_hat = (1 - alpha) dQt + Z
+//   dg_t = sum_{s >= t} dG_s over the whole sequence (a reverse scan per (b, head)).
+// The adjoint states of pass 2 are kept per chunk: adj [B*H, NT, 2 dk^2 + dk dv] = [Zend | Bend | DUend].
+
+#define GKA_ADJ_THREADS 256
+
+// w_t for every (token, head) row e: one thread per row, the dot in a fixed order
+__global__ void gka_w_kernel(float* w, const float* x, const float* Z, const float* f, int rows, int dk, float ridge) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows) { return; }
+    float xz = 0.0f;
+    for (int j = 0; j < dk; j++) { xz += x[(size_t)e * dk + j] * Z[(size_t)e * dk + j]; }
+    w[e] = f[e] > 0.0f ? 2.0f * ridge * xz / f[e] : 0.0f;
+}
+
+// the per-chunk scalars in shared memory, from gl (gka_chunk_decays, 0 past the end of the sequence) and w: e_c,
+// b_c, W_c (c < BT), and at [BT] of e: zeta_BT; of b: sum_c zeta_c^2 w_c. ws: w of the chunk's tokens (0 past L).
+__device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, float* Wsum, const float* gl, const float* zeta,
+                                          const float* w, size_t e0, int H, int L) {
+    const int BT = GKA_CHECKPOINT, tid = threadIdx.x;
+    if (tid < BT) { ws[tid] = tid < L ? w[e0 + (size_t)tid * H] : 0.0f; }
+    __syncthreads();
+    if (tid < BT) {
+        const int j = tid;
+        float bj = 0.0f, Wj = 0.0f;
+        for (int c = j; c < BT; c++) {
+            bj += expf(gl[c] - gl[j]) * zeta[c] * ws[c];
+            Wj += ws[c] * expf(2.0f * (gl[c] - gl[j]));
+        }
+        bsum[j] = bj;
+        Wsum[j] = Wj;
+        e[j] = expf(gl[BT - 1] - gl[j]);
+    }
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int c = 0; c < BT; c++) { s += zeta[c] * zeta[c] * ws[c]; }
+        bsum[BT] = s;
+        e[BT] = zeta[BT - 1];
+    }
+    __syncthreads();
+}
+
+// ---- pass 2, grid (B*H, column blocks), block GKA_ADJ_THREADS. The column blocks are those of Zend (ceil(dk/32)),
+// then of Bend (ceil(dk/32)), then of DUend (ceil(dv/32)); a thread keeps one column of its matrix, rows rg,
+// rg + NRG, ... Stores adj[bh, n] (the state from the chunks after n), then adds chunk n's part, n = NT-1 .. 1.
+__global__ void __launch_bounds__(GKA_ADJ_THREADS)
+gka_chunk_adjoint_states_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
+                                const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T, int H,
+                                int dk, int dv, float scale) {
+    constexpr int NRG = GKA_ADJ_THREADS / GKA_STATE_COLS;
+    __shared__ float Rs[GKA_CHECKPOINT][129], Src[GKA_CHECKPOINT][GKA_STATE_COLS + 1];
+    __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], ws[GKA_CHECKPOINT], e[GKA_CHECKPOINT + 1],
+        bsum[GKA_CHECKPOINT + 1], Wsum[GKA_CHECKPOINT];
+    const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int cc = tid % GKA_STATE_COLS, rg = tid / GKA_STATE_COLS;
+    const int nbk = (dk + GKA_STATE_COLS - 1) / GKA_STATE_COLS;
+    const int which = blockIdx.y < nbk ? 0 : blockIdx.y < 2 * nbk ? 1 : 2;   // Zend, Bend, DUend
+    const int col = (blockIdx.y - which * nbk) * GKA_STATE_COLS + cc;        // this thread's column of it
+    const int ncols = which == 2 ? dv : dk;
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
+    const size_t dkdk = (size_t)dk * dk, per_chunk = 2 * dkdk + (size_t)dk * dv;
+    const size_t offset = which == 0 ? 0 : which == 1 ? dkdk : 2 * dkdk;
+    float S[128 / NRG];
+    for (int m = 0; m < 128 / NRG; m++) { S[m] = 0.0f; }
+    for (int n = NT - 1; n >= 0; n--) {
+        float* out = adj + ((size_t)bh * NT + n) * per_chunk + offset;
+        if (col < ncols) {
+            for (int m = 0, i = rg; i < dk; m++, i += NRG) { out[(size_t)i * ncols + col] = S[m]; }
+        }
+        if (n == 0) { break; }
+        const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT, e0 = r0 * H + hh;
+        const int L = min(GKA_CHECKPOINT, T - n * GKA_CHECKPOINT);
+        __syncthreads();   // the previous chunk's tiles and scalars are consumed
+        gka_chunk_decays(gl, zeta, g, e0, H, L);
+        gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
+        // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col]
+        for (int idx = tid; idx < GKA_CHECKPOINT * dk; idx += blockDim.x) {
+            const int c = idx / dk, i = idx % dk;
+            const size_t ec = e0 + (size_t)c * H;
+            float v = 0.0f;
+            if (c < L) {
+                if (which == 0) { v = zeta[c] * Z[ec * dk + i]; }
+                else if (which == 1) { v = bsum[c] * to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + i]); }
+                else {
+                    const float q = to_float(qkv[(r0 + c) * DE + hh * dk + i]);
+                    v = scale * zeta[c] * (q + alpha[ec] * (x[ec * dk + i] - q));
+                }
+            }
+            Rs[c][i] = v;
+        }
+        for (int idx = tid; idx < GKA_CHECKPOINT * GKA_STATE_COLS; idx += blockDim.x) {
+            const int c = idx / GKA_STATE_COLS, j = (blockIdx.y - which * nbk) * GKA_STATE_COLS + idx % GKA_STATE_COLS;
+            const size_t ec = e0 + (size_t)c * H;
+            float v = 0.0f;
+            if (c < L && j < ncols) {
+                if (which == 0) { v = x[ec * dk + j]; }
+                else if (which == 1) { v = to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]); }
+                else { v = to_float(dO[(r0 + c) * H * dv + hh * dv + j]); }
+            }
+            Src[c][idx % GKA_STATE_COLS] = v;
+        }
+        __syncthreads();
+        const float* H0 = Hck + ((size_t)bh * NT + n) * dkdk;
+        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
+            float acc = 0.0f;
+            for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += Rs[c][i] * Src[c][cc]; }
+            if (which == 1 && col < dk) { acc += bsum[GKA_CHECKPOINT] * H0[(size_t)i * dk + col]; }
+            S[m] = e[GKA_CHECKPOINT] * S[m] + acc;
+        }
+    }
+}
+
+// S [BT][lds] <- S (.) M^T (M^T[c][j] = exp(gl_j - gl_c) for j >= c, else 0), times mul
+__device__ void gka_mask_upper(float* S, int lds, const float* gl, float mul) {
+    const int BT = GKA_CHECKPOINT;
+    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) {
+        const int c = idx / BT, j = idx % BT;
+        S[c * lds + j] = j >= c ? mul * S[c * lds + j] * expf(gl[j] - gl[c]) : 0.0f;
+    }
+    __syncthreads();
+}
+
+// rows c of the [BT][n] tile P scaled by v[c]
+__device__ void gka_scale_rows(float* P, int ldp, int n, const float* v) {
+    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * n; idx += blockDim.x) {
+        const int c = idx / n, j = idx % n;
+        P[c * ldp + j] *= v[c];
+    }
+    __syncthreads();
+}
+
+// dst [BT][n] = v[c] * src [BT][n] (row-scaled copy)
+__device__ void gka_scaled_copy(float* dst, const float* src, int ld, int n, const float* v) {
+    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * n; idx += blockDim.x) {
+        const int c = idx / n, j = idx % n;
+        dst[c * ld + j] = v[c] * src[c * ld + j];
+    }
+    __syncthreads();
+}
+
+// out[c] = a[c].b[c] over n columns, one warp per row (lanes in a fixed tree)
+__device__ void gka_row_dots(float* out, const float* A, int lda, const float* Bm, int ldb, int n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+    for (int c = warp; c < GKA_CHECKPOINT; c += nwarps) {
+        float s = 0.0f;
+        for (int j = lane; j < n; j += 32) { s += A[c * lda + j] * Bm[c * ldb + j]; }
+        for (int o = 16; o > 0; o >>= 1) { s += __shfl_xor_sync(0xffffffffu, s, o); }
+        if (lane == 0) { out[c] = s; }
+    }
+    __syncthreads();
+}
+
+static size_t gka_chunk_dk_h_smem(int dk) {
+    const size_t BT = GKA_CHECKPOINT, ldk = gka_lds(dk), ldb = gka_lds(BT);
+    return ((size_t)gka_pad(dk) * ldk + 4 * BT * ldk + BT * ldb + 10 * (BT + 1)) * sizeof(float);
+}
+
+// ---- pass 3a, grid (NT, B*H), block GKA_CHUNK_THREADS: dK_H into dqkv's k part (pass 3b adds dK_U), dG's H part
+// into dG
+template <bool TC>
+__global__ void __launch_bounds__(GKA_CHUNK_THREADS)
+gka_chunk_dk_h_kernel(float* dqkv, float* dG, const float* adj, const float* Z, const float* x, const float* f,
+                      const float* w, const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk,
+                      int dv) {
+    extern __shared__ float gka_smem_dkh[];
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const int dkp = gka_pad(dk), ldk = gka_lds(dk), ldb = gka_lds(BT);
+    float* Ss = gka_smem_dkh;              // [dkp][ldk] H0, then Zend + Zend^T + Bend
+    float* Ks = Ss + dkp * ldk;            // [BT][ldk]
+    float* Xs = Ks + BT * ldk;             // [BT][ldk] X, then diag(b) K
+    float* Zs = Xs + BT * ldk;             // [BT][ldk] Z, then diag(e) K
+    float* Ps = Zs + BT * ldk;             // [BT][ldk] HX, then -dK_H
+    float* S = Ps + BT * ldk;              // [BT][ldb]
+    float* gl = S + BT * ldb;
+    float* zeta = gl + BT + 1;
+    float* ws = zeta + BT + 1;
+    float* e = ws + BT + 1;
+    float* bsum = e + BT + 1;
+    float* Wsum = bsum + BT + 1;
+    float* zhx = Wsum + BT + 1;
+    float* khk = zhx + BT + 1;
+    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh, dkdk = (size_t)dk * dk;
+    const float* adjn = adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv);
+    gka_chunk_decays(gl, zeta, g, e0, H, L);
+    gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
+    gka_load_state(Ss, ldk, Hck + ((size_t)bh * NT + n) * dkdk, dk, dk);
+    gka_load_rows(Ks, ldk, qkv, DE, r0, H * dk + hh * dk, dk, L);
+    gka_load_rows(Xs, ldk, x + e0 * dk, (size_t)H * dk, 0, 0, dk, L);
+    gka_load_rows(Zs, ldk, Z + e0 * dk, (size_t)H * dk, 0, 0, dk, L);
+    __syncthreads();
+    // HX = diag(zeta) X H0 + ((X K^T) (.) M) K, then z_c.HX_c
+    gka_mm<TC, false, false>(Ps, ldk, Xs, ldk, Ss, ldk, BT, dkp, dkp, false, false);
+    gka_mm<TC, false, true>(S, ldb, Xs, ldk, Ks, ldk, BT, BT, dkp, false);
+    gka_mask_scale(S, ldb, Ps, ldk, dkp, gl, zeta);
+    gka_mm<TC, false, false>(Ps, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);
+    gka_row_dots(zhx, Zs, ldk, Ps, ldk, dk);
+    // -dK_H, the masked terms: ((K X^T) (.) M^T) Z + ((K Z^T) (.) M^T) X + (Gm (.) Mw) K
+    gka_mm<TC, false, true>(S, ldb, Ks, ldk, Xs, ldk, BT, BT, dkp, false);
+    gka_mask_upper(S, ldb, gl, 1.0f);
+    gka_mm<TC, false, false>(Ps, ldk, S, ldb, Zs, ldk, BT, dkp, BT, false);
+    gka_mm<TC, false, true>(S, ldb, Ks, ldk, Zs, ldk, BT, BT, dkp, false);
+    gka_mask_upper(S, ldb, gl, 1.0f);
+    gka_mm<TC, false, false>(Ps, ldk, S, ldb, Xs, ldk, BT, dkp, BT, true);
+    gka_mm<TC, false, true>(S, ldb, Ks, ldk, Ks, ldk, BT, BT, dkp, false);
+    for (int idx = tid; idx < BT * BT; idx += blockDim.x) {   // Gm (.) Mw
+        const int c = idx / BT, j = idx % BT, hi = c > j ? c : j, lo = c > j ? j : c;
+        S[c * ldb + j] *= expf(gl[hi] - gl[lo]) * Wsum[hi];
+    }
+    __syncthreads();
+    gka_mm<TC, false, false>(Ps, ldk, S, ldb, Ks, ldk, BT, dkp, BT, true);
+    // the state terms: diag(b) K H0 + diag(e) K (Zend + Zend^T + Bend)
+    gka_scaled_copy(Xs, Ks, ldk, dkp, bsum);
+    gka_mm<TC, false, false>(Ps, ldk, Xs, ldk, Ss, ldk, BT, dkp, dkp, true);
+    for (int idx = tid; idx < dkp * dkp; idx += blockDim.x) {
+        const int i = idx / dkp, j = idx % dkp;
+        Ss[i * ldk + j] = i < dk && j < dk ? adjn[(size_t)i * dk + j] + adjn[(size_t)j * dk + i] + adjn[dkdk + (size_t)i * dk + j]
+                                           : 0.0f;
+    }
+    gka_scaled_copy(Zs, Ks, ldk, dkp, e);   // its sync also publishes Ss
+    gka_mm<TC, false, false>(Ps, ldk, Zs, ldk, Ss, ldk, BT, dkp, dkp, true);
+    // dK_H = -Ps; dG (H part) = -z.HX - (w/2) f^2 - (1/2) k.dK_H
+    gka_row_dots(khk, Ks, ldk, Ps, ldk, dk);
+    for (int idx = tid; idx < L * dk; idx += blockDim.x) {
+        const int c = idx / dk, j = idx % dk;
+        dqkv[(r0 + c) * DE + H * dk + hh * dk + j] = -Ps[c * ldk + j];
+    }
+    if (tid < L) {
+        const float fc = f[e0 + (size_t)tid * H];
+        dG[e0 + (size_t)tid * H] = -zhx[tid] - 0.5f * ws[tid] * fc * fc + 0.5f * khk[tid];
+    }
+}
+
+static size_t gka_chunk_du_smem(int dk, int dv) {
+    const size_t BT = GKA_CHECKPOINT, ldm = gka_lds(dk > dv ? dk : dv), ldb = gka_lds(BT);
+    return ((size_t)gka_pad(dk) * ldm + 4 * BT * ldm + BT * ldb + 6 * (BT + 1)) * sizeof(float);
+}
+
+// ---- pass 3b, grid (NT, B*H), block GKA_CHUNK_THREADS: dV into dqkv's v part, dK = dK_H (from pass 3a) + dK_U into
+// its k part, dq_hat into its q part, dalpha, and dG's U part added to dG
+template <bool TC>
+__global__ void __launch_bounds__(GKA_CHUNK_THREADS)
+gka_chunk_du_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, const float* dQt, const float* Z,
+                    const floatX* dO, const float* x, const floatX* qkv, const float* alpha, const float* g, int T,
+                    int H, int dk, int dv, float scale) {
+    extern __shared__ float gka_smem_du[];
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const int dkp = gka_pad(dk), dvp = gka_pad(dv), ldm = gka_lds(dk > dv ? dk : dv), ldb = gka_lds(BT);
+    float* DUs = gka_smem_du;              // [dkp][ldm] DUend
+    float* Ks = DUs + dkp * ldm;           // [BT][ldm]
+    float* Qs = Ks + BT * ldm;             // [BT][ldm] Qt
+    float* Ds = Qs + BT * ldm;             // [BT][ldm] dO, then dK_U
+    float* Ps = Ds + BT * ldm;             // [BT][ldm] dV, then V
+    float* S = Ps + BT * ldm;              // [BT][ldb]
+    float* gl = S + BT * ldb;
+    float* zeta = gl + BT + 1;
+    float* e = zeta + BT + 1;
+    float* qdq = e + BT + 1;
+    float* kdk = qdq + BT + 1;
+    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh, dkdk = (size_t)dk * dk;
+    gka_chunk_decays(gl, zeta, g, e0, H, L);
+    if (tid < BT) { e[tid] = expf(gl[BT - 1] - gl[tid]); }
+    gka_load_state(DUs, ldm, adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv) + 2 * dkdk, dk, dv);
+    gka_load_rows(Ks, ldm, qkv, DE, r0, H * dk + hh * dk, dk, L);
+    gka_load_rows(Ds, ldm, dO, (size_t)H * dv, r0, hh * dv, dv, L);
+    for (int idx = tid; idx < BT * dkp; idx += blockDim.x) {   // Qt = q_hat + alpha (x - q_hat)
+        const int c = idx / dkp, j = idx % dkp;
+        float v = 0.0f;
+        if (c < L && j < dk) {
+            const size_t ec = e0 + (size_t)c * H;
+            const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+            v = q + alpha[ec] * (x[ec * dk + j] - q);
+        }
+        Qs[c * ldm + j] = v;
+    }
+    __syncthreads();
+    // dV = diag(e) K DUend + s ((K Qt^T) (.) M^T) dO
+    gka_mm<TC, false, false>(Ps, ldm, Ks, ldm, DUs, ldm, BT, dvp, dkp, false);
+    gka_scale_rows(Ps, ldm, dvp, e);
+    gka_mm<TC, false, true>(S, ldb, Ks, ldm, Qs, ldm, BT, BT, dkp, false);
+    gka_mask_upper(S, ldb, gl, scale);
+    gka_mm<TC, false, false>(Ps, ldm, S, ldb, Ds, ldm, BT, dvp, BT, true);
+    for (int idx = tid; idx < L * dv; idx += blockDim.x) {
+        const int c = idx / dv, j = idx % dv;
+        dqkv[(r0 + c) * DE + 2 * H * dk + hh * dv + j] = Ps[c * ldm + j];
+    }
+    __syncthreads();   // dV is written out before V replaces it
+    gka_load_rows(Ps, ldm, qkv, DE, r0, 2 * H * dk + hh * dv, dv, L);
+    __syncthreads();
+    // dK_U = diag(e) V DUend^T + s ((V dO^T) (.) M^T) Qt
+    gka_mm<TC, false, true>(S, ldb, Ps, ldm, Ds, ldm, BT, BT, dvp, false);
+    gka_mask_upper(S, ldb, gl, scale);
+    gka_mm<TC, false, true>(Ds, ldm, Ps, ldm, DUs, ldm, BT, dkp, dvp, false);
+    gka_scale_rows(Ds, ldm, dkp, e);
+    gka_mm<TC, false, false>(Ds, ldm, S, ldb, Qs, ldm, BT, dkp, BT, true);
+    // the dots of dG's U part: qt_c.dQt[c] (dQt from global into Ps, free again) and k_c.dK_U[c]
+    gka_load_rows(Ps, ldm, dQt + e0 * dk, (size_t)H * dk, 0, 0, dk, L);
+    __syncthreads();
+    gka_row_dots(qdq, Qs, ldm, Ps, ldm, dk);
+    gka_row_dots(kdk, Ks, ldm, Ds, ldm, dk);
+    for (int idx = tid; idx < L * dk; idx += blockDim.x) {
+        const int c = idx / dk, j = idx % dk;
+        const size_t r = r0 + c, ec = e0 + (size_t)c * H;
+        float* dkr = dqkv + r * DE + H * dk + hh * dk + j;
+        *dkr = *dkr + Ds[c * ldm + j];
+        dqkv[r * DE + hh * dk + j] = (1.0f - alpha[ec]) * Ps[c * ldm + j] + Z[ec * dk + j];
+    }
+    // dalpha_c = dQt[c].(x_c - q_hat_c), one warp per row
+    {
+        const int warp = tid / 32, lane = tid % 32, nwarps = blockDim.x / 32;
+        for (int c = warp; c < L; c += nwarps) {
+            const size_t ec = e0 + (size_t)c * H;
+            float s = 0.0f;
+            for (int j = lane; j < dk; j += 32) {
+                const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+                s += Ps[c * ldm + j] * (x[ec * dk + j] - q);
+            }
+            for (int o = 16; o > 0; o >>= 1) { s += __shfl_xor_sync(0xffffffffu, s, o); }
+            if (lane == 0) { dalpha[ec] = s; }
+        }
+    }
+    if (tid < L) { dG[e0 + (size_t)tid * H] += qdq[tid] - kdk[tid]; }
+}
+
+// dg_t = sum_{s >= t} dG_s over each sequence, one thread per (b, head), in order
+__global__ void gka_dg_scan_kernel(float* dg, const float* dG, int B, int T, int H) {
+    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bh >= B * H) { return; }
+    const int b = bh / H, hh = bh % H;
+    float acc = 0.0f;
+    for (int t = T - 1; t >= 0; t--) {
+        const size_t e = ((size_t)b * T + t) * H + hh;
+        acc += dG[e];
+        dg[e] = acc;
+    }
+}
+
 // ---- host side
 
 static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
@@ -896,6 +1247,9 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 
 // what the trainer runs: the solve's products on tensor cores (3xTF32; dev/cuda/gka_core.cu version 3)
 #define GKA_TENSOR_CORES true
+// the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4) once that version has passed on a GPU;
+// until then the recurrent remainder
+#define GKA_CHUNKED_BACKWARD false
 
 // the solve kernel of the chosen products (tensor_cores: gka_mm's TC), its shared memory set to smem
 typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
@@ -935,36 +1289,64 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     cudaCheckLaunch();
 }
 
-// the backward's scratch: the recurrent part's segment states, dQt and Z [B*T, H*dk]
+// the backward's scratch: dQt and Z [B*T, H*dk], then the recurrent part's segment states, or (chunked) the adjoint
+// states of pass 2 and w, dG [B*T, H]
 static size_t gka_core_backward_scratch_floats(int B, int T, int H, int dk, int dv) {
-    return (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv) + 2 * (size_t)B * T * H * dk;
+    const size_t seg = (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv);
+    const size_t adj = (size_t)B * H * gka_chunks(T) * (2 * (size_t)dk * dk + (size_t)dk * dv) + 2 * (size_t)B * T * H;
+    return 2 * (size_t)B * T * H * dk + (seg > adj ? seg : adj);
 }
 
-// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (tensor_cores: as gka_core_forward's), then the rest of
-// 3.2 as the recurrence; final-state
-// gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
+// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (tensor_cores: as gka_core_forward's), then the rest:
+// chunked, passes 2 and 3 on the chunks (tensor_cores again for their products); else the rest of 3.2 as the
+// recurrence. Final-state gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
 static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO,
                               const float* Hck, const float* Uck, const floatX* qkv, const float* alpha, const float* g,
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
-                              float ridge, bool tensor_cores, cudaStream_t stream) {
+                              float ridge, bool tensor_cores, bool chunked, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const float scale = 1.0f / sqrtf((float)dk);
-    float* seg = scratch;
-    float* dQt = seg + (size_t)B * H * GKA_CHECKPOINT * ((size_t)dk * dk + (size_t)dk * dv);
+    float* dQt = scratch;
     float* Z = dQt + (size_t)B * T * H * dk;
+    float* rest = Z + (size_t)B * T * H * dk;
     const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
-    const size_t rec = gka_core_backward_smem(dk, dv);
     GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
     GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
-    gka_kernel_smem((const void*)gka_core_backward_kernel, rec, dk, dv);
     product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
     cudaCheckLaunch();
     solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T, H,
                                                                        dk, dv, iters, ridge);
     cudaCheckLaunch();
-    gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, rec, stream>>>(dqkv, dalpha, dg, seg, dQt, Z, dO, Hck, Uck,
-                                                                       qkv, alpha, g, x, f, T, H, dk, dv, ridge, scale);
+    if (!chunked) {
+        const size_t rec = gka_core_backward_smem(dk, dv);
+        gka_kernel_smem((const void*)gka_core_backward_kernel, rec, dk, dv);
+        gka_core_backward_kernel<<<B * H, GKA_CORE_THREADS, rec, stream>>>(dqkv, dalpha, dg, rest, dQt, Z, dO, Hck, Uck,
+                                                                           qkv, alpha, g, x, f, T, H, dk, dv, ridge,
+                                                                           scale);
+        cudaCheckLaunch();
+        return;
+    }
+    const int rows = B * T * H, nbk = ceil_div(dk, GKA_STATE_COLS), nbv = ceil_div(dv, GKA_STATE_COLS);
+    float* adj = rest;
+    float* w = adj + (size_t)B * H * NT * (2 * (size_t)dk * dk + (size_t)dk * dv);
+    float* dG = w + rows;
+    const size_t dkh = gka_chunk_dk_h_smem(dk), du = gka_chunk_du_smem(dk, dv);
+    auto dkh_kernel = tensor_cores ? gka_chunk_dk_h_kernel<true> : gka_chunk_dk_h_kernel<false>;
+    auto du_kernel = tensor_cores ? gka_chunk_du_kernel<true> : gka_chunk_du_kernel<false>;
+    gka_kernel_smem((const void*)dkh_kernel, dkh, dk, dv);
+    gka_kernel_smem((const void*)du_kernel, du, dk, dv);
+    gka_w_kernel<<<ceil_div(rows, 256), 256, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
+    cudaCheckLaunch();
+    gka_chunk_adjoint_states_kernel<<<dim3(B * H, 2 * nbk + nbv), GKA_ADJ_THREADS, 0, stream>>>(
+        adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
+    cudaCheckLaunch();
+    dkh_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, dkh, stream>>>(dqkv, dG, adj, Z, x, f, w, qkv, g, Hck, T, H, dk, dv);
+    cudaCheckLaunch();
+    du_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, du, stream>>>(dqkv, dalpha, dG, adj, dQt, Z, dO, x, qkv, alpha, g, T,
+                                                                  H, dk, dv, scale);
+    cudaCheckLaunch();
+    gka_dg_scan_kernel<<<ceil_div(B * H, 64), 64, 0, stream>>>(dg, dG, B, T, H);
     cudaCheckLaunch();
 }
 

@@ -24,6 +24,13 @@ kernels/chunk_tiles.cuh's cta_mm_tf32), 3xTF32 in both builds; the trainer runs 
 an H200 (2026-11-26, same shape, bf16 build): forward 30.7 ms, backward 117.9 ms (version 2 in the same run: 37.3
 and 125.2 ms). Plain TF32 in the bf16 build, as the official kernels, failed this file's checks (kernels/gka.cuh's
 GKA_TF32_SPLIT says by how much).
+version 4 is version 3 with the backward's recurrent remainder replaced by spec 5.2's passes 2 and 3 on the chunks
+(gka_core_backward with chunked): the adjoint states at every chunk's end in one sequential pass over the chunks
+(column-parallel, like the forward's chunk states), then every chunk's dK, dV, dG, dalpha and dq_hat from tile
+products (3xTF32) with its start state H0 and end adjoints, and dg as a reverse scan. Written 2026-11-26 without
+device time: not yet run on a GPU; on the CPU, dev/emu/run.sh runs its kernels' own code (CUDA-core products) and
+matches the recurrent remainder within 4e-6 (dk, dv) and 2.2e-5 (dg). The trainer keeps the recurrent remainder
+(GKA_CHUNKED_BACKWARD) until this version passes here.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -512,7 +519,7 @@ static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
                               in.dv, iters, RIDGE, 0);
     } else {
         gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE,
-                         version == 3, 0);
+                         version >= 3, 0);
     }
 }
 static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -521,7 +528,7 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
                     in.H, in.dk, in.dv, iters, RIDGE);
     } else {
         gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
-                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version == 3, 0);
+                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version >= 3, version == 4, 0);
     }
 }
 
@@ -596,7 +603,7 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 
 int main(int argc, char** argv) {
     version = argc > 1 ? atoi(argv[1]) : 3;
-    if (version < 1 || version > 3) { die("usage: %s [version 1, 2 or 3, default 3]", argv[0]); }
+    if (version < 1 || version > 4) { die("usage: %s [version 1, 2, 3 or 4, default 3]", argv[0]); }
     printf("version %d, precision %s, tolerance %.0e (relative L2), ridge a = %g\n", version, PRECISION_NAME,
            TOLERANCE, (double)RIDGE);
     validate(2, 150, 2, 16, 24, 30);     // T not a multiple of the 64-token segments, dk != dv

@@ -170,7 +170,7 @@ static void gka_backward(const MixerContext* mc, const void* settings, const Lay
     profile_mark("bwd gka out_proj + out norm");
     // the core (spec 3.2), final-state gradients 0: fp32 dq_hat | dk | dv, dalpha, dg
     gka_core_backward(s.dqkv, s.dalpha, s.dg, s.core, s.dout_o, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x, a->f, B,
-                      T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_TENSOR_CORES, st);
+                      T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_TENSOR_CORES, GKA_CHUNKED_BACKWARD, st);
     profile_mark("bwd gka core");
     // l2 norms, beta, alpha, decay, GQA reduce: dL/d(SiLU out), the a | b | alpha columns of dproj
     gka_features_backward(s.du, s.dproj, sh->ldP, gr->A_log, gr->dt_bias, gr->b_bias, gr->alpha_bias, mc->reduce,

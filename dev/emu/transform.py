@@ -1,0 +1,56 @@
+"""
+transform.py: the CUDA kernel headers (kernels/*.cuh) as host C++ for dev/emu/emu.h's CPU emulator.
+- Kernels and device functions become plain functions: __global__, __device__, __host__ and __launch_bounds__ go.
+- __shared__ arrays become function statics, shared by the threads of a CTA; the emulator runs one CTA at a time.
+- extern __shared__ becomes the emulator's dynamic shared memory.
+- Every launch `k<<<grid, block, smem, stream>>>(args)` becomes `emu_launch(dim3(grid), dim3(block), [&]() { k(args); })`.
+- The tensor-core products of kernels/chunk_tiles.cuh are only declared, so only the CUDA-core instantiations can run:
+  `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false>.
+Usage: python3 dev/emu/transform.py SRC_DIR DST_DIR (every file is copied, the .cuh files transformed)
+"""
+import re, sys, os
+src, dst = sys.argv[1], sys.argv[2]
+for root, _, files in os.walk(src):
+    for fn in files:
+        p = os.path.join(root, fn); q = os.path.join(dst, os.path.relpath(p, src))
+        os.makedirs(os.path.dirname(q), exist_ok=True)
+        s = open(p).read()
+        if fn.endswith('.cuh'):
+            s = re.sub(r'extern __shared__ (\w+) (\w+)\[\];', r'\1* \2 = (\1*)emu_dynamic_smem();', s)
+            if fn == 'chunk_tiles.cuh':   # the tensor-core products: declared only (the emulator runs the CUDA-core ones)
+                a = s.index('// bf16 operands: tensor cores'); b = s.index('#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH')
+                s = s[:a] + 'template <bool A_T, bool B_T, bool SPLIT> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]
+            s = s.replace('__shared__', 'static')
+            s = re.sub(r'__launch_bounds__\([^)]*\)', '', s)
+            s = re.sub(r'\b__global__\b', '', s)
+            s = re.sub(r'\b__device__\b', '', s)
+            s = re.sub(r'\b__host__\b', '', s)
+            s = re.sub(r'\b__forceinline__\b', 'inline', s)
+            s = s.replace('if (TC) {', 'if constexpr (TC) {')
+            s = re.sub(r'(gka_chunk_\w+_kernel)<true>', r'\1<false>', s)
+            # launches: NAME<<<cfg>>>(args);
+            out = []; i = 0
+            while True:
+                j = s.find('<<<', i)
+                if j < 0: out.append(s[i:]); break
+                m = re.search(r'([\w:]+(?:<[^<>;()]*>)?)\s*$', s[i:j]); name = m.group(1); start = i + m.start(1)
+                k = s.find('>>>', j); cfg = s[j + 3:k]
+                assert s[k + 3] == '(', s[k:k + 20]
+                depth = 0; e = k + 3
+                while True:
+                    c = s[e]
+                    if c == '(': depth += 1
+                    elif c == ')':
+                        depth -= 1
+                        if depth == 0: break
+                    e += 1
+                args = s[k + 4:e]
+                parts, depth2, cur = [], 0, ''
+                for c in cfg:
+                    if c == ',' and depth2 == 0: parts.append(cur.strip()); cur = ''; continue
+                    depth2 += c == '('; depth2 -= c == ')'; cur += c
+                parts.append(cur.strip())
+                out.append(s[i:start]); out.append(f'emu_launch(dim3({parts[0]}), dim3({parts[1]}), [&]() {{ {name}({args}); }})')
+                i = e + 1
+            s = ''.join(out)
+        open(q, 'w').write(s)
