@@ -31,6 +31,7 @@ run bash dev/test/test_faults.sh
 run bash dev/test/test_sanitize.sh
 run bash dev/test/test_fuzz.sh
 run bash dev/test/test_cuda_build.sh
+run bash dev/emu/run.sh
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")
 echo "$passed passed, $failed failed"
