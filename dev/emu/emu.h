@@ -1,7 +1,10 @@
-// CPU emulator of the CUDA execution model for the kernels of kernels/*.cuh after transform.py: one std::thread per
-// CUDA thread, the CTAs of a launch one after another, __syncthreads as a std::barrier, warp shuffles through a
-// per-warp exchange buffer. Dynamic shared memory is filled with NaN before every CTA, so a read of an unwritten
-// element shows up in the results.
+// dev/emu/emu.h: a CPU emulator of the CUDA execution model, for kernel headers that dev/emu/transform.py has turned
+// into host C++ (compile the result with nvcc as host code, -std=c++20). One std::thread per CUDA thread; the CTAs of
+// a launch run one after another, so the function-static __shared__ arrays are the CTA's; __syncthreads is a
+// std::barrier of the CTA's threads; a warp shuffle writes every lane's value to the warp's buffer and reads its
+// partner's between two barriers of the warp. Dynamic shared memory is filled with NaN before every CTA, so a read
+// of an unwritten element shows in the results. Only 1-D blocks; the runtime calls the kernels' host code makes
+// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice) are answered here.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -22,7 +25,7 @@ struct EmuCta {
 static thread_local uint3 emu_threadIdx, emu_blockIdx;
 static thread_local dim3 emu_blockDim, emu_gridDim;
 static thread_local EmuCta* emu_cta;
-static std::vector<float> emu_smem(70000);
+static std::vector<float> emu_smem(70000);   // dynamic shared memory: 280 KB, above the 227 KB a CTA may opt in to
 
 static float* emu_dynamic_smem() { return emu_smem.data(); }
 static void emu_syncthreads() { emu_cta->bar->arrive_and_wait(); }
@@ -58,7 +61,7 @@ static void emu_launch(dim3 grid, dim3 block, const std::function<void()>& body)
     }
 }
 static cudaError_t emu_ok(...) { return cudaSuccess; }
-static cudaError_t emu_attr(int* v, ...) { *v = 232448; return cudaSuccess; }
+static cudaError_t emu_attr(int* v, ...) { *v = 232448; return cudaSuccess; }   // an H100/H200's opt-in shared memory
 static cudaError_t emu_device(int* d) { *d = 0; return cudaSuccess; }
 #define threadIdx emu_threadIdx
 #define blockIdx emu_blockIdx
