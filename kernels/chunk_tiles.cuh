@@ -242,12 +242,13 @@ __device__ void cta_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const
     if (sync) { __syncthreads(); }
 }
 
-// fp32 operands on tensor cores (TF32, m16n16k8), one warp per 16 x 16 tile of C, fp32 accumulation; the same
+// fp32 operands on tensor cores as 3xTF32 (m16n16k8), one warp per 16 x 16 tile of C, fp32 accumulation; the same
 // operands and layouts as the fp32 cta_mm. TF32 keeps 10 of fp32's 23 mantissa bits (relative rounding 2^-11 per
-// operand); with SPLIT each operand x is cut into hi = tf32(x) and lo = tf32(x - hi), and C += lo_a hi_b + hi_a lo_b
-// + hi_a hi_b ("3xTF32": about fp32's accuracy, the lo_a lo_b term being below fp32's rounding). Tile pointers are
-// multiples of 8 elements from 32-byte aligned bases and the row strides multiples of 4 (wmma's alignment).
-template <bool A_T, bool B_T, bool SPLIT>
+// operand), so each operand x is cut into hi = tf32(x) and lo = tf32(x - hi), and C += lo_a hi_b + hi_a lo_b
+// + hi_a hi_b: about fp32's accuracy, the lo_a lo_b term being below fp32's rounding (plain TF32 was measured too
+// coarse for gka's solve: kernels/gka.cuh). Tile pointers are multiples of 8 elements from 32-byte aligned bases and
+// the row strides multiples of 4 (wmma's alignment).
+template <bool A_T, bool B_T>
 __device__ void cta_mm_tf32(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
                             int M, int N, int K, bool acc, bool sync = true) {
     using namespace nvcuda;
@@ -268,18 +269,16 @@ __device__ void cta_mm_tf32(float* C, int ldc, const float* A, int lda, const fl
             for (int i = 0; i < a_hi.num_elements; i++) {
                 const float x = a_hi.x[i], hi = wmma::__float_to_tf32(x);
                 a_hi.x[i] = hi;
-                if (SPLIT) { a_lo.x[i] = wmma::__float_to_tf32(x - hi); }
+                a_lo.x[i] = wmma::__float_to_tf32(x - hi);
             }
             #pragma unroll
             for (int i = 0; i < b_hi.num_elements; i++) {
                 const float x = b_hi.x[i], hi = wmma::__float_to_tf32(x);
                 b_hi.x[i] = hi;
-                if (SPLIT) { b_lo.x[i] = wmma::__float_to_tf32(x - hi); }
+                b_lo.x[i] = wmma::__float_to_tf32(x - hi);
             }
-            if (SPLIT) {
-                wmma::mma_sync(c, a_lo, b_hi, c);
-                wmma::mma_sync(c, a_hi, b_lo, c);
-            }
+            wmma::mma_sync(c, a_lo, b_hi, c);
+            wmma::mma_sync(c, a_hi, b_lo, c);
             wmma::mma_sync(c, a_hi, b_hi, c);
         }
         wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);

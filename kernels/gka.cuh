@@ -420,10 +420,9 @@ static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, flo
 //   dQt = s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]                                       5.2 pass 1
 // The tile products run on CUDA cores in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed summation order) in both
 // builds: the solve's 30 iterations amplify operand rounding by up to the condition bound 51 (spec 8), so bf16
-// operands are left for a later version with a measured error budget. The products of the solve, the readout and
-// dQt can run on tensor cores instead (gka_mm with TC: cta_mm_tf32, 3xTF32 in the fp32 build for fp32's accuracy,
-// TF32 in the bf16 build as the official kernels, whose TF32 products spec 8 measured at 1e-3..4e-3 relative):
-// dev/cuda/gka_core.cu's version 3. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and
+// operands are left for a later version with a measured error budget. The products can run on tensor cores instead
+// (gka_mm with TC: cta_mm_tf32, 3xTF32 in both builds, fp32's accuracy): dev/cuda/gka_core.cu's versions 3 and 4,
+// what the trainer runs. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and
 // have row strides of the padded size + 4.
 
 #define GKA_CHUNK_THREADS 512   // threads of the per-chunk kernels
@@ -471,6 +470,23 @@ __device__ void gka_load_rows(float* s, int lds, const Tg* m, size_t ld, size_t 
         float v = 0.0f;
         if (c < L && j < n) { v = to_float(m[(r0 + c) * ld + col0 + j]); }
         s[c * lds + j] = v;
+    }
+}
+
+// Qt = q_hat + alpha (x - q_hat) of the chunk's rows r0 .. r0 + L - 1 (token-head rows e0 + c H) into a
+// [BT][ld] tile, zero past L and in the padding columns up to pad(dk); no barrier
+__device__ void gka_load_qt(float* Qs, int ld, const floatX* qkv, const float* alpha, const float* x, size_t r0,
+                            size_t e0, int H, int hh, int dk, int DE, int L) {
+    const int dkp = gka_pad(dk);
+    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * dkp; idx += blockDim.x) {
+        const int c = idx / dkp, j = idx % dkp;
+        float v = 0.0f;
+        if (c < L && j < dk) {
+            const size_t e = e0 + (size_t)c * H;
+            const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+            v = q + alpha[e] * (x[e * dk + j] - q);
+        }
+        Qs[c * ld + j] = v;
     }
 }
 
@@ -544,17 +560,16 @@ gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* 
 // the omegas' doubles rounded up to 32 bytes, so that the float tiles after them start 32-byte aligned (wmma)
 __host__ __device__ inline int gka_omega_slots(int iters) { return (iters + 3) / 4 * 4; }
 
-// The products are 3xTF32 in both builds (fp32's accuracy). Plain TF32, as the official kernels run it, was measured
-// on an H200 (dev/cuda/gka_core.cu version 3, 2026-11-26) and misses the solve's accuracy: the ridge solution x
-// 9e-4 .. 2e-3 off the exact one where fp32 gives 2e-6 (bound 1e-4), and the bf16 layer's o, dv and dalpha 1.0e-2
-// .. 1.8e-2 off the float64 reference (bound 1e-2; CUDA-core fp32: 1.7e-3 and below): the 30 Chebyshev steps and
-// the condition number (up to 51, spec 8) grow TF32's 2^-11 per product.
-#define GKA_TF32_SPLIT true
-// the solve's tile products: fp32 on CUDA cores, or with TC on tensor cores
+// the chunk kernels' tile products: fp32 on CUDA cores, or with TC on tensor cores as 3xTF32 in both builds. Plain
+// TF32, as the official kernels run it, was measured on an H200 (dev/cuda/gka_core.cu version 3, 2026-11-26) and
+// misses the solve's accuracy: the ridge solution x 9e-4 .. 2e-3 off the exact one where fp32 gives 2e-6 (bound
+// 1e-4), and the bf16 layer's o, dv and dalpha 1.0e-2 .. 1.8e-2 off the float64 reference (bound 1e-2; CUDA-core
+// fp32: 1.7e-3 and below): the 30 Chebyshev steps and the condition number (up to 51, spec 8) grow TF32's 2^-11 per
+// product.
 template <bool TC, bool A_T, bool B_T>
 __device__ __forceinline__ void gka_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb, int M, int N,
                                        int K, bool acc, bool sync = true) {
-    if (TC) { cta_mm_tf32<A_T, B_T, GKA_TF32_SPLIT>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, sync); }
+    if (TC) { cta_mm_tf32<A_T, B_T>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, sync); }
     else { cta_mm<A_T, B_T>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, sync); }
 }
 
@@ -714,17 +729,8 @@ gka_chunk_product_kernel(floatX* o, float* dQt, const float* x, const floatX* dO
     gka_load_rows(Vs, ldv, qkv, DE, r0, 2 * H * dk + hh * dv, dv, L);
     if (dqt) {
         gka_load_rows(Ds, ldv, dO, (size_t)H * dv, r0, hh * dv, dv, L);
-    } else {   // Qt = q_hat + alpha (x - q_hat)
-        for (int idx = tid; idx < BT * dkp; idx += blockDim.x) {
-            const int c = idx / dkp, j = idx % dkp;
-            float v = 0.0f;
-            if (c < L && j < dk) {
-                const size_t e = e0 + (size_t)c * H;
-                const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
-                v = q + alpha[e] * (x[e * dk + j] - q);
-            }
-            Qs[c * ldk + j] = v;
-        }
+    } else {
+        gka_load_qt(Qs, ldk, qkv, alpha, x, r0, e0, H, hh, dk, DE, L);
     }
     __syncthreads();
     if (dqt) {
@@ -1166,16 +1172,7 @@ gka_chunk_du_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, con
     gka_load_state(DUs, ldm, adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv) + 2 * dkdk, dk, dv);
     gka_load_rows(Ks, ldm, qkv, DE, r0, H * dk + hh * dk, dk, L);
     gka_load_rows(Ds, ldm, dO, (size_t)H * dv, r0, hh * dv, dv, L);
-    for (int idx = tid; idx < BT * dkp; idx += blockDim.x) {   // Qt = q_hat + alpha (x - q_hat)
-        const int c = idx / dkp, j = idx % dkp;
-        float v = 0.0f;
-        if (c < L && j < dk) {
-            const size_t ec = e0 + (size_t)c * H;
-            const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
-            v = q + alpha[ec] * (x[ec * dk + j] - q);
-        }
-        Qs[c * ldm + j] = v;
-    }
+    gka_load_qt(Qs, ldm, qkv, alpha, x, r0, e0, H, hh, dk, DE, L);
     __syncthreads();
     // dV = diag(e) K DUend + s ((K Qt^T) (.) M^T) dO
     gka_mm<TC, false, false>(Ps, ldm, Ks, ldm, DUs, ldm, BT, dvp, dkp, false);

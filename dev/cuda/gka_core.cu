@@ -23,7 +23,7 @@ version 3 is version 2 with the tile products of the solves, the readout and dQt
 kernels/chunk_tiles.cuh's cta_mm_tf32), 3xTF32 in both builds; the trainer runs it (GKA_TENSOR_CORES). Measured on
 an H200 (2026-11-26, same shape, bf16 build): forward 30.7 ms, backward 117.9 ms (version 2 in the same run: 37.3
 and 125.2 ms). Plain TF32 in the bf16 build, as the official kernels, failed this file's checks (kernels/gka.cuh's
-GKA_TF32_SPLIT says by how much).
+gka_mm says by how much).
 version 4 is version 3 with the backward's recurrent remainder replaced by spec 5.2's passes 2 and 3 on the chunks
 (gka_core_backward with chunked): the adjoint states at every chunk's end in one sequential pass over the chunks
 (column-parallel, like the forward's chunk states), then every chunk's dK, dV, dG, dalpha and dq_hat from tile
