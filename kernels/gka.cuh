@@ -1244,9 +1244,9 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 
 // what the trainer runs: the solve's products on tensor cores (3xTF32; dev/cuda/gka_core.cu version 3)
 #define GKA_TENSOR_CORES true
-// the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4) once that version has passed on a GPU;
-// until then the recurrent remainder
-#define GKA_CHUNKED_BACKWARD false
+// what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
+// remainder, version 3, stays as the lab's baseline and dev/emu's reference)
+#define GKA_CHUNKED_BACKWARD true
 
 // the solve kernel of the chosen products (tensor_cores: gka_mm's TC), its shared memory set to smem
 typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
