@@ -3,18 +3,23 @@ kernels/gdn_chunk.cuh: the Gated DeltaNet core, chunkwise-parallel, forward and 
 (spec/gdn_kaczmarz.md 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
-    Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + k_t u^T;  o_t = S^T (scale q_t)
+    Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + kw_t u^T;  o_t = S^T (scale q_t)
+kw is the write key: gdn and kaczmarz write along the read key (kw = k); the pdn family writes along the
+preconditioned key k~ = m (.) k (spec/pdn.md 1.4, 3.1-3.2). Where kw differs, the chunk matrices keep the read key
+on the rows and take the write key on the columns (A_ij = beta_i k_i.kw_j, Q Kw^T), the state is written and
+read back along kw, W stays Tm diag(beta gam) K, and the backward returns the two keys' gradients apart
+(spec/pdn.md 3.4: dK, dKt).
 Chunks of GDN_CHUNK = BT = 64 tokens; the last chunk is padded with q = k = v = 0, beta = 0, g = 0 (spec 3.1:
 padded tokens neither write nor decay), so every kernel sees full BT-row chunks.
 
 Kernels (one CTA per chunk unless said otherwise):
-  forward  1 gdn_fwd_intra_kernel   G = chunk cumsum of g; A = strictly_lower(diag(beta) K K^T (.) Gam);
+  forward  1 gdn_fwd_intra_kernel   G = chunk cumsum of g; A = strictly_lower(diag(beta) K Kw^T (.) Gam);
                                     Tm = (I + A)^-1 (spec 3.2); W = Tm diag(beta gam) K; U = Tm diag(beta) V
            2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
-                                    h_n = S, Vn = U - W S, S <- gam_BT S + K^T diag(exp(G_BT - G)) Vn
-           3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per (chunk, 2 SL
-                                    columns of dv): Q K^T is formed once per chunk for dv <= 2 SL
-  backward 2 gdn_bwd_dvlocal_kernel dVl = scale (K Q^T (.) M^T) dO                        (spec 3.4 Kernel 2)
+                                    h_n = S, Vn = U - W S, S <- gam_BT S + Kw^T diag(exp(G_BT - G)) Vn
+           3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per (chunk, 2 SL
+                                    columns of dv): Q Kw^T is formed once per chunk for dv <= 2 SL
+  backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
   The forward saves Tm, G, h, Vn and W, so the backward needs neither Kernel 0 nor Kernel 1.
@@ -195,7 +200,7 @@ __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
 
 template <typename Tc> struct GdnIntraSmem {
     float *A, *Tm, *X, *C, *G, *beta, *bg;
-    Tc *Tm_op, *slab;
+    Tc *Tm_op, *slab, *slab_w;   // slab_w: the write key's slab where it differs from the read key's
     size_t bytes;
     __host__ __device__ explicit GdnIntraSmem(size_t base) {
         typedef GdnTile<Tc> TL;
@@ -209,14 +214,18 @@ template <typename Tc> struct GdnIntraSmem {
         bg = cv.take<float>(GDN_CHUNK);
         Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
         slab = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        slab_w = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         bytes = cv.off;
     }
 };
 
+// g_stride: the distance between the log decays of consecutive (token, head) pairs (1 for a [BT, H] g; dk for
+// the pdn family's per-channel [BT, H*dk] g, whose scalar decay is every channel's)
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_THREADS)
 gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, const Tin* k, const Tin* v,
-                     int ld_qkv, const float* beta, const float* g, int T, int H, int NT, int dk, int dv) {
+                     int ld_qkv, const Tin* kw, int ld_kw, const float* beta, const float* g, int g_stride, int T,
+                     int H, int NT, int dk, int dv) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
@@ -227,7 +236,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
     // beta and g (0 on padded rows) in one round trip, then G_i = sum_{m<=i} g_m reset at the chunk start
     // (spec 3.1), in place: one thread, fixed order
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        sm.G[r] = r < p.L ? g[(p.row0 + r) * H + p.h] : 0.0f;
+        sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
     }
     gdn_load_beta(sm.beta, beta, p, H);
     if (threadIdx.x == 0) {
@@ -243,13 +252,20 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
         sm.bg[r] = sm.beta[r] * expf(sm.G[r]);
     }
 
-    // K K^T over dk slabs
+    // K Kw^T over dk slabs
+    const bool split = kw != k;
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0));
-        cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, sm.slab, TL::LDT, BT, BT, ws, s0 > 0);
+        const auto k_tile = gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0);
+        if (split) {
+            tile_load<2>(k_tile, gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0));
+        } else {
+            tile_load<2>(k_tile);
+        }
+        cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, split ? sm.slab_w : sm.slab, TL::LDT, BT, BT, ws,
+                            s0 > 0);
     }
-    // A_ij = beta_i (k_i.k_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
+    // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
     cta_for_each(BT, BT, [&](int i, int j) {
         float* a = sm.A + i * TL::LDF_BT + j;
         *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
@@ -283,7 +299,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 2 (spec 3.3 step 3): the state pass, sequential over the chunks of one (b, h), one CTA per
 // GDN_STATE_BV columns of dv. The state S (dk x BV) stays in shared memory in fp32. Each step waits for two
-// batched loads: the chunk's U with the (first) W slab, then the K slab.
+// batched loads: the chunk's U with the (first) W slab, then the Kw slab.
 
 // groups of 8 per thread that one round trip of a state kernel's slab load needs (a BT x SLS slab)
 template <typename Tc> struct GdnStateLoad {
@@ -312,7 +328,7 @@ template <typename Tc> struct GdnStateSmem {
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* W_saved, const Tc* U_work,
-                     const Tin* k, int ld_qkv, int T, int H, int NT, int dk, int dv) {
+                     const Tin* kw, int ld_kw, int T, int H, int NT, int dk, int dv) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
@@ -358,10 +374,10 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
         });
         const float gam_last = expf(G_last);
         cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
-        // S += K^T V_op, slab of dk rows by slab
+        // S += Kw^T V_op, slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0));
+            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0));
             cta_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
@@ -369,9 +385,9 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q K^T (.) M) Vn), one CTA per
+// forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per
 // (chunk, VO = 2 SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0. The dv tile is twice the slab
-// width so that Q K^T, and the loads of Q and K, are not repeated per dv tile at dv <= VO.
+// width so that Q Kw^T, and the loads of Q and Kw, are not repeated per dv tile at dv <= VO.
 
 template <typename Tc> struct GdnOutputSmem {
     float *P, *O, *G;
@@ -394,7 +410,7 @@ template <typename Tc> struct GdnOutputSmem {
 
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_THREADS, 2)   // two CTAs per SM (registers and shared memory)
-gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, const float* G_saved,
+gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw, const float* G_saved,
                       const Tc* h_saved, const Tc* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, VO = TL::VO;
@@ -405,11 +421,11 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, 
     const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const int v0 = blockIdx.y * VO, wv = min(VO, dvp - v0);
 
-    // Q K^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
+    // Q Kw^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
         const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
-        const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0);
+        const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0);
         const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT_VO, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
         if (s0 == 0) {
             tile_load<N>(q_tile, k_tile, h_tile,
@@ -434,8 +450,8 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, const Tin* k, int ld_qkv, 
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// backward kernel 2 (spec 3.4 Kernel 2): dVl = scale (K Q^T (.) M^T) dO, i.e.
-// dVl_i = scale sum_{j>=i} exp(G_j - G_i) (k_i.q_j) dO_j, written fp32 to the dVn workspace
+// backward kernel 2 (spec 3.4 Kernel 2): dVl = scale (Kw Q^T (.) M^T) dO, i.e.
+// dVl_i = scale sum_{j>=i} exp(G_j - G_i) (kw_i.q_j) dO_j, written fp32 to the dVn workspace
 
 template <typename Tc> struct GdnDvlocalSmem {
     float *P, *C, *G;
@@ -456,7 +472,7 @@ template <typename Tc> struct GdnDvlocalSmem {
 
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_THREADS)
-gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
+gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
                        const float* G_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
@@ -467,7 +483,8 @@ gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, c
     gdn_load_G(sm.G, G_saved, p.c);
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, k, ld_qkv, p, dk, s0), gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+        tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0),
+                     gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
         cta_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
     }
     cta_for_each(BT, BT, [&](int i, int j) {
@@ -487,7 +504,7 @@ gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, c
 // backward kernel 3 (spec 3.4 Kernel 3): reverse pass over the chunks of one (b, h), one CTA per GDN_STATE_BV
 // columns of dv. dE (dk x BV, fp32 in shared memory) is dL/dS_end of the chunk through later chunks:
 //     store dE_n = dE
-//     dVn_n = dVl_n + diag(exp(G_BT - G)) K dE
+//     dVn_n = dVl_n + diag(exp(G_BT - G)) Kw dE
 //     dE    = gam_BT dE + scale (diag(gam) Q)^T dO - W^T dVn_n
 
 template <typename Tc> struct GdnBwdStateSmem {
@@ -512,8 +529,9 @@ template <typename Tc> struct GdnBwdStateSmem {
 
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
-gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, const Tin* k, int ld_qkv,
-                     const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv, float scale) {
+gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, int ld_qkv, const Tin* kw,
+                     int ld_kw, const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv,
+                     float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
@@ -536,10 +554,10 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
             sm.G[threadIdx.x] = g_r;
             sm.sg[threadIdx.x] = scale * expf(g_r);
         }
-        // K dE, contracting over dk slab by slab; dO and dVl come with the first slab
+        // Kw dE, contracting over dk slab by slab; dO and dVl come with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, k, ld_qkv, p, dk, s0);
+            const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0);
             if (s0 == 0) {
                 tile_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
                                       gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
@@ -577,16 +595,17 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 // backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
 // dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
 //   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
-//   phase 2 (dk slabs)  dQ = scale diag(gam) dO h^T + P K                     -> dq
-//                       dK_int = diag(e) Vn dE^T;  dK_a = dK_int + P^T Q
+//   phase 2 (dk slabs)  dQ = scale diag(gam) dO h^T + P Kw                    -> dq
+//                       dKw_int = diag(e) Vn dE^T;  dKw_a = dKw_int + P^T Q   (the write key's paths)
 //                       dW = -dVn h^T;  dT += dW kbg^T;  dkbg = Tm^T dW;  dK_b = diag(beta gam) dkbg
-//                       dG_a += q.dQ - k.dK_a;  dG_b += kbg.dkbg;  dbeta_b += gam k.dkbg;  K K^T
-//                       dk = dK_a + dK_b (written, completed in phase 4)
-//                       dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i
+//                       dG_a += q.dQ - kw.dKw_a;  dG_b += kbg.dkbg;  dbeta_b += gam k.dkbg;  K Kw^T
+//                       kw = k: dk = dKw_a + dK_b; else dk = dK_b, dkw = dKw_a (completed in phase 4)
+//                       dG_a[BT-1] += gam_BT <h, dE>_F + sum_i kw_i.dKw_int_i
 //   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dAG = dA (.) Gam
 //                       (fp32 products here instead leave the bf16 KLA dg error at 1.4e-2: not the error source)
-//                       dbeta_c_i = sum_j dAG_ij (k_i.k_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji
-//   phase 4 (dk slabs)  dk += Z K with Z = diag(beta) dAG + (diag(beta) dAG)^T     (= dK_c)
+//                       dbeta_c_i = sum_j dAG_ij (k_i.kw_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji
+//   phase 4 (dk slabs)  with Z1 = diag(beta) dAG (A's rows take k, its columns kw):
+//                       kw = k: dk += (Z1 + Z1^T) K; else dk += Z1 Kw, dkw += Z1^T K     (= dK_c)
 //   phase 5             dbeta = dbeta_b + dbeta_c;  dg_i = sum_{j>=i} (dG_a + dG_b + dG_c)_j (Kernel 6)
 // Every step's tiles are loaded in one batch (one memory latency): beta and G together, Tm with the first dv
 // slab of phase 1, a dk slab's q, k and kbg with its first dv slab of phase 2, and phase 4 reads dk back while
@@ -599,7 +618,7 @@ template <typename Tc> struct GdnBwdChunkSmem {
     float *G, *beta, *gam, *bg, *sg, *eg, *dGa, *dGb, *dbeta, *kdKint, *hdE;
     Tc *P_op, *Tm_op, *Z_op;            // BT x BT operands
     Tc *S0, *S1, *S2, *S3, *S4;         // BT x SL operands
-    Tc *Sq, *Sk, *Skb;                  // BT x SL operands: the dk slab of q, k, kbg in phase 2
+    Tc *Sq, *Sk, *Skb, *Skw;            // BT x SL operands: the dk slab of q, k, kbg, kw in phase 2
     size_t bytes;
     __host__ __device__ explicit GdnBwdChunkSmem(size_t base) {
         typedef GdnTile<Tc> TL;
@@ -632,15 +651,17 @@ template <typename Tc> struct GdnBwdChunkSmem {
         Sq = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         Sk = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         Skb = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Skw = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         bytes = cv.off;
     }
 };
 
 template <typename Tin, typename Tc>
 __global__ void __launch_bounds__(GDN_BWD_THREADS)
-gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_beta, float* grad_g,
-                     const Tin* dO, int ld_o, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                     const float* beta, const float* Tm_saved, const float* G_saved, const Tc* h_saved,
+gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                     float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const Tin* q, const Tin* k,
+                     const Tin* v, int ld_qkv, const Tin* kw, int ld_kw, const float* beta, const float* Tm_saved,
+                     const float* G_saved, const Tc* h_saved,
                      const Tc* Vn_saved, const float* dVn_work, const Tc* dE_work,
                      int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
@@ -657,6 +678,8 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     const Tc* dE_c = dE_work + c * dk * dv;
     const Tc* Vn_c = Vn_saved + c * BT * dv;
     const float* dVn_c = dVn_work + c * BT * dv;
+    const bool split = kw != k;              // a write key of its own: its gradient goes to grad_kw
+    Tc* const Skw = split ? sm.Skw : sm.Sk;
 
     // beta (0 on padded rows) and G in one round trip
     const float G_last = G_saved[c * BT + BT - 1];
@@ -712,7 +735,13 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
             const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
             const auto h_tile = gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0);     // h rows k0.., columns s0..
             const auto de_tile = gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0);   // dE rows k0.., columns s0..
-            if (s0 == 0) {
+            if (s0 == 0 && split) {
+                tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
+                            gdn_in_tile(sm.Sq, LDT, wk, q, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Skb, LDT, wk, k, ld_qkv, p, dk, k0, sm.bg),
+                            gdn_in_tile(sm.Skw, LDT, wk, kw, ld_kw, p, dk, k0));
+            } else if (s0 == 0) {
                 tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
                             gdn_in_tile(sm.Sq, LDT, wk, q, ld_qkv, p, dk, k0),
                             gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0),
@@ -727,29 +756,35 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
                 acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
             }, [&](int d, const float* acc) { sm.hdE[d] += acc[0]; });
         }
-        // dQ = scale diag(gam) (dO h^T) + P K;  dK_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
-        // sum_i k_i.dK_int_i
+        // dQ = scale diag(gam) (dO h^T) + P Kw;  dKw_int = diag(e) (Vn dE^T);  dW = -(dVn h^T) as an operand;
+        // sum_i kw_i.dKw_int_i
         cta_rows<1>(BT, wk, [&](int r, int cc, float* acc) {
             sm.F0[r * LDF + cc] *= sm.sg[r];
             const float dkint = sm.F1[r * LDF + cc] * sm.eg[r];
             sm.F1[r * LDF + cc] = dkint;
             sm.S3[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
-            acc[0] = fmaf(to_float(sm.Sk[r * LDT + cc]), dkint, acc[0]);
+            acc[0] = fmaf(to_float(Skw[r * LDT + cc]), dkint, acc[0]);
         }, [&](int r, const float* acc) { sm.kdKint[r] += acc[0]; });
-        cta_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, sm.Sk, LDT, BT, wk, BT, true, false);       // dQ
-        cta_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.Sq, LDT, BT, wk, BT, true, false);        // dK_a
+        cta_mm<false, false>(sm.F0, LDF, sm.P_op, LDTB, Skw, LDT, BT, wk, BT, true, false);         // dQ
+        cta_mm<true, false>(sm.F1, LDF, sm.P_op, LDTB, sm.Sq, LDT, BT, wk, BT, true, false);        // dKw_a
         cta_mm<false, true>(sm.dT, LDFB, sm.S3, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
         cta_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S3, LDT, BT, wk, BT, false, false);      // dkbg = Tm^T dW
-        cta_mm<false, true>(sm.KK, LDFB, sm.Sk, LDT, sm.Sk, LDT, BT, BT, wk, k0 > 0);               // K K^T
+        cta_mm<false, true>(sm.KK, LDFB, sm.Sk, LDT, Skw, LDT, BT, BT, wk, k0 > 0);                 // K Kw^T
         cta_rows<3>(p.L, min(wk, dk - k0), [&](int r, int cc, float* acc) {
             const float qv = to_float(sm.Sq[r * LDT + cc]), kv = to_float(sm.Sk[r * LDT + cc]);
+            const float kwv = to_float(Skw[r * LDT + cc]);
             const float dq = sm.F0[r * LDF + cc], dka = sm.F1[r * LDF + cc], dkbg = sm.F2[r * LDF + cc];
             acc[0] = fmaf(qv, dq, acc[0]);
-            acc[1] = fmaf(kv, dka, acc[1]);
+            acc[1] = fmaf(kwv, dka, acc[1]);
             acc[2] = fmaf(kv, dkbg, acc[2]);
             const size_t off = (p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc;
             grad_q[off] = dq;
-            grad_k[off] = dka + sm.bg[r] * dkbg;   // dK_a + dK_b; dK_c is added in phase 4
+            if (split) {   // dK_b and dKw_a; dK_c's two sides are added in phase 4
+                grad_k[off] = sm.bg[r] * dkbg;
+                grad_kw[(p.row0 + r) * ld_dkw + (size_t)p.h * dk + k0 + cc] = dka;
+            } else {
+                grad_k[off] = dka + sm.bg[r] * dkbg;
+            }
         }, [&](int r, const float* acc) {
             sm.dGa[r] += acc[0] - acc[1];
             sm.dGb[r] += sm.bg[r] * acc[2];        // kbg_i . dkbg_i
@@ -766,8 +801,8 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     cta_for_each(BT, BT, [&](int i, int j) {
         sm.P[i * LDFB + j] = i > j ? -sm.dT[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
-    // dbeta_c_i = sum_j dAG_ij (k_i.k_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
-    // dA_ij A_ij = dAG_ij beta_i (k_i.k_j): only the products with the decay already applied are formed
+    // dbeta_c_i = sum_j dAG_ij (k_i.kw_j); dG_c_i = sum_j dA_ij A_ij - sum_j dA_ji A_ji with
+    // dA_ij A_ij = dAG_ij beta_i (k_i.kw_j): only the products with the decay already applied are formed
     cta_rows<2>(BT, BT, [&](int i, int j, float* acc) {
         if (j < i) { acc[0] = fmaf(sm.P[i * LDFB + j], sm.KK[i * LDFB + j], acc[0]); }
         if (j > i) { acc[1] = fmaf(sm.P[j * LDFB + i] * sm.beta[j], sm.KK[j * LDFB + i], acc[1]); }
@@ -775,33 +810,47 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         sm.dbeta[i] += acc[0];
         sm.dGb[i] += sm.beta[i] * acc[0] - acc[1];
     });
-    // Z = diag(beta) dAG + (diag(beta) dAG)^T
+    // Z = Z1 + Z1^T with Z1 = diag(beta) dAG where kw = k, else Z1
     tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) {
-        return sm.beta[i] * sm.P[i * LDFB + j] + sm.beta[j] * sm.P[j * LDFB + i];
+        return sm.beta[i] * sm.P[i * LDFB + j] + (split ? 0.0f : sm.beta[j] * sm.P[j * LDFB + i]);
     });
 
-    // phase 4: dk += Z K (dK_c). The dk rows written in phase 2 are read back into registers before the K slab
-    // load and the product, so their round trip overlaps those (instead of one read per element after them)
+    // phase 4: dk += Z K (dK_c; with a write key of its own dk += Z1 Kw, dkw += Z1^T K). The rows written in
+    // phase 2 are read back into registers before the slab loads and the products, so their round trip overlaps
+    // those (instead of one read per element after them)
     constexpr int NK = BT * SL / GDN_BWD_THREADS;
     static_assert(NK * GDN_BWD_THREADS == BT * SL, "phase 4: a dk slab of the chunk in NK elements per thread");
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0), n = p.L * cols;
-        float dk_ab[NK];
-        #pragma unroll
-        for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols;
-            dk_ab[u] = idx < n ? grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + idx - r * cols] : 0.0f;
-        }
-        tile_load<1>(gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0));
-        cta_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        float dk_ab[NK], dkw_a[NK];
         #pragma unroll
         for (int u = 0; u < NK; u++) {
             const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
-            if (idx < n) { grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] = dk_ab[u] + sm.F0[r * LDF + cc]; }
+            dk_ab[u] = idx < n ? grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] : 0.0f;
+            dkw_a[u] = split && idx < n ? grad_kw[(p.row0 + r) * ld_dkw + (size_t)p.h * dk + k0 + cc] : 0.0f;
+        }
+        const auto k_tile = gdn_in_tile(sm.S1, LDT, wk, k, ld_qkv, p, dk, k0);
+        if (split) {
+            tile_load<1>(k_tile, gdn_in_tile(sm.S2, LDT, wk, kw, ld_kw, p, dk, k0));
+            cta_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S2, LDT, BT, wk, BT, false);
+            cta_mm<true, false>(sm.F1, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        } else {
+            tile_load<1>(k_tile);
+            cta_mm<false, false>(sm.F0, LDF, sm.Z_op, LDTB, sm.S1, LDT, BT, wk, BT, false);
+        }
+        #pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            if (idx < n) {
+                grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] = dk_ab[u] + sm.F0[r * LDF + cc];
+                if (split) {
+                    grad_kw[(p.row0 + r) * ld_dkw + (size_t)p.h * dk + k0 + cc] = dkw_a[u] + sm.F1[r * LDF + cc];
+                }
+            }
         }
     }
 
-    // phase 5: dG_a[BT-1] += gam_BT <h, dE>_F + sum_i k_i.dK_int_i; then dbeta and the reverse cumsum dg
+    // phase 5: dG_a[BT-1] += gam_BT <h, dE>_F + sum_i kw_i.dKw_int_i; then dbeta and the reverse cumsum dg
     if (tid < 32) {
         float s = 0.0f, kd = 0.0f;
         for (int d = tid; d < SL; d += 32) { s += sm.hdE[d]; }
@@ -853,14 +902,15 @@ static void gdn_set_smem(K kernel, size_t bytes) {
 
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
-                                   const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                                   const float* beta, const float* g,
+                                   const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+                                   const float* beta, const float* g, int g_stride,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                    cudaEvent_t* marks = nullptr) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
     gdn_check_vec8(v, ld_qkv, "v");
+    gdn_check_vec8(kw, ld_kw, "kw");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
@@ -876,36 +926,37 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
 
     const size_t s1 = GdnIntraSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc>, s1);
-    gdn_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, beta, g,
-                                                                       T, H, NT, dk, dv);
+    gdn_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta,
+                                                                       g, g_stride, T, H, NT, dk, dv);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
     const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
     gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc>, s2);
     gdn_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
-        h, Vn, G, W, U, k, ld_qkv, T, H, NT, dk, dv);
+        h, Vn, G, W, U, kw, ld_kw, T, H, NT, dk, dv);
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
     const size_t s3 = GdnOutputSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc>, s3);
     gdn_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
-        o, ld_o, q, k, ld_qkv, G, h, Vn, T, H, NT, dk, dv, scale);
+        o, ld_o, q, ld_qkv, kw, ld_kw, G, h, Vn, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);
 }
 
 template <typename Tin, typename Tc>
-static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_beta, float* grad_g,
-                                    const Tin* dO, int ld_o, const void* saved, void* workspace,
-                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                                    const float* beta, const float* g,
+static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                                    float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const void* saved,
+                                    void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                                    const Tin* kw, int ld_kw, const float* beta,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                     cudaEvent_t* marks = nullptr) {
-    (void)g;   // the forward saved G, the chunk cumsum of g
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
     gdn_check_vec8(v, ld_qkv, "v");
+    gdn_check_vec8(kw, ld_kw, "kw");
+    if ((kw != k) != (grad_kw != nullptr)) { die("gdn_chunk: a write key of its own needs its gradient, and only it"); }
     gdn_check_vec8(dO, ld_o, "dO");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
@@ -923,44 +974,49 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
 
     const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc>, s2);
-    gdn_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, k, ld_qkv, G,
+    gdn_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw, G,
                                                                          T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
     const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
     gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc>, s3);
     gdn_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
-        dVn, dE, dO, ld_o, q, k, ld_qkv, G, W, T, H, NT, dk, dv, scale);
+        dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
     const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
     gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
-        grad_q, grad_k, grad_v, ld_d, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, beta, Tm, G, h, Vn, dVn, dE,
-        T, H, NT, dk, dv, scale);
+        grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw, beta,
+        Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);
 }
 
-// o = GDN core (spec 2.1 / 3.3) with S_0 = 0. Tin = float (fp32 CUDA-core products) or __nv_bfloat16 (tensor cores)
+// o = the delta rule's core (spec 2.1 / 3.3) with S_0 = 0, written along kw (row stride ld_kw; kw = k for gdn and
+// kaczmarz). g: the per-token log decay, g_stride apart per (token, head) (see gdn_fwd_intra_kernel).
+// Tin = float (fp32 CUDA-core products) or __nv_bfloat16 (tensor cores)
 template <typename Tin>
 static void gdn_chunk_forward(Tin* o, int ld_o, void* saved, void* workspace,
-                              const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                              const float* beta, const float* g,
+                              const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+                              const float* beta, const float* g, int g_stride,
                               int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
-    gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, workspace, q, k, v, ld_qkv, beta, g, B, T, H, dk, dv, scale, stream);
+    gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, B, T,
+                                     H, dk, dv, scale, stream);
 }
 
 // gradients of sum(o * dO) with dS_T = 0 (spec 3.4): dq, dk, dv fp32 with row stride ld_d at the offsets of q, k, v;
-// dbeta, dg fp32 [B*T*H]; all overwritten. dg is the gradient of the per-token log decay g.
+// with a write key of its own (kw != k) dk is the read key's and dkw (row stride ld_dkw) the write key's, else dkw
+// is NULL and dk the sum of both; dbeta, dg fp32 [B*T*H]; all overwritten. dg is the gradient of the per-token
+// log decay g.
 template <typename Tin>
-static void gdn_chunk_backward(float* dq, float* dk, float* dv, int ld_d, float* dbeta, float* dg,
-                               const Tin* dO, int ld_o, const void* saved, void* workspace,
-                               const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                               const float* beta, const float* g,
-                               int B, int T, int H, int dk_, int dv_, float scale, cudaStream_t stream) {
-    gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld_d, dbeta, dg, dO, ld_o, saved, workspace, q, k, v, ld_qkv,
-                                      beta, g, B, T, H, dk_, dv_, scale, stream);
+static void gdn_chunk_backward(float* dq, float* dk, float* dv, int ld_d, float* dkw, int ld_dkw, float* dbeta,
+                               float* dg, const Tin* dO, int ld_o, const void* saved, void* workspace,
+                               const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+                               const float* beta, int B, int T, int H, int dk_, int dv_, float scale,
+                               cudaStream_t stream) {
+    gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld_d, dkw, ld_dkw, dbeta, dg, dO, ld_o, saved, workspace, q, k, v,
+                                      ld_qkv, kw, ld_kw, beta, B, T, H, dk_, dv_, scale, stream);
 }
 
 #endif // TRAIN_KLA_KERNELS_GDN_CHUNK_CUH

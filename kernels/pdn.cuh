@@ -5,17 +5,19 @@ spec 2.1 with the exact reverse-time backward of 2.2-2.3. The CPU versions are p
 pdn_core_forward, pdn_core_backward and the per-token loops of pdn_backward in train_kla.c; the math is the same,
 line for line (sums over the state may run in another order).
 
-The core is the first, recurrent slice of the GPU pdn family: one CTA per (sequence, head) walks the tokens in
-order with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory. The chunkwise
-tensor-core form of spec 3 is not here yet.
+The recurrent core: one CTA per (sequence, head) walks the tokens in order with the fp32 state S [dk, dv] and the
+preconditioner state A [dk] in shared memory; pkda trains on it, and every variant decodes with it. pdn and pgdn
+train on the chunkwise form of spec 3: the preconditioner scan here (pdn_precond_forward / _backward), the main
+recurrence on kernels/gdn_chunk.cuh's tensor-core chunk kernels with the write key k~ = m k.
 
 Layouts (row-major), with D = 2*H*dk + H*dv, HK = H*dk, HV = H*dv, BT = B*T rows:
   proj [BT, ld_proj] floatX  in_proj output, column blocks q | k | v | b | aP | bP, then pgdn a (H), pkda f1 | g1 (dv)
   qkv  [BT, D] floatX        conv + SiLU output, blocks q | k | v; q and k l2-normalised in place
   qn, kn, beta, gP, bP [BT, H] fp32; g, A, m [BT, HK] fp32 (g: the main log decay per key channel, pdn 0)
   fpre [BT, HK] floatX       pkda: f1 f2^T (pre-softplus decay)
+  kt [BT, HK] floatX         pdn, pgdn: the write key k~ = m k of the chunkwise core
   o [BT, HV] floatX          core output
-  Sck [B, H, NT, dk, dv]     fp32, S at the start of each PDN_CHECKPOINT-token segment (NT = ceil(T / 64))
+  Sck [B, H, NT, dk, dv]     pkda: fp32, S at the start of each PDN_CHECKPOINT-token segment (NT = ceil(T / 64))
 Parameter gradients are reduced without atomics (ordered_column_sum and fixed-order loops): runs are bitwise
 reproducible.
 */
@@ -99,6 +101,8 @@ static void pdn_features_forward(floatX* qkv, float* qn, float* kn, float* beta,
 // w.r.t. the normalised q, k and v; on exit dL/d(SiLU output) (l2 norm backward of q and k). Writes the b, aP,
 // bP (and pgdn a) columns of dproj, pkda's dfpre [BT, HK], and the per-row terms of the parameter gradients into
 // stage [BT, ncols], columns dA_log_P (H) | ddt_bias_P (H) | dA_log (H) | ddt_bias (pgdn H, pkda HK).
+// dg: the core's gradient of the main log decay, dg_channels per (row, head): dk from the recurrent core (per
+// channel), 1 from the chunkwise one (pgdn's scalar decay); pkda needs dk.
 
 __host__ __device__ inline int pdn_stage_cols(int H, int dk, int variant) {
     return 3 * H + (variant == 1 ? H : variant == 2 ? H * dk : 0);
@@ -106,11 +110,11 @@ __host__ __device__ inline int pdn_stage_cols(int H, int dk, int variant) {
 
 __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_proj, floatX* dfpre, float* stage,
                                              const float* dbeta, const float* dgP, const float* dbP, const float* dg,
-                                             const floatX* qkv, const float* qn, const float* kn, const float* beta,
-                                             const float* gP, const float* bP, const float* g, const floatX* proj,
-                                             const floatX* fpre, const float* A_log, const float* dt_bias,
-                                             const float* A_log_P, const float* dt_bias_P, int BT, int H, int dk,
-                                             int dv, int variant) {
+                                             int dg_channels, const floatX* qkv, const float* qn, const float* kn,
+                                             const float* beta, const float* gP, const float* bP, const float* g,
+                                             const floatX* proj, const floatX* fpre, const float* A_log,
+                                             const float* dt_bias, const float* A_log_P, const float* dt_bias_P, int BT,
+                                             int H, int dk, int dv, int variant) {
     const int pair = blockIdx.x * PDN_TOKEN_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (pair >= BT * H) { return; }
@@ -131,7 +135,7 @@ __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_
     const floatX* prow = proj + (size_t)r * ld_proj + D;
     floatX* dprow = dproj + (size_t)r * ld_proj + D;
     float* st = stage + (size_t)r * ncols;
-    const float* dgh = dg + e * dk;
+    const float* dgh = dg + e * dg_channels;
     const float* gh = g + e * dk;
     if (variant == 2) {   // pkda: dfpre = dg (-exp(A_log)) softplus'(f + dt_bias); dA_log = sum_d dg g
         const float ea = -expf(A_log[hh]);
@@ -148,7 +152,7 @@ __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_
     }
     float dgs = 0.0f;   // pgdn: the scalar decay's gradient, the sum over the channels
     if (variant == 1) {
-        for (int d = lane; d < dk; d += 32) { dgs += dgh[d]; }
+        for (int d = lane; d < dg_channels; d += 32) { dgs += dgh[d]; }
         dgs = warp_reduce_sum(dgs);
     }
     if (lane == 0) {
@@ -190,7 +194,7 @@ static size_t pdn_features_backward_scratch_bytes(int BT, int H, int dk, int var
 static void pdn_features_backward(float* dqkv, floatX* dproj, int ld_proj, floatX* dfpre, float* dA_log,
                                   float* ddt_bias, float* dA_log_P, float* ddt_bias_P, float* scratch,
                                   const float* dbeta, const float* dgP, const float* dbP, const float* dg,
-                                  const floatX* qkv, const float* qn, const float* kn, const float* beta,
+                                  int dg_channels, const floatX* qkv, const float* qn, const float* kn, const float* beta,
                                   const float* gP, const float* bP, const float* g, const floatX* proj,
                                   const floatX* fpre, const float* A_log, const float* dt_bias, const float* A_log_P,
                                   const float* dt_bias_P, int BT, int H, int dk, int dv, int variant,
@@ -200,7 +204,7 @@ static void pdn_features_backward(float* dqkv, floatX* dproj, int ld_proj, float
     float* partials = stage + (size_t)BT * ncols;
     float* sums = partials + (size_t)colsum_splits(BT) * ncols;
     pdn_features_backward_kernel<<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0, stream>>>(
-        dqkv, dproj, ld_proj, dfpre, stage, dbeta, dgP, dbP, dg, qkv, qn, kn, beta, gP, bP, g, proj, fpre, A_log,
+        dqkv, dproj, ld_proj, dfpre, stage, dbeta, dgP, dbP, dg, dg_channels, qkv, qn, kn, beta, gP, bP, g, proj, fpre, A_log,
         dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv, variant);
     cudaCheckLaunch();
     ordered_column_sum(sums, partials, stage, BT, ncols, 0, stream);
@@ -488,12 +492,14 @@ __global__ void pdn_core_backward_kernel(float* dqkv, float* dbeta, float* dg, f
     }
 }
 
-// dlog_scale[h] += sum over the sequences b of dcs[b*H + h], b in order
-__global__ void pdn_log_scale_grad_kernel(float* dlog_scale, const float* dcs, int B, int H) {
+// dlog_scale[h] += the sum of dcs[(b*H + h)*parts + i] over the sequences b and the parts i, in order
+__global__ void pdn_log_scale_grad_kernel(float* dlog_scale, const float* dcs, int B, int H, int parts) {
     const int hh = blockIdx.x * blockDim.x + threadIdx.x;
     if (hh >= H) { return; }
     float s = 0.0f;
-    for (int b = 0; b < B; b++) { s += dcs[b * H + hh]; }
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < parts; i++) { s += dcs[((size_t)b * H + hh) * parts + i]; }
+    }
     dlog_scale[hh] += s;
 }
 
@@ -509,7 +515,211 @@ static void pdn_core_backward(float* dqkv, float* dbeta, float* dg, float* dgP, 
                                                                         dO, Sck, qkv, beta, g, gP, bP, A, m, cs, T,
                                                                         H, dk, dv, qscale, lnx, eps);
     cudaCheckLaunch();
-    pdn_log_scale_grad_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dlog_scale, dcs, B, H);
+    pdn_log_scale_grad_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dlog_scale, dcs, B, H, 1);
+    cudaCheckLaunch();
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// the preconditioner of the chunkwise core (spec 3.3), for pdn and pgdn, whose main recurrence runs on
+// kernels/gdn_chunk.cuh with the write key k~ = m k. Per (sequence, head, key channel d) it is the linear scan
+//   A_t = exp(gP_t) A_{t-1} + bP_t k_t^2                                          (A_0 = 0)
+// then per token r = log(A + eps) - c;  m = exp(-ln(x) softsign(r));  k~ = m k   (pdn_core_forward_kernel's step).
+// On chunks of PDN_PRECOND_CHUNK tokens, two kernels, grid (chunk, sequence * head), one thread per channel:
+//   1 pdn_precond_summary_kernel   the chunk's own scan from 0: a_n = A at its last token, lam_n = sum of its gP
+//   2 pdn_precond_forward_kernel   A at the chunk's start from the earlier summaries (A = exp(lam_j) A + a_j, j < n,
+//                                  in order; spec 3.3's stage 2, redone per chunk: at most T/64 steps), then the
+//                                  chunk's tokens: A, m [BT, HK] fp32 (the backward's inputs), k~ [BT, HK] floatX
+// The scratch holds a [B*H*NT*dk] and lam [B*H*NT] (pdn_precond_scratch_bytes).
+#define PDN_PRECOND_CHUNK 64
+
+__host__ __device__ inline int pdn_precond_chunks(int T) { return (T + PDN_PRECOND_CHUNK - 1) / PDN_PRECOND_CHUNK; }
+
+static size_t pdn_precond_scratch_bytes(int B, int T, int H, int dk) {
+    return (size_t)B * H * pdn_precond_chunks(T) * (dk + 1) * sizeof(float);
+}
+
+// the k of (row r, head hh, channel d) in qkv's k block
+__device__ __forceinline__ float pdn_key(const floatX* qkv, size_t r, int H, int hh, int dk, int dv, int d) {
+    return to_float(qkv[r * (2 * H * dk + H * dv) + H * dk + hh * dk + d]);
+}
+
+__global__ void pdn_precond_summary_kernel(float* a_end, float* lam, const floatX* qkv, const float* gP,
+                                           const float* bP, int T, int H, int dk, int dv) {
+    const int n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, d = threadIdx.x, NT = gridDim.x;
+    const int t0 = n * PDN_PRECOND_CHUNK, t1 = min(T, t0 + PDN_PRECOND_CHUNK);
+    float A = 0.0f, L = 0.0f;
+    for (int t = t0; t < t1; t++) {
+        const size_t r = (size_t)b * T + t, e = r * H + hh;
+        const float kd = d < dk ? pdn_key(qkv, r, H, hh, dk, dv, d) : 0.0f;
+        A = expf(gP[e]) * A + bP[e] * kd * kd;
+        L += gP[e];
+    }
+    const size_t c = (size_t)bh * NT + n;
+    if (d < dk) { a_end[c * dk + d] = A; }
+    if (d == 0) { lam[c] = L; }
+}
+
+__global__ void pdn_precond_forward_kernel(float* A_out, float* m_out, floatX* kt, const float* a_end,
+                                           const float* lam, const floatX* qkv, const float* gP, const float* bP,
+                                           const float* cs, int T, int H, int dk, int dv, float lnx, float eps) {
+    const int n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, d = threadIdx.x, NT = gridDim.x;
+    if (d >= dk) { return; }
+    const int t0 = n * PDN_PRECOND_CHUNK, t1 = min(T, t0 + PDN_PRECOND_CHUNK);
+    float A = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const size_t c = (size_t)bh * NT + j;
+        A = expf(lam[c]) * A + a_end[c * dk + d];
+    }
+    const float c = cs[hh];
+    for (int t = t0; t < t1; t++) {
+        const size_t r = (size_t)b * T + t, e = r * H + hh;
+        const float kd = pdn_key(qkv, r, H, hh, dk, dv, d);
+        A = expf(gP[e]) * A + bP[e] * kd * kd;
+        const float rr = logf(A + eps) - c;
+        const float md = expf(-lnx * (rr / (1.0f + fabsf(rr))));
+        A_out[e * dk + d] = A;
+        m_out[e * dk + d] = md;
+        kt[e * dk + d] = from_float<floatX>(md * kd);
+    }
+}
+
+static void pdn_precond_check(int dk) {
+    if (dk > 256) { die("pdn: the preconditioner kernels take dk <= 256 (got %d)", dk); }
+}
+
+// scratch: pdn_precond_scratch_bytes(B, T, H, dk)
+static void pdn_precond_forward(float* A_out, float* m_out, floatX* kt, void* scratch, const floatX* qkv,
+                                const float* gP, const float* bP, const float* cs, int B, int T, int H, int dk, int dv,
+                                float lnx, float eps, cudaStream_t stream) {
+    pdn_precond_check(dk);
+    const int NT = pdn_precond_chunks(T);
+    float* a_end = (float*)scratch;
+    float* lam = a_end + (size_t)B * H * NT * dk;
+    const dim3 grid(NT, B * H), block(ceil_div(dk, 32) * 32);
+    pdn_precond_summary_kernel<<<grid, block, 0, stream>>>(a_end, lam, qkv, gP, bP, T, H, dk, dv);
+    cudaCheckLaunch();
+    pdn_precond_forward_kernel<<<grid, block, 0, stream>>>(A_out, m_out, kt, a_end, lam, qkv, gP, bP, cs, T, H, dk,
+                                                           dv, lnx, eps);
+    cudaCheckLaunch();
+}
+
+// its backward (spec 2.3), given dk~ [BT, HK] fp32 from the chunk backward. Per channel, in reverse,
+//   dr = -ln(x) m (dk~ k) / (1 + |r|)^2;  dc -= dr;  dA = dr / (A + eps) + carry;  carry = exp(gP) dA
+//   dk += m dk~ + 2 bP k dA;  dgP = sum_d dA (A - bP k^2);  dbP = sum_d dA k^2
+// where the carry is a reverse linear scan, chunked as the forward's:
+//   1 pdn_precond_carry_kernel     the chunk's own reverse scan from a zero carry: the carry it passes to the
+//                                  token before it (C_n), and lam_n = sum of its gP
+//   2 pdn_precond_backward_kernel  the carry into the chunk from the later summaries (C = exp(lam_j) C + C_j,
+//                                  j = NT-1 .. n+1), then the chunk's tokens in reverse. dk adds into dqkv's k block
+//                                  (the chunk backward's read-key gradient). The per-token sums over the channels
+//                                  are warp sums, then the warps' partials in order; dcs[(b*H + h)*NT + n] is the
+//                                  CTA's dL/dc, summed in a fixed order.
+// dL/dA_loc of one token and channel (the terms of 2.3 before the carry): dr and dA_loc = dr / (A + eps)
+__device__ __forceinline__ float pdn_precond_dr(float dkt, float md, float kd, float At, float c, float lnx,
+                                                float eps) {
+    const float rr = logf(At + eps) - c;
+    const float den = 1.0f + fabsf(rr);
+    return -lnx * md * (dkt * kd) / (den * den);
+}
+
+__global__ void pdn_precond_carry_kernel(float* c_out, float* lam, const float* dkt, const floatX* qkv,
+                                         const float* A, const float* m, const float* gP, const float* cs, int T,
+                                         int H, int dk, int dv, float lnx, float eps) {
+    const int n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, d = threadIdx.x, NT = gridDim.x;
+    const int t0 = n * PDN_PRECOND_CHUNK, t1 = min(T, t0 + PDN_PRECOND_CHUNK);
+    const float c = cs[hh];
+    float carry = 0.0f, L = 0.0f;
+    for (int t = t1 - 1; t >= t0; t--) {
+        const size_t r = (size_t)b * T + t, e = r * H + hh;
+        if (d < dk) {
+            const float At = A[e * dk + d];
+            const float dr = pdn_precond_dr(dkt[e * dk + d], m[e * dk + d], pdn_key(qkv, r, H, hh, dk, dv, d), At, c,
+                                            lnx, eps);
+            carry = expf(gP[e]) * (dr / (At + eps) + carry);
+        }
+        L += gP[e];
+    }
+    const size_t cc = (size_t)bh * NT + n;
+    if (d < dk) { c_out[cc * dk + d] = carry; }
+    if (d == 0) { lam[cc] = L; }
+}
+
+__global__ void pdn_precond_backward_kernel(float* dqkv, float* dgP, float* dbP, float* dcs, const float* c_in,
+                                            const float* lam, const float* dkt, const floatX* qkv, const float* A,
+                                            const float* m, const float* gP, const float* bP, const float* cs, int T,
+                                            int H, int dk, int dv, float lnx, float eps) {
+    __shared__ float part[2][8][PDN_PRECOND_CHUNK];   // per warp (dk <= 256: 8 warps), per token of the chunk
+    __shared__ float dc_warp[8];
+    const int n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, d = threadIdx.x, NT = gridDim.x;
+    const int lane = d % 32, warp = d / 32, nwarps = blockDim.x / 32;
+    const int t0 = n * PDN_PRECOND_CHUNK, t1 = min(T, t0 + PDN_PRECOND_CHUNK);
+    const int D = 2 * H * dk + H * dv, HK = H * dk;
+    const bool on = d < dk;
+    const float c = cs[hh];
+    float carry = 0.0f, dc = 0.0f;
+    if (on) {
+        for (int j = NT - 1; j > n; j--) {
+            const size_t cj = (size_t)bh * NT + j;
+            carry = expf(lam[cj]) * carry + c_in[cj * dk + d];
+        }
+    }
+    for (int t = t1 - 1; t >= t0; t--) {
+        const size_t r = (size_t)b * T + t, e = r * H + hh;
+        float s1 = 0.0f, s2 = 0.0f;
+        if (on) {
+            const float kd = pdn_key(qkv, r, H, hh, dk, dv, d);
+            const float md = m[e * dk + d], At = A[e * dk + d], dkt_d = dkt[e * dk + d], bp = bP[e];
+            const float dr = pdn_precond_dr(dkt_d, md, kd, At, c, lnx, eps);
+            dc -= dr;
+            const float dA = dr / (At + eps) + carry;
+            const float kk = kd * kd;
+            s1 = dA * (At - bp * kk);
+            s2 = dA * kk;
+            dqkv[r * D + HK + hh * dk + d] += dkt_d * md + 2.0f * bp * kd * dA;
+            carry = expf(gP[e]) * dA;
+        }
+        s1 = warp_reduce_sum(s1);
+        s2 = warp_reduce_sum(s2);
+        if (lane == 0) {
+            part[0][warp][t - t0] = s1;
+            part[1][warp][t - t0] = s2;
+        }
+    }
+    dc = warp_reduce_sum(dc);
+    if (lane == 0) { dc_warp[warp] = dc; }
+    __syncthreads();
+    for (int j = d; j < 2 * PDN_PRECOND_CHUNK; j += blockDim.x) {   // per (quantity, token of the chunk)
+        const int which = j / PDN_PRECOND_CHUNK, i = j % PDN_PRECOND_CHUNK;
+        if (t0 + i < t1) {
+            float s = 0.0f;
+            for (int w = 0; w < nwarps; w++) { s += part[which][w][i]; }
+            (which == 0 ? dgP : dbP)[((size_t)b * T + t0 + i) * H + hh] = s;
+        }
+    }
+    if (d == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < nwarps; w++) { s += dc_warp[w]; }
+        dcs[(size_t)bh * NT + n] = s;
+    }
+}
+
+// dkt: the chunk backward's dL/dk~ [BT, HK]; dqkv's k block += the preconditioner's key gradients; dgP, dbP [BT, H]
+// overwritten; dlog_scale[h] += dL/dc (through dcs, [B*H*NT] floats); scratch: pdn_precond_scratch_bytes
+static void pdn_precond_backward(float* dqkv, float* dgP, float* dbP, float* dlog_scale, float* dcs, void* scratch,
+                                 const float* dkt, const floatX* qkv, const float* A, const float* m, const float* gP,
+                                 const float* bP, const float* cs, int B, int T, int H, int dk, int dv, float lnx,
+                                 float eps, cudaStream_t stream) {
+    pdn_precond_check(dk);
+    const int NT = pdn_precond_chunks(T);
+    float* c_end = (float*)scratch;
+    float* lam = c_end + (size_t)B * H * NT * dk;
+    const dim3 grid(NT, B * H), block(ceil_div(dk, 32) * 32);
+    pdn_precond_carry_kernel<<<grid, block, 0, stream>>>(c_end, lam, dkt, qkv, A, m, gP, cs, T, H, dk, dv, lnx, eps);
+    cudaCheckLaunch();
+    pdn_precond_backward_kernel<<<grid, block, 0, stream>>>(dqkv, dgP, dbP, dcs, c_end, lam, dkt, qkv, A, m, gP, bP,
+                                                            cs, T, H, dk, dv, lnx, eps);
+    cudaCheckLaunch();
+    pdn_log_scale_grad_kernel<<<ceil_div(H, 32), 32, 0, stream>>>(dlog_scale, dcs, B, H, NT);
     cudaCheckLaunch();
 }
 

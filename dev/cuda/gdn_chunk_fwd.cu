@@ -102,16 +102,16 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
             o, ld_o, q, k, v, ld, beta, g, s.T, s.H, s.dk, s.dv, scale);
         cudaCheckLaunch();
     } else if (version == 2) {
-        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                            marks);
     } else if (version == 3) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                               scale, 0, marks);
     } else if (marks) {   // the same launches as gdn_chunk_forward, with the per-kernel marks
-        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                          marks);
     } else {
-        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     }
 }
 

@@ -16,7 +16,7 @@ for root, _, files in os.walk(src):
         os.makedirs(os.path.dirname(q), exist_ok=True)
         s = open(p).read()
         if fn.endswith('.cuh'):
-            s = re.sub(r'extern __shared__ (\w+) (\w+)\[\];', r'\1* \2 = (\1*)emu_dynamic_smem();', s)
+            s = re.sub(r'extern __shared__ (?:__align__\(\d+\) )?(\w+(?: \w+)?) (\w+)\[\];', r'\1* \2 = (\1*)emu_dynamic_smem();', s)
             if fn == 'chunk_tiles.cuh':   # the tensor-core products: declared only (the emulator runs the CUDA-core ones)
                 a = s.index('// bf16 operands: tensor cores'); b = s.index('#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH')
                 s = s[:a] + 'template <bool A_T, bool B_T> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]

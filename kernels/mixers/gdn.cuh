@@ -122,8 +122,9 @@ static void gdn_forward(const MixerContext* mc, const void* settings, const Laye
     profile_mark("fwd gdn conv + features");
     // step 7: the chunkwise recurrence (spec 3), S_0 = 0, scale dk^-1/2; the backward's workspace is free now
     const floatX* q = a->gqkv;
-    gdn_chunk_forward<floatX>(a->o, HV, a->chunk_saved, mc->work, q, q + s->H * s->dk, q + 2 * s->H * s->dk, s->D,
-                              a->beta, a->g, B, T, s->H, s->dk, s->dv, 1.0f / sqrtf((float)s->dk), st);
+    const floatX* k = q + s->H * s->dk;   // also the write key
+    gdn_chunk_forward<floatX>(a->o, HV, a->chunk_saved, mc->work, q, k, q + 2 * s->H * s->dk, s->D, k, s->D, a->beta,
+                              a->g, 1, B, T, s->H, s->dk, s->dv, 1.0f / sqrtf((float)s->dk), st);
     profile_mark("fwd gdn chunk core");
     // step 8: gated RMSNorm with the z block, then the output projection
     gated_rmsnorm_forward(a->y, a->rstd, a->o, a->proj + s->D, s->ldP, p->onorm_w, BT, s->H, s->dv, c->onorm_eps, st);
@@ -153,9 +154,9 @@ static void gdn_backward(const MixerContext* mc, const void* settings, const Lay
     profile_mark("bwd gdn out norm");
     // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
     const floatX* q = a->gqkv;
-    gdn_chunk_backward<floatX>(s.dgqkv, s.dgqkv + Hdk, s.dgqkv + 2 * Hdk, sh->D, s.dbeta, s.dg, s.dout_o, HV,
-                               a->chunk_saved, mc->work, q, q + Hdk, q + 2 * Hdk, sh->D, a->beta, a->g, B, T, sh->H,
-                               sh->dk, sh->dv, 1.0f / sqrtf((float)sh->dk), st);
+    gdn_chunk_backward<floatX>(s.dgqkv, s.dgqkv + Hdk, s.dgqkv + 2 * Hdk, sh->D, NULL, 0, s.dbeta, s.dg, s.dout_o, HV,
+                               a->chunk_saved, mc->work, q, q + Hdk, q + 2 * Hdk, sh->D, q + Hdk, sh->D, a->beta, B,
+                               T, sh->H, sh->dk, sh->dv, 1.0f / sqrtf((float)sh->dk), st);
     profile_mark("bwd gdn chunk core");
     // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
     gdn_features_backward(s.dgqkv, s.dproj, gr->A_log, gr->b_bias, gr->dt_bias, mc->reduce, s.dbeta, s.dg, a->gqkv,
