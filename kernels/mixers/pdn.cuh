@@ -183,7 +183,11 @@ static void pdn_forward(const MixerContext* mc, const void* settings, const Laye
     PDNActs* a = (PDNActs*)acts;
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
-    matmul_forward_ld(a->proj, s->ldP, x, X(mc, p->in_proj_w), NULL, BT, c->channels, s->P, NULL, st);
+    if (s->P % 8 == 0) {
+        matmul_forward_ld(a->proj, s->ldP, x, X(mc, p->in_proj_w), NULL, BT, c->channels, s->P, NULL, st);
+    } else {   // pdn, pkda: two products, split after q | k | v (in_proj_forward_split says why)
+        in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, s->D, s->P);
+    }
     if (s->variant == 2) { pdn_lowrank_forward(mc, p, s, a->f1, a->g1, a->fpre, a->gate, a->proj, s->ldP, BT); }
     profile_mark("fwd pdn in_proj matmul");
     shortconv_silu_forward(a->qkv, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -264,8 +268,12 @@ static void pdn_backward(const MixerContext* mc, const void* settings, const Lay
                             st);
     profile_mark("bwd pdn features + conv");
     // proj = x W_in^T
-    matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, s.dproj, sh->ldP, x, X(mc, p->in_proj_w), BT, c->channels,
-                       sh->P, 0, st);
+    if (sh->P % 8 == 0) {
+        matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, s.dproj, sh->ldP, x, X(mc, p->in_proj_w), BT, c->channels,
+                           sh->P, 0, st);
+    } else {
+        in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D, sh->P);
+    }
     profile_mark("bwd pdn in_proj matmul");
 }
 
