@@ -1,6 +1,6 @@
 /*
 train_common.h: the training program of train_kla.c and train_kla.cu, written once against the model API both
-trainers provide (model_forward with m->mean_loss and m->num_labelled, model_backward, model_update, ...;
+trainers provide (model_forward, then model_mean_loss(m) and m->num_labelled, model_backward, model_update, ...;
 decode_init / model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
 run directory and resume, validation, the synthetic tasks' evaluation, the multiple-choice evaluation
 (HellaSwag), sampling, checkpoints, the stop on divergence, the step line and its ETA, and the loop itself
@@ -35,7 +35,7 @@ static float validation_loss(Model* m, DataLoader* val, int max_batches) {
         dataloader_next_batch(val);
         if (i % num_ranks != this_rank) { continue; }
         model_forward(m, val->inputs, val->targets, (int)val->B, (int)val->T);
-        sum += m->mean_loss;
+        sum += model_mean_loss(m);
     }
     trainer_sum_over_ranks(&sum, 1);
     return (float)(sum / n);
@@ -460,7 +460,7 @@ static void task_evaluate(Model* m, const Task* t, int len, int split, uint64_t 
     for (int i = 0; i < n_batches; i++) {
         task_batch(t, len, split, seed, (uint64_t)i * B, B, inputs, targets);
         model_forward(m, inputs, targets, B, T);
-        loss_sum += (double)m->mean_loss * m->num_labelled;
+        loss_sum += (double)model_mean_loss(m) * m->num_labelled;
         model_count_correct(m, targets, B * T, &labelled, &correct);
     }
     *loss = labelled > 0 ? (float)(loss_sum / labelled) : 0.0f;
@@ -670,7 +670,7 @@ static int train_main(Options* opt, int argc, char** argv) {
                 model_forward(&model, train_loader.inputs, train_loader.targets, opt->B, opt->T);
             }
             model_backward(&model, 1.0f / grad_accum);
-            loss += model.mean_loss / grad_accum;
+            loss += model_mean_loss(&model) / grad_accum;
         }
         // the gradients and the loss of the global batch: means over the ranks
         model_reduce_gradients(&model);

@@ -3510,8 +3510,12 @@ static void model_decode_step(const Model* m, DecodeState* d, int token) {
     d->pos++;
 }
 
+// the mean loss of the last forward with targets (model_forward computed it)
+static float model_mean_loss(Model* m) { return m->mean_loss; }
+
 // ----------------------------------------------------------------------------------------------------------
 // main: flags, the training loop, evaluation, sampling, checkpoints
+
 #ifndef TESTING
 
 // ---- what the training program of train_common.h asks of a trainer (its comment there)

@@ -171,10 +171,17 @@ typedef struct {
     int* inputs_host;                   // host copy (the deterministic encoder backward groups by token id)
     int has_targets;
     int num_labelled;                   // positions of the last forward whose target is >= 0 (negative = ignored)
-    float* losses_host;                 // (B,T)
-    float mean_loss;                    // of the last forward with targets
+    int losses_state;                   // where the last forward's losses are: LOSSES_PENDING, _ON_DEVICE, _ON_HOST
+    float* losses_host;                 // (B,T), once LOSSES_ON_HOST
+    float mean_loss;                    // of the last forward with targets, once LOSSES_ON_HOST
     cudaStream_t stream;
 } Model;
+
+// The classifier of a forward with targets runs once, where its losses are first needed: model_backward runs it
+// with the logits' gradient in the same pass over the logits (fused_classifier's write_dlogits), and
+// model_mean_loss / model_position_losses run it alone where no backward follows (validation, evaluation). The
+// losses come to the host only when asked for.
+enum { LOSSES_PENDING, LOSSES_ON_DEVICE, LOSSES_ON_HOST };
 
 #define CARVE_X(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
 #define CARVE_F(n) ((float*)carve(base, &cur, (size_t)(n) * sizeof(float)))
@@ -429,9 +436,9 @@ static void check_tokens(const Config* c, const int* inputs, const int* targets,
     if (config_has_wpe(c) && T > c->max_seq_len) { die("sequence length %d exceeds the model's max_seq_len %d", T, c->max_seq_len); }
 }
 
-// Forward pass of a batch (host token arrays). With targets, m->mean_loss is the mean cross-entropy over the
-// labelled positions: all B*T for token shards; a task's targets mark the positions that cost nothing with a
-// negative id (TASK_IGNORE, tasks.h). The logits stay on the device in m->acts.logits.
+// Forward pass of a batch (host token arrays). With targets, model_mean_loss(m) is then the mean cross-entropy over
+// the labelled positions: all B*T for token shards; a task's targets mark the positions that cost nothing with a
+// negative id (TASK_IGNORE, tasks.h). The logits stay on the device in m->acts.logits until model_backward.
 static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
     const Config* c = &m->config;
     check_tokens(c, inputs, targets, B, T);
@@ -471,17 +478,40 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     }
     matmul_forward(a->logits, a->lnf, X(&m->ctx, p->wte), NULL, BT, C, c->padded_vocab_size, NULL, st);
     profile_mark("fwd lm head matmul");
-    if (targets) {
-        fused_classifier(a->logits, a->losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0, st);
-        profile_mark("fwd classifier");
-        cudaCheck(cudaMemcpyAsync(m->losses_host, a->losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost, st));
+    if (targets) {   // the classifier runs later (LOSSES_PENDING above)
+        int n = 0;
+        for (int i = 0; i < BT; i++) { n += targets[i] >= 0; }
+        m->num_labelled = n;
+        m->losses_state = LOSSES_PENDING;
+    }
+}
+
+// the losses of the last forward with targets on the host (the classifier alone if no backward ran it), their mean
+static void model_fetch_losses(Model* m) {
+    if (!m->has_targets) { die("internal: the losses need a forward pass with targets"); }
+    const Config* c = &m->config;
+    const int BT = m->B * m->T;
+    cudaStream_t st = m->stream;
+    if (m->losses_state == LOSSES_PENDING) {
+        fused_classifier(m->acts.logits, m->acts.losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0,
+                         st);
+        m->losses_state = LOSSES_ON_DEVICE;
+    }
+    if (m->losses_state == LOSSES_ON_DEVICE) {
+        cudaCheck(cudaMemcpyAsync(m->losses_host, m->acts.losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost,
+                                  st));
         cudaCheck(cudaStreamSynchronize(st));
         double sum = 0.0;
-        int n = 0;
-        for (int i = 0; i < BT; i++) { sum += m->losses_host[i]; n += targets[i] >= 0; }
-        m->num_labelled = n;
-        m->mean_loss = n > 0 ? (float)(sum / n) : 0.0f;  // a batch without labels costs nothing
+        for (int i = 0; i < BT; i++) { sum += m->losses_host[i]; }   // 0 at the ignored positions
+        const int n = m->num_labelled;
+        m->mean_loss = n > 0 ? (float)(sum / n) : 0.0f;   // a batch without labels costs nothing
+        m->losses_state = LOSSES_ON_HOST;
     }
+}
+
+static float model_mean_loss(Model* m) {
+    model_fetch_losses(m);
+    return m->mean_loss;
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -497,10 +527,11 @@ static void model_backward(Model* m, float loss_scale) {
     Activations* a = &m->acts;
     BackwardScratch* s = &m->scratch;
     cudaStream_t st = m->stream;
-    // classifier: dlogits overwrite the logits; dlnf -> dresidual
+    // classifier: the losses, and dlogits overwriting the logits, in one pass; dlnf -> dresidual
     profile_mark("host");
     const float dloss = m->num_labelled > 0 ? loss_scale / m->num_labelled : 0.0f;
     fused_classifier(a->logits, a->losses, m->targets, dloss, BT, c->vocab_size, c->padded_vocab_size, 1, st);
+    if (m->losses_state == LOSSES_PENDING) { m->losses_state = LOSSES_ON_DEVICE; }
     profile_mark("bwd classifier");
     matmul_backward(s->dln, g->wte, NULL, s->reduce, a->logits, a->lnf, X(&m->ctx, p->wte), BT, C, c->padded_vocab_size, 0, st);
     profile_mark("bwd lm head matmul");
@@ -834,9 +865,11 @@ static void model_count_correct(Model* m, const int* targets, int N, long* label
     cudaCheck(cudaFree(best_dev));
 }
 
-// the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored), on the
-// host: model_forward copied it there
-static const float* model_position_losses(const Model* m) { return m->losses_host; }
+// the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored), on the host
+static const float* model_position_losses(Model* m) {
+    model_fetch_losses(m);
+    return m->losses_host;
+}
 
 static cudaDeviceProp device_properties;   // of this rank's device, read by main
 

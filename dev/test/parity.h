@@ -7,7 +7,7 @@ Include it after the trainer and after defining, for the trainer's Model:
     static void test_scale_tensor(Model* m, const TensorInfo* t, float factor);  // parameters of t *= factor
 The trainer provides model_load(m, path, arg), model_forward, model_zero_grad, model_backward, model_grad_norm,
 model_update, model_free, decode_init, model_decode_step (leaving the next-token logits in the host array
-d.logits), decode_free, and m->mean_loss, m->config, m->table, m->num_parameters.
+d.logits), decode_free, and model_mean_loss(m), m->config, m->table, m->num_parameters.
 */
 #ifndef TRAIN_KLA_PARITY_H
 #define TRAIN_KLA_PARITY_H
@@ -113,7 +113,7 @@ static void forward_backward_errors(Model* m, const DebugState* d, ParityErrors*
     free(logits);
     free(padded);
     model_forward(m, d->x, d->y, B, T);
-    e->loss = fabs(m->mean_loss - d->loss) / fabs(d->loss);
+    e->loss = fabs(model_mean_loss(m) - d->loss) / fabs(d->loss);
     e->worst_grad = 0.0;
     for (int i = 0; i < m->table.num_tensors; i++) {
         const TensorInfo* t = &m->table.t[i];
@@ -128,7 +128,7 @@ static double training_errors(Model* m, const DebugState* d) {
     double worst = 0.0;
     for (int step = 0; step < d->num_steps; step++) {
         model_forward(m, d->x, d->y, d->B, d->T);
-        double err = fabs(m->mean_loss - d->losses[step]) / fabs(d->losses[step]);
+        double err = fabs(model_mean_loss(m) - d->losses[step]) / fabs(d->losses[step]);
         if (!(err <= worst)) { worst = err; }
         model_zero_grad(m);
         model_backward(m, 1.0f);
@@ -160,7 +160,7 @@ static void test_parity(const char* dir, const char* name, int load_arg, const c
            NORM_NAMES[m.config.norm], MLP_NAMES[m.config.mlp], config_has_mixer(&m.config, MIXER_KALMAN) ? ", kalman " : "",
            config_has_mixer(&m.config, MIXER_KALMAN) ? KALMAN_PRESET_NAMES[m.config.kalman_preset] : "");
     snprintf(check, sizeof(check), "parity %s %s: loss", name, variant);
-    report(e.loss <= tol->loss, check, "ours %.7f ref %.7f rel err %.2e (tol %.0e)", m.mean_loss, d.loss, e.loss, tol->loss);
+    report(e.loss <= tol->loss, check, "ours %.7f ref %.7f rel err %.2e (tol %.0e)", model_mean_loss(&m), d.loss, e.loss, tol->loss);
     snprintf(check, sizeof(check), "parity %s %s: gradients of all %d tensors", name, variant, m.table.num_tensors);
     report(e.worst_grad <= tol->grads, check, "worst %s rel err %.2e (tol %.0e)", e.worst_grad_name, e.worst_grad, tol->grads);
     double steps = training_errors(&m, &d);

@@ -329,8 +329,8 @@ static void test_masked_loss(void) {
     double sum = 0.0;
     for (int i = 0; i < B * T; i++) { if (masked[i] >= 0) { sum += m.acts.losses[i]; } }
     model_forward(&m, inputs, masked, B, T);
-    check(m.num_labelled == n && fabs(m.mean_loss - sum / n) < 1e-6 * fabs(sum / n), "masked loss: the mean over the labelled positions only",
-          "%d labelled (expected %d), loss %.7f, expected %.7f", m.num_labelled, n, m.mean_loss, sum / n);
+    check(m.num_labelled == n && fabs(model_mean_loss(&m) - sum / n) < 1e-6 * fabs(sum / n), "masked loss: the mean over the labelled positions only",
+          "%d labelled (expected %d), loss %.7f, expected %.7f", m.num_labelled, n, model_mean_loss(&m), sum / n);
 
     // directional derivative along the gradient g: (L(w + eps g) - L(w - eps g)) / (2 eps) = |g|^2. Central
     // differences in fp32 with eps chosen so that eps |g|^2 ~ 1e-2: relative error ~1e-3 (round-off of the
@@ -354,7 +354,7 @@ static void test_masked_loss(void) {
     for (int s = 0; s < 2; s++) {
         for (size_t i = 0; i < np; i++) { m.params_memory[i] = w0[i] + (float)((s ? -eps : eps) * grad_masked[i]); }
         model_forward(&m, inputs, masked, B, T);
-        loss[s] = m.mean_loss;
+        loss[s] = model_mean_loss(&m);
     }
     memcpy(m.params_memory, w0, np * sizeof(float));
     double fd = (loss[0] - loss[1]) / (2 * eps), rel[2] = {fabs(fd - gg) / fabs(fd), fabs(fd - gf) / fabs(fd)};
