@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU benchmark (not a test): the training step of train_klacu for 124M-sized models (attn = GPT-2 124M, gdn,
-# kaczmarz by default, any mixer with BENCH_MODELS; 12 layers, width 768) at B=16, T=1024 and 4096, beside a PyTorch
+# kaczmarz by default, any mixer with BENCH_MODELS; 12 layers, width 768) at B=16, T=1024 and 4096 (the recurrent
+# mixers also at B=1, T=16384 and 32768: long context, 16K and 32K tokens per step), beside a PyTorch
 # peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
 # when attn is among the models), plus the timing lines of the gdn
 # chunk backward kernel lab (dev/cuda/gdn_chunk_bwd.cu). Runs in one go on the GPU machine and prints a markdown
@@ -14,6 +15,7 @@
 #                         their papers' blocks: kalman its LM recipe, the pdn family RMSNorm + SwiGLU; see MODEL_FLAGS)
 #   BENCH_GDN_VERSION=N   kernel version of the lab (default: the highest `case N:` of its dispatch switch)
 #   BENCH_RUN_TIMEOUT=S   seconds allowed to each run (default 300)
+#   BENCH_LONG=0          skips the long-context rows (B=1, T=16384 and 32768)
 # A failing run prints its error, its row reads FAILED and the others still run; the exit code is 1 if any failed.
 set -uo pipefail      # no -e: a failure is recorded per row, not fatal
 cd "$(dirname "$0")/.." || exit 1
@@ -21,6 +23,7 @@ cd "$(dirname "$0")/.." || exit 1
 B=16
 STEPS=30; WARMUP=10      # steps per run; both programs time the steps after the first WARMUP
 SEQ_LENS=(1024 4096)
+LONG_LENS=(16384 32768)  # at B=1, every model but attn (issue 9: within 15% of B=16 T=1024's tok/s), unless BENCH_LONG=0
 MODELS=(${BENCH_MODELS:-attn gdn kaczmarz})
 # each model's block beyond the shared 12 layers of width 768 (issues 10-12 ask for these recipes)
 declare -A MODEL_FLAGS=([attn]="" [gdn]="" [kaczmarz]="" [gka]=""
@@ -94,14 +97,21 @@ lab_lines=""
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 
+# lens MODEL: the sequence lengths it runs at (LONG_LENS at B=1, the others at B)
+lens() {
+    if [ "$1" != attn ] && [ "${BENCH_LONG:-1}" != 0 ]; then echo "${SEQ_LENS[*]} ${LONG_LENS[*]}"; else echo "${SEQ_LENS[*]}"; fi
+}
+batch() { if [ "$1" -gt 4096 ]; then echo 1; else echo "$B"; fi; }
+
 # row PROGRAM LABEL MODEL T: one line of the table
 row() {
-    local key=$1/$3/$4 vs_peer="" vs_fla=""
+    local key=$1/$3/$4 vs_peer="" vs_fla="" b
+    b=$(batch "$4")
     if [ -z "${status[$key]:-}" ]; then
-        echo "| $2 | $3 | $4 | not run | | | | | |"
+        echo "| $2 | $3 | $b | $4 | not run | | | | | |"
         return
     elif [ "${status[$key]}" != ok ]; then
-        echo "| $2 | $3 | $4 | ${status[$key]} | | | | | |"
+        echo "| $2 | $3 | $b | $4 | ${status[$key]} | | | | | |"
         return
     fi
     if [ "$3" = attn ] && [ "${status[train_klacu/attn/$4]:-}" = ok ] && [ "${status[peer/attn/$4]:-}" = ok ]; then
@@ -109,7 +119,7 @@ row() {
     fi
     if [ "$1" = peer ]; then vs_peer="(reference)"; fi
     if { [ "$3" = gdn ] || [ "$3" = kaczmarz ]; } && [ "$4" = 1024 ]; then vs_fla=$(ratio "${tok[$key]}" "$FLA_GDN_TOKS"); fi
-    echo "| $2 | $3 | $4 | ${ms[$key]} | ${tok[$key]} | ${mfu[$key]:--} | ${mem[$key]} MiB | $vs_peer | $vs_fla |"
+    echo "| $2 | $3 | $b | $4 | ${ms[$key]} | ${tok[$key]} | ${mfu[$key]:--} | ${mem[$key]} MiB | $vs_peer | $vs_fla |"
 }
 
 report() {
@@ -119,14 +129,14 @@ report() {
     echo "GPU: $gpu. Date: $started. Commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)."
     # which attention train_klacu was built with (its run table says: cuDNN with USE_CUDNN=1, else its own kernels)
     echo "train_klacu: $(grep -ohE 'attention: [^|]*[^ |]' "$logs"/train_klacu_attn_T*.log 2> /dev/null | head -n 1 || true)."
-    echo "B=$B, $STEPS steps per run, timed over the last $((STEPS - WARMUP)) (the first $WARMUP are warm-up). 12 layers,"
+    echo "B=$B (B=1 at T > 4096), $STEPS steps per run, timed over the last $((STEPS - WARMUP)) (the first $WARMUP are warm-up). 12 layers,"
     echo "width 768, 12 attention heads, position embedding of $MAX_SEQ_LEN rows (attn); the head-based recurrent mixers: 6 heads,"
     echo "dk = dv = 128; kalman: \`${MODEL_FLAGS[kalman]}\`; pdn, pgdn, pkda: \`${MODEL_FLAGS[pdn]}\`."
     echo
-    echo "| program | model | T | ms/step | tok/s | MFU | peak mem | train_klacu / PyTorch peer | vs FLA GDN 242K tok/s (DESIGN.md figure, not measured) |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| program | model | B | T | ms/step | tok/s | MFU | peak mem | train_klacu / PyTorch peer | vs FLA GDN 242K tok/s (DESIGN.md figure, not measured) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     for M in "${MODELS[@]}"; do
-        for T in "${SEQ_LENS[@]}"; do
+        for T in $(lens "$M"); do
             row train_klacu train_klacu "$M" "$T"
             if [ "$M" = attn ]; then row peer "PyTorch peer (torch.compile)" attn "$T"; fi
         done
@@ -216,7 +226,7 @@ if ! compgen -G "data/demo/demo_train_*.bin" > /dev/null || ! compgen -G "data/d
         "the npm packages (the GPU machine has no network) and carry data/demo along; the train_klacu rows fail."
 fi
 for M in "${MODELS[@]}"; do
-    for T in "${SEQ_LENS[@]}"; do
+    for T in $(lens "$M"); do
         key=train_klacu/$M/$T
         log=$logs/train_klacu_${M}_T$T.log
         if [ ! -x ./train_klacu ]; then
@@ -224,12 +234,13 @@ for M in "${MODELS[@]}"; do
         elif [ "$have_data" = 0 ]; then
             fail "$key" "no demo data (make data)"
         else
-            say "train_klacu --mixer $M:12 ${MODEL_FLAGS[$M]} T=$T"
-            # -u: the lr warmup. --mixer carries the layer count: a bare `attn` is one layer, refused with --depth 12
+            say "train_klacu --mixer $M:12 ${MODEL_FLAGS[$M]} B=$(batch "$T") T=$T"
+            # -u: the lr warmup. --mixer carries the layer count: a bare `attn` is one layer, refused with --depth 12.
+            # --max-seq-len sizes attn's position embedding; the recurrent mixers have none
             # shellcheck disable=SC2086
-            run_logged "$log" ./train_klacu -b "$B" -t "$T" -x "$STEPS" -v 0 -m 1 -g 0 -u "$WARMUP" \
-                --depth 12 --width 768 --heads 12 --lin-heads 6 --dk 128 --dv 128 --max-seq-len "$MAX_SEQ_LEN" \
-                --mixer "$M:12" ${MODEL_FLAGS[$M]}
+            run_logged "$log" ./train_klacu -b "$(batch "$T")" -t "$T" -x "$STEPS" -v 0 -m 1 -g 0 -u "$WARMUP" \
+                --depth 12 --width 768 --heads 12 --lin-heads 6 --dk 128 --dv 128 \
+                --max-seq-len "$((T > MAX_SEQ_LEN ? T : MAX_SEQ_LEN))" --mixer "$M:12" ${MODEL_FLAGS[$M]}
             rc=$?
             line=$(grep 'summary | ms/step' "$log" | tail -n 1)
             if [ "$rc" != 0 ]; then
