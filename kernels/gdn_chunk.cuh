@@ -1,5 +1,6 @@
 /*
-kernels/gdn_chunk.cuh: the Gated DeltaNet core, chunkwise-parallel, forward and backward
+kernels/gdn_chunk.cuh: the Gated DeltaNet core (gdn, kaczmarz, and pdn / pgdn with a write key of their own),
+chunkwise-parallel, forward and backward
 (spec/gdn_kaczmarz.md 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
