@@ -242,46 +242,63 @@ __device__ void cta_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const
     if (sync) { __syncthreads(); }
 }
 
-// fp32 operands on tensor cores as 3xTF32 (m16n16k8), one warp per 16 x 16 tile of C, fp32 accumulation; the same
-// operands and layouts as the fp32 cta_mm. TF32 keeps 10 of fp32's 23 mantissa bits (relative rounding 2^-11 per
-// operand), so each operand x is cut into hi = tf32(x) and lo = tf32(x - hi), and C += lo_a hi_b + hi_a lo_b
-// + hi_a hi_b: about fp32's accuracy, the lo_a lo_b term being below fp32's rounding (plain TF32 was measured too
-// coarse for gka's solve: kernels/gka.cuh). Tile pointers are multiples of 8 elements from 32-byte aligned bases and
-// the row strides multiples of 4 (wmma's alignment).
+// a fragment of fp32 operands cut into hi = tf32(x) (in place) and lo = tf32(x - hi)
+template <typename Frag>
+__device__ __forceinline__ void tf32_split(Frag& hi, Frag& lo) {
+    #pragma unroll
+    for (int i = 0; i < hi.num_elements; i++) {
+        const float x = hi.x[i], h = nvcuda::wmma::__float_to_tf32(x);
+        hi.x[i] = h;
+        lo.x[i] = nvcuda::wmma::__float_to_tf32(x - h);
+    }
+}
+
+// fp32 operands on tensor cores as 3xTF32 (m16n16k8), fp32 accumulation; the same operands and layouts as the fp32
+// cta_mm. TF32 keeps 10 of fp32's 23 mantissa bits (relative rounding 2^-11 per operand), so each operand x is cut
+// into hi = tf32(x) and lo = tf32(x - hi), and C += lo_a hi_b + hi_a lo_b + hi_a hi_b: about fp32's accuracy, the
+// lo_a lo_b term being below fp32's rounding (plain TF32 was measured too coarse for gka's solve: kernels/gka.cuh).
+// A warp computes two 16 x 16 tiles of C, one above the other, where that still gives every warp a pair: each
+// k-step's B fragment is then loaded and cut once for both (else one tile per warp). Each tile's sums run in the
+// same order either way. Tile pointers are multiples of 8 elements from 32-byte aligned bases and the row strides
+// multiples of 4 (wmma's alignment).
 template <bool A_T, bool B_T>
 __device__ void cta_mm_tf32(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb,
                             int M, int N, int K, bool acc, bool sync = true) {
     using namespace nvcuda;
     typedef typename std::conditional<A_T, wmma::col_major, wmma::row_major>::type LayoutA;
     typedef typename std::conditional<B_T, wmma::col_major, wmma::row_major>::type LayoutB;
-    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, nt = N / 16;
-    for (int t = warp; t < (M / 16) * nt; t += nwarps) {
-        const int m0 = (t / nt) * 16, n0 = (t % nt) * 16;
-        wmma::fragment<wmma::accumulator, 16, 16, 8, float> c;
-        if (acc) { wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major); }
-        else { wmma::fill_fragment(c, 0.0f); }
-        for (int k = 0; k < K; k += 8) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a_hi, a_lo;
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
-            wmma::load_matrix_sync(a_hi, A_T ? A + k * lda + m0 : A + m0 * lda + k, lda);
-            wmma::load_matrix_sync(b_hi, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
-            #pragma unroll
-            for (int i = 0; i < a_hi.num_elements; i++) {
-                const float x = a_hi.x[i], hi = wmma::__float_to_tf32(x);
-                a_hi.x[i] = hi;
-                a_lo.x[i] = wmma::__float_to_tf32(x - hi);
-            }
-            #pragma unroll
-            for (int i = 0; i < b_hi.num_elements; i++) {
-                const float x = b_hi.x[i], hi = wmma::__float_to_tf32(x);
-                b_hi.x[i] = hi;
-                b_lo.x[i] = wmma::__float_to_tf32(x - hi);
-            }
-            wmma::mma_sync(c, a_lo, b_hi, c);
-            wmma::mma_sync(c, a_hi, b_lo, c);
-            wmma::mma_sync(c, a_hi, b_hi, c);
+    const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32, mt = M / 16, nt = N / 16;
+    const int rows = mt % 2 == 0 && (mt / 2) * nt >= nwarps ? 2 : 1;   // row tiles per warp
+    for (int t = warp; t < (mt / rows) * nt; t += nwarps) {
+        const int m0 = (t / nt) * 16 * rows, n0 = (t % nt) * 16;
+        wmma::fragment<wmma::accumulator, 16, 16, 8, float> c[2];
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (r >= rows) { break; }
+            if (acc) { wmma::load_matrix_sync(c[r], C + (m0 + 16 * r) * ldc + n0, ldc, wmma::mem_row_major); }
+            else { wmma::fill_fragment(c[r], 0.0f); }
         }
-        wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+        for (int k = 0; k < K; k += 8) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LayoutB> b_hi, b_lo;
+            wmma::load_matrix_sync(b_hi, B_T ? Bm + n0 * ldb + k : Bm + k * ldb + n0, ldb);
+            tf32_split(b_hi, b_lo);
+            #pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (r >= rows) { break; }
+                const int m = m0 + 16 * r;
+                wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LayoutA> a_hi, a_lo;
+                wmma::load_matrix_sync(a_hi, A_T ? A + k * lda + m : A + m * lda + k, lda);
+                tf32_split(a_hi, a_lo);
+                wmma::mma_sync(c[r], a_lo, b_hi, c[r]);
+                wmma::mma_sync(c[r], a_hi, b_lo, c[r]);
+                wmma::mma_sync(c[r], a_hi, b_hi, c[r]);
+            }
+        }
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (r >= rows) { break; }
+            wmma::store_matrix_sync(C + (m0 + 16 * r) * ldc + n0, c[r], ldc, wmma::mem_row_major);
+        }
     }
     if (sync) { __syncthreads(); }
 }
