@@ -50,13 +50,13 @@ static float* carve_f(char* base, size_t* cursor, size_t n) { return (float*)car
 
 // A fused in_proj (P rows, proj row stride ldP) as two matmuls: the first P1 rows (a multiple of 8: the projected
 // channels) and the P - P1 gate rows. One product with an odd P (3084 for gdn at 124M) runs on slower cuBLASLt
-// kernels. w is the fp32 master of the weight (P, C).
+// kernels. P1 = P gives the one product. w is the fp32 master of the weight (P, C).
 static void in_proj_forward_split(const MixerContext* mc, const float* w_master, floatX* proj, int ldP,
                                   const floatX* x, int BT, int P1, int P) {
     int C = mc->config->channels;
     const floatX* w = X(mc, w_master);
     matmul_forward_ld(proj, ldP, x, w, NULL, BT, C, P1, NULL, mc->stream);
-    matmul_forward_ld(proj + P1, ldP, x, w + (size_t)P1 * C, NULL, BT, C, P - P1, NULL, mc->stream);
+    if (P > P1) { matmul_forward_ld(proj + P1, ldP, x, w + (size_t)P1 * C, NULL, BT, C, P - P1, NULL, mc->stream); }
 }
 
 // its backward: dx (BT, C) overwritten, the weight gradient dw (P, C) accumulated
@@ -65,8 +65,10 @@ static void in_proj_backward_split(const MixerContext* mc, const float* w_master
     int C = mc->config->channels;
     const floatX* w = X(mc, w_master);
     matmul_backward_ld(dx, dw, NULL, NULL, dproj, ldP, x, w, BT, C, P1, 0, mc->stream);
-    matmul_backward_ld(dx, dw + (size_t)P1 * C, NULL, NULL, dproj + P1, ldP, x, w + (size_t)P1 * C, BT, C, P - P1, 1,
-                       mc->stream);
+    if (P > P1) {
+        matmul_backward_ld(dx, dw + (size_t)P1 * C, NULL, NULL, dproj + P1, ldP, x, w + (size_t)P1 * C, BT, C, P - P1,
+                           1, mc->stream);
+    }
 }
 
 // One row per mixer family. `settings`, `acts` and `state` are the layer's blocks (the family's structs).

@@ -164,6 +164,10 @@ static void pdn_scratch_bytes(const void* settings, const Config* c, int B, int 
 
 static float pdn_qscale(const PDNShape* s) { return 1.0f / sqrtf((float)s->dk); }
 
+// where the in_proj splits (in_proj_forward_split): one product where P is a multiple of 8 (pgdn), else after
+// q | k | v (pdn, pkda)
+static int pdn_in_proj_split(const PDNShape* s) { return s->P % 8 == 0 ? s->P : s->D; }
+
 // pkda (spec 1.4, 1.5): f1 | g1 out of proj's rows (N of them, ld_proj apart), fpre = f1 f2^T, gate = g1 g2^T + g2_b
 static void pdn_lowrank_forward(const MixerContext* mc, const PDNParams* p, const PDNShape* s, floatX* f1, floatX* g1,
                                 floatX* fpre, floatX* gate, const floatX* proj, int ld_proj, int N) {
@@ -183,11 +187,7 @@ static void pdn_forward(const MixerContext* mc, const void* settings, const Laye
     PDNActs* a = (PDNActs*)acts;
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
-    if (s->P % 8 == 0) {
-        matmul_forward_ld(a->proj, s->ldP, x, X(mc, p->in_proj_w), NULL, BT, c->channels, s->P, NULL, st);
-    } else {   // pdn, pkda: two products, split after q | k | v (in_proj_forward_split says why)
-        in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, s->D, s->P);
-    }
+    in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, pdn_in_proj_split(s), s->P);
     if (s->variant == 2) { pdn_lowrank_forward(mc, p, s, a->f1, a->g1, a->fpre, a->gate, a->proj, s->ldP, BT); }
     profile_mark("fwd pdn in_proj matmul");
     shortconv_silu_forward(a->qkv, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -268,12 +268,8 @@ static void pdn_backward(const MixerContext* mc, const void* settings, const Lay
                             st);
     profile_mark("bwd pdn features + conv");
     // proj = x W_in^T
-    if (sh->P % 8 == 0) {
-        matmul_backward_ld(dx, gr->in_proj_w, NULL, NULL, s.dproj, sh->ldP, x, X(mc, p->in_proj_w), BT, c->channels,
-                           sh->P, 0, st);
-    } else {
-        in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D, sh->P);
-    }
+    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, pdn_in_proj_split(sh),
+                           sh->P);
     profile_mark("bwd pdn in_proj matmul");
 }
 
