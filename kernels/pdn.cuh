@@ -230,6 +230,22 @@ static void pdn_copy_columns(floatX* dst, int ld_dst, const floatX* src, int ld_
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the preconditioner's per-channel terms (spec 1.3, 2.3), shared by the recurrent core and the chunked scans:
+// the multiplier m = exp(-ln(x) softsign(r)) with r = log(A + eps) - c, and the backward's dr, the gradient of r
+// from dk~ (dA_loc = dr / (A + eps) is the term before the carry)
+__device__ __forceinline__ float pdn_multiplier(float A, float c, float lnx, float eps) {
+    const float rr = logf(A + eps) - c;
+    return expf(-lnx * (rr / (1.0f + fabsf(rr))));
+}
+
+__device__ __forceinline__ float pdn_precond_dr(float dkt, float md, float kd, float At, float c, float lnx,
+                                                float eps) {
+    const float rr = logf(At + eps) - c;
+    const float den = 1.0f + fabsf(rr);
+    return -lnx * md * (dkt * kd) / (den * den);
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // the core forward (spec 2.1), grid B*H, block PDN_CORE_THREADS; per token t of head h:
 //   A = exp(gP) A + bP k^2;  r = log(A + eps) - c;  m = exp(-ln(x) softsign(r))      (thread per key channel d)
 //   p = v - (exp(g) k)^T S;  S = exp(g) S + (beta m k) p^T;  o = qscale S^T q        (thread per value column j)
@@ -271,8 +287,7 @@ __global__ void pdn_core_forward_kernel(floatX* o, float* A_out, float* m_out, f
         for (int d = tid; d < dk; d += blockDim.x) {
             const float kd = to_float(row[H * dk + hh * dk + d]);
             const float a = eg * A[d] + bp * kd * kd;
-            const float rr = logf(a + eps) - c;
-            const float md = expf(-lnx * (rr / (1.0f + fabsf(rr))));
+            const float md = pdn_multiplier(a, c, lnx, eps);
             A[d] = a;
             A_out[e * dk + d] = a;
             m_out[e * dk + d] = md;
@@ -459,11 +474,8 @@ __global__ void pdn_core_backward_kernel(float* dqkv, float* dbeta, float* dg, f
                 dg[e * dk + d] = a * ag;
                 const float dkt = ek[d];
                 float dkd = -a * ad + dkt * md;
-                const float ds = -lnx * md * (dkt * kd);
                 const float At = A[e * dk + d];
-                const float rr = logf(At + eps) - c;
-                const float den = 1.0f + fabsf(rr);
-                const float dr = ds / (den * den);
+                const float dr = pdn_precond_dr(dkt, md, kd, At, c, lnx, eps);
                 dc -= dr;
                 const float dAtot = dr / (At + eps) + carry[d];
                 const float kk = kd * kd;
@@ -575,8 +587,7 @@ __global__ void pdn_precond_forward_kernel(float* A_out, float* m_out, floatX* k
         const size_t r = (size_t)b * T + t, e = r * H + hh;
         const float kd = pdn_key(qkv, r, H, hh, dk, dv, d);
         A = expf(gP[e]) * A + bP[e] * kd * kd;
-        const float rr = logf(A + eps) - c;
-        const float md = expf(-lnx * (rr / (1.0f + fabsf(rr))));
+        const float md = pdn_multiplier(A, c, lnx, eps);
         A_out[e * dk + d] = A;
         m_out[e * dk + d] = md;
         kt[e * dk + d] = from_float<floatX>(md * kd);
@@ -614,14 +625,6 @@ static void pdn_precond_forward(float* A_out, float* m_out, floatX* kt, void* sc
 //                                  (the chunk backward's read-key gradient). The per-token sums over the channels
 //                                  are warp sums, then the warps' partials in order; dcs[(b*H + h)*NT + n] is the
 //                                  CTA's dL/dc, summed in a fixed order.
-// dL/dA_loc of one token and channel (the terms of 2.3 before the carry): dr and dA_loc = dr / (A + eps)
-__device__ __forceinline__ float pdn_precond_dr(float dkt, float md, float kd, float At, float c, float lnx,
-                                                float eps) {
-    const float rr = logf(At + eps) - c;
-    const float den = 1.0f + fabsf(rr);
-    return -lnx * md * (dkt * kd) / (den * den);
-}
-
 __global__ void pdn_precond_carry_kernel(float* c_out, float* lam, const float* dkt, const floatX* qkv,
                                          const float* A, const float* m, const float* gP, const float* cs, int T,
                                          int H, int dk, int dv, float lnx, float eps) {
