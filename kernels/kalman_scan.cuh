@@ -8,28 +8,37 @@ A lane is (b, d, n). Per lane, with phi = Lv k^2 and r = v Lv k (spec 2.3, floor
     eta <- abar rho eta + r,  lam <- lam rho + phi,  y[b,t,d] = sum_n q[n] eta[n] / max(lam[n], 1e-12)
     lam_0 = 1, eta_0 = 0 at the start of every sequence
 
-This is the sequential version of spec 3.5: one thread per lane runs the recurrence serially over T with its state
-(lam, eta) in fp32 registers in both builds. A block holds KALMAN_CPB channels of one sequence, each as a group of
-G = N rounded up to a power of two threads (lanes n >= N idle), so the read-out sum over n is a fixed shuffle tree
-inside the group. The forward checkpoints (lam, eta) every KALMAN_CK tokens; the backward (spec 2.4, the exact
-reverse-time adjoint) runs the segments from the last to the first, replaying each one's states from its
-checkpoint into a per-thread array (local memory) and then stepping the adjoint back through it.
+This is spec 3.5's fused design with one segment: each lane runs its recurrence serially over T, its state (lam,
+eta) in fp32 registers in both builds. Training shapes give B * Dk * N >= 2.5e5 lanes, which fill the GPU without
+time parallelism. A lane group is G = N rounded up to a power of two threads of one warp (lanes n >= N idle with
+the identity step), so a warp holds 32 / G channels and a block KALMAN_WARPS * 32 / G channels of one sequence.
+- Tokens go in tiles of KALMAN_TILE = 32. The block stages a tile's inputs in shared memory, (Lv, u = v Lv, v, dy)
+  per channel and (k, q) per state, and every lane then runs its 32 steps from there, unrolled.
+- The read-out sum over a group is one butterfly over the tile (kalman_transpose_sum): each level exchanges half
+  of the values still held, so 32 sums over 32 lanes cost 31 shuffles instead of 32 x 5.
+- Reciprocals are the hardware's approximate ones (rel. error < 2^-22, below fp32 round-off of the sums here).
+- The forward checkpoints (lam, eta) at the start of every tile. The backward (spec 2.4, the exact reverse-time
+  adjoint) walks the tiles from the last to the first; it replays a tile from its checkpoint with the forward's
+  own step function (so the replay reproduces the forward's states bit for bit) and steps the adjoint back
+  through it in two halves of KALMAN_HALF tokens, each half's states held in registers.
 
 Layouts (row-major): v [B*T, ldv] floatX (its first Dk columns), Lv, dys, dv, dLv [B*T, Dk] fp32, k, q, dk, dq
-[B*T, N] fp32, abar, pbar, dabar, dpbar [Dk, N] fp32, checkpoints [B, NT, Dk, 2N] fp32 (lam | eta).
+[B*T, N] fp32, abar, pbar, dabar, dpbar [Dk, N] fp32, checkpoints [B, NT, Dk, 2N] fp32 (lam | eta), NT tiles.
 
-Determinism, no atomics: dk and dq (sums over the channels) are reduced in a fixed tree inside a block, written as
-one partial row per block, then summed over the blocks in order; dabar and dpbar (sums over b and t) are summed
-over t in each thread and over b in order by a second kernel.
+Determinism, no atomics: dk and dq (sums over the channels) are summed over a block's channels in channel order
+through shared memory, written as one partial row per block, then summed over the blocks in order; dabar and dpbar
+(sums over b and t) are summed over t in each thread and over b in order by a second kernel.
 */
 #ifndef TRAIN_KLA_KERNELS_KALMAN_SCAN_CUH
 #define TRAIN_KLA_KERNELS_KALMAN_SCAN_CUH
 
+#include <type_traits>
 #include "common.cuh"
 
 #define KALMAN_FLOOR 1e-12f   // the floors of spec 2.5 (abar^2, den, lam, pbar) and the L2-norm floor
-#define KALMAN_CK 64          // checkpoint interval of the filter (spec 3.5)
-#define KALMAN_CPB 32         // channels per block of the filter kernels
+#define KALMAN_TILE 32        // tokens per tile: staged together, unrolled, and the checkpoint interval
+#define KALMAN_HALF 16        // backward: tokens per register block (two per tile)
+#define KALMAN_WARPS 8        // warps per block of the filter kernels
 #define KALMAN_MAX_N 32       // the largest N the filter kernels run (a group of N lanes lives in one warp)
 
 static inline int kalman_group(int N) {
@@ -38,77 +47,184 @@ static inline int kalman_group(int N) {
             KALMAN_MAX_N);
     }
     int G = 1;
+    while (G < 8) { G *= 2; }   // at least 8: a block then holds at most 32 channels (its shared tiles' size)
     while (G < N) { G *= 2; }
     return G;
 }
-static inline int kalman_num_ck(int T) { return ceil_div(T, KALMAN_CK); }
-static inline int kalman_num_blocks(int Dk) { return ceil_div(Dk, KALMAN_CPB); }
+static inline int kalman_num_tiles(int T) { return ceil_div(T, KALMAN_TILE); }
+static inline int kalman_num_blocks(int Dk, int N) { return ceil_div(Dk, KALMAN_WARPS * 32 / kalman_group(N)); }
 
 // the checkpoints the forward saves for the backward
 static size_t kalman_checkpoint_floats(int B, int T, int Dk, int N) {
-    return (size_t)B * kalman_num_ck(T) * Dk * 2 * N;
+    return (size_t)B * kalman_num_tiles(T) * Dk * 2 * N;
 }
 // the backward's partial sums: dk | dq per (b, channel block, t) [B, NDB, T, 2N], dabar | dpbar per (b, d) [B, Dk, 2N]
 static size_t kalman_filter_backward_scratch_bytes(int B, int T, int Dk, int N) {
-    return ((size_t)B * kalman_num_blocks(Dk) * T * 2 * N + (size_t)B * Dk * 2 * N) * sizeof(float);
+    return ((size_t)B * kalman_num_blocks(Dk, N) * T * 2 * N + (size_t)B * Dk * 2 * N) * sizeof(float);
 }
 
-// sum over the G lanes of a group (a fixed tree: the same order for every call)
-__device__ __forceinline__ float kalman_group_sum(float x, int G) {
-    for (int o = G / 2; o > 0; o >>= 1) { x += __shfl_xor_sync(0xffffffffu, x, o, G); }
-    return x;
+__device__ __forceinline__ float kalman_rcp(float x) { return __fdividef(1.0f, x); }
+
+// one step of a lane (spec 2.3). The forward and the backward's replay both call it: the same states bit for bit.
+__device__ __forceinline__ void kalman_lane_step(float& lam, float& eta, float a, float a2, float pb, float Lvt,
+                                                 float ut, float kt) {
+    const float rho = kalman_rcp(fmaxf(a2 + pb * lam, KALMAN_FLOOR));
+    eta = a * rho * eta + ut * kt;
+    lam = lam * rho + Lvt * kt * kt;
 }
+
+// Sums each of x[0..V) over the G lanes of a group (p: the lane's position in it) by a butterfly: at the level of
+// offset O, a lane keeps the half of its CNT values picked by bit O of p and adds its partner's copy of that half.
+// After it, for V >= G, x[j] (j < V / G) is the sum of value p * (V / G) + j; for V < G, x[0] is the sum of value
+// p / (G / V). Float addition commutes, so each value is summed in the same tree wherever it sits in x.
+template <int CNT, int O, int V>
+__device__ __forceinline__ void kalman_butterfly(float (&x)[V], int p) {
+    if constexpr (O >= 1) {
+        if constexpr (CNT >= 2) {
+            const bool upper = (p & O) != 0;
+#pragma unroll
+            for (int i = 0; i < CNT / 2; i++) {
+                const float keep = upper ? x[CNT / 2 + i] : x[i], send = upper ? x[i] : x[CNT / 2 + i];
+                x[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            kalman_butterfly<CNT / 2, O / 2>(x, p);
+        } else {
+            x[0] += __shfl_xor_sync(0xffffffffu, x[0], O);
+            kalman_butterfly<1, O / 2>(x, p);
+        }
+    }
+}
+template <int G, int V>
+__device__ __forceinline__ void kalman_transpose_sum(float (&x)[V], int p) { kalman_butterfly<V, G / 2>(x, p); }
+
+// Stages tokens [t0, t0 + L) of sequence b into shared memory: chan[i * CB + c] = (Lv, u = v Lv, v, dy) of
+// channel d0 + c, kq[i * G + n] = (k, q) of state n; zeros past L, Dk and N (dys NULL: dy = 0).
+template <int G>
+__device__ __forceinline__ void kalman_stage_tile(float4* chan, float2* kq, const floatX* v, int ldv, const float* Lv,
+                                                  const float* k, const float* q, const float* dys, int b, int t0,
+                                                  int L, int T, int d0, int Dk, int N) {
+    constexpr int CB = KALMAN_WARPS * 32 / G;
+    for (int e = threadIdx.x; e < KALMAN_TILE * CB; e += KALMAN_WARPS * 32) {
+        const int i = e / CB, d = d0 + e % CB;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < L && d < Dk) {
+            const size_t r = (size_t)b * T + t0 + i;
+            x.x = Lv[r * Dk + d];
+            x.z = to_float(v[r * ldv + d]);
+            x.y = x.z * x.x;
+            x.w = dys ? dys[r * Dk + d] : 0.0f;
+        }
+        chan[e] = x;
+    }
+    for (int e = threadIdx.x; e < KALMAN_TILE * G; e += KALMAN_WARPS * 32) {
+        const int i = e / G, n = e % G;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (i < L && n < N) {
+            const size_t r = (size_t)b * T + t0 + i;
+            x.x = k[r * N + n];
+            x.y = q[r * N + n];
+        }
+        kq[e] = x;
+    }
+}
+
+// the tokens a lane writes after kalman_transpose_sum of V values over a group of G: PER of them from position
+// (p / SHARE) * PER, written by the lanes with p % SHARE == 0
+template <int V, int G> struct KalmanSums {
+    static constexpr int PER = V >= G ? V / G : 1, SHARE = V >= G ? 1 : G / V;
+};
 
 // ----------------------------------------------------------------------------------------------------------
 // forward (spec 2.3)
 
-// grid (NDB, B), block KALMAN_CPB * G. ys [B*T, Dk] written. ck: checkpoints (NULL: none). lam_io, eta_io
+// The steps of one tile of a lane: y[i] = its read-out term q eta / lam of token i. FULL: all KALMAN_TILE tokens
+// are in the sequence; else only the first L, and the rest leave the state as it is.
+template <int G, bool FULL>
+__device__ __forceinline__ void kalman_forward_tile(float (&y)[KALMAN_TILE], float& lam, float& eta, const float4* chan,
+                                                    const float2* kq, int c, int p, float a, float a2, float pb,
+                                                    int L) {
+    constexpr int CB = KALMAN_WARPS * 32 / G;
+#pragma unroll
+    for (int i = 0; i < KALMAN_TILE; i++) {
+        y[i] = 0.0f;
+        if (FULL || i < L) {
+            const float4 ch = chan[i * CB + c];
+            const float2 kqt = kq[i * G + p];
+            kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kqt.x);
+            y[i] = kqt.y * eta * kalman_rcp(fmaxf(lam, KALMAN_FLOOR));
+        }
+    }
+}
+
+// grid (NDB, B), block KALMAN_WARPS * 32. ys [B*T, Dk] written. ck: checkpoints (NULL: none). lam_io, eta_io
 // [B, Dk, N]: NULL, every sequence starts from the prior; else the state carried in (the prior when from_prior)
 // and the final state written back (decode, spec 4).
-__global__ void kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior,
-                                             const floatX* v, int ldv, const float* Lv, const float* k,
-                                             const float* q, const float* abar, const float* pbar, int T, int Dk,
-                                             int N, int G) {
-    const int n = threadIdx.x % G, d = blockIdx.x * KALMAN_CPB + threadIdx.x / G, b = blockIdx.y;
-    const int active = n < N && d < Dk;
-    const size_t lane = ((size_t)b * Dk + d) * N + n;
-    const int NT = (T + KALMAN_CK - 1) / KALMAN_CK;
-    float a = 0.0f, pb = 0.0f, lam = 1.0f, eta = 0.0f;
+template <int G>
+__global__ void __launch_bounds__(KALMAN_WARPS * 32)
+    kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior, const floatX* v,
+                                 int ldv, const float* Lv, const float* k, const float* q, const float* abar,
+                                 const float* pbar, int T, int Dk, int N) {
+    constexpr int CB = KALMAN_WARPS * 32 / G;
+    using Sums = KalmanSums<KALMAN_TILE, G>;
+    __shared__ float4 chan[KALMAN_TILE * CB];
+    __shared__ float2 kq[KALMAN_TILE * G];
+    const int p = threadIdx.x % G, c = threadIdx.x / G, d0 = blockIdx.x * CB, d = d0 + c, b = blockIdx.y;
+    const int active = p < N && d < Dk;
+    const size_t lane = ((size_t)b * Dk + d) * N + p;
+    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE;
+    float a = 1.0f, pb = 0.0f, lam = 1.0f, eta = 0.0f;   // idle lanes step by the identity (rho = 1, no input)
     if (active) {
-        a = abar[(size_t)d * N + n];
-        pb = pbar[(size_t)d * N + n];
+        a = abar[(size_t)d * N + p];
+        pb = pbar[(size_t)d * N + p];
         if (lam_io && !from_prior) { lam = lam_io[lane]; eta = eta_io[lane]; }
     }
     const float a2 = fmaxf(a * a, KALMAN_FLOOR);
-    for (int t = 0; t < T; t++) {
-        const size_t r = (size_t)b * T + t;
-        float y = 0.0f;
-        if (active) {
-            if (ck && t % KALMAN_CK == 0) {
-                float* cp = ck + (((size_t)b * NT + t / KALMAN_CK) * Dk + d) * 2 * N;
-                cp[n] = lam;
-                cp[N + n] = eta;
-            }
-            const float Lvt = Lv[r * Dk + d], kt = k[r * N + n];
-            const float ut = to_float(v[r * ldv + d]) * Lvt;
-            const float rho = 1.0f / fmaxf(a2 + pb * lam, KALMAN_FLOOR);
-            eta = a * rho * eta + ut * kt;
-            lam = lam * rho + Lvt * kt * kt;
-            y = q[r * N + n] * eta / fmaxf(lam, KALMAN_FLOOR);
+    for (int tile = 0; tile < NT; tile++) {
+        const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
+        __syncthreads();   // the previous tile is read
+        kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, NULL, b, t0, L, T, d0, Dk, N);
+        __syncthreads();
+        if (ck && active) {
+            float* cp = ck + (((size_t)b * NT + tile) * Dk + d) * 2 * N;
+            cp[p] = lam;
+            cp[N + p] = eta;
         }
-        y = kalman_group_sum(y, G);
-        if (n == 0 && d < Dk) { ys[r * Dk + d] = y; }
+        float y[KALMAN_TILE];
+        if (L == KALMAN_TILE) {
+            kalman_forward_tile<G, true>(y, lam, eta, chan, kq, c, p, a, a2, pb, L);
+        } else {
+            kalman_forward_tile<G, false>(y, lam, eta, chan, kq, c, p, a, a2, pb, L);
+        }
+        kalman_transpose_sum<G>(y, p);
+        if (p % Sums::SHARE == 0 && d < Dk) {
+#pragma unroll
+            for (int j = 0; j < Sums::PER; j++) {
+                const int i = p / Sums::SHARE * Sums::PER + j;
+                if (i < L) { ys[((size_t)b * T + t0 + i) * Dk + d] = y[j]; }
+            }
+        }
     }
     if (lam_io && active) { lam_io[lane] = lam; eta_io[lane] = eta; }
+}
+
+// G as a compile-time constant: the butterfly and the tiles are unrolled for it
+template <typename F> static void kalman_dispatch_group(int G, F&& launch) {
+    switch (G) {
+        case 8: launch(std::integral_constant<int, 8>{}); break;
+        case 16: launch(std::integral_constant<int, 16>{}); break;
+        default: launch(std::integral_constant<int, 32>{}); break;
+    }
 }
 
 static void kalman_filter_forward(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior,
                                   const floatX* v, int ldv, const float* Lv, const float* k, const float* q,
                                   const float* abar, const float* pbar, int B, int T, int Dk, int N,
                                   cudaStream_t stream) {
-    const int G = kalman_group(N);
-    kalman_filter_forward_kernel<<<dim3(kalman_num_blocks(Dk), B), KALMAN_CPB * G, 0, stream>>>(
-        ys, ck, lam_io, eta_io, from_prior, v, ldv, Lv, k, q, abar, pbar, T, Dk, N, G);
+    kalman_dispatch_group(kalman_group(N), [&](auto g) {
+        kalman_filter_forward_kernel<decltype(g)::value><<<dim3(kalman_num_blocks(Dk, N), B), KALMAN_WARPS * 32, 0,
+                                                           stream>>>(ys, ck, lam_io, eta_io, from_prior, v, ldv, Lv,
+                                                                     k, q, abar, pbar, T, Dk, N);
+    });
     cudaCheckLaunch();
 }
 
@@ -116,104 +232,169 @@ static void kalman_filter_forward(float* ys, float* ck, float* lam_io, float* et
 // backward (spec 2.4): exact reverse-time adjoint, no gradient of the final state; zero subgradient where a
 // floor binds (spec 2.5)
 
-// grid (NDB, B), block KALMAN_CPB * G (G warps). Writes dv, dLv [B*T, Dk], the block's partial row of dk | dq per
-// token into kq_part [B, NDB, T, 2N] and the lane's dabar | dpbar (summed over t) into ap_part [B, Dk, 2N].
-__global__ void kalman_filter_backward_kernel(float* dv, float* dLv, float* kq_part, float* ap_part,
-                                              const float* dys, const float* ck, const floatX* v, int ldv,
-                                              const float* Lv, const float* k, const float* q, const float* abar,
-                                              const float* pbar, int T, int Dk, int N, int G) {
-    // the warps' sums of dk | dq over their channels, double-buffered by token parity (one barrier per token)
-    __shared__ float warp_sums[2][KALMAN_MAX_N][2][KALMAN_MAX_N];
-    const int n = threadIdx.x % G, d = blockIdx.x * KALMAN_CPB + threadIdx.x / G, b = blockIdx.y;
-    const int warp = threadIdx.x / 32, lane32 = threadIdx.x % 32, num_warps = blockDim.x / 32;
-    const int active = n < N && d < Dk;
-    const int NT = (T + KALMAN_CK - 1) / KALMAN_CK, NDB = gridDim.x;
-    float seg_lam[KALMAN_CK + 1], seg_eta[KALMAN_CK + 1];   // the segment's states lam_{t0-1+i}, eta_{t0-1+i}
-    float a = 0.0f, pb = 0.0f;
-    if (active) { a = abar[(size_t)d * N + n]; pb = pbar[(size_t)d * N + n]; }
+// One token of the adjoint of a lane (spec 2.4), given lam_{t-1}, eta_{t-1} (lp, ep), lam_t, eta_t (lt, et),
+// den = a2 + pbar lp, rho = 1 / max(den, floor) and var = 1 / max(lt, floor): carries (Gl, Ge) = dL/d(lam, eta)
+// back over the token, adds its terms of dabar, dpbar to gab, gpb, and returns the lane's terms of dLv and dv
+// (before the sum over the group), of dk and dq (before the sum over the channels).
+struct KalmanAdjointTerms { float sLv, sv, cdk, cdq; };
+__device__ __forceinline__ KalmanAdjointTerms kalman_adjoint_token(float& Gl, float& Ge, float& gab, float& gpb,
+                                                                   float lp, float ep, float lt, float et, float denraw,
+                                                                   float rho, float var, float a, float a2raw,
+                                                                   float pb, float Lvt, float vt, float dy, float kk,
+                                                                   float qt) {
+    const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
+    const float gmean = dy * qt;
+    const float ge = Ge + gmean * var;
+    const float gl = lt > KALMAN_FLOOR ? Gl - gmean * et * var * var : Gl;
+    // through den = a2 + pbar lam_{t-1}: gden = dL/dden
+    const float gden = denraw > KALMAN_FLOOR ? -(gl * lp + ge * ep * a) * rho * rho : 0.0f;
+    gab += ge * ep * rho + (a2raw > KALMAN_FLOOR ? 2.0f * a * gden : 0.0f);
+    gpb += gden * lp;
+    Gl = denraw > KALMAN_FLOOR ? (gl * a2 - ge * ep * a * pb) * rho * rho : gl * rho;
+    Ge = a * rho * ge;
+    // the token's inputs: phi = Lv k^2, r = v Lv k
+    return {gl * kk * kk + ge * vt * kk, ge * kk, 2.0f * gl * Lvt * kk + ge * vt * Lvt, dy * et * var};
+}
+
+// One half-tile of a lane, tokens [h0, h0 + L) of the staged tile (FULL: L = KALMAN_HALF): replay it from the state
+// (lam, eta) at h0, then walk the adjoint (Gl, Ge) back through it. Per token: the lane's terms of dLv and dv
+// (sums over the group, left in sLv, sv), of dk and dq (sums over the block's channels, written to part[i * 2G + p],
+// [i * 2G + G + p]), and of dabar, dpbar (summed over t in gab, gpb).
+template <int G, bool FULL>
+__device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], float (&sv)[KALMAN_HALF], float* part,
+                                                     float lam, float eta, float& Gl, float& Ge, float& gab,
+                                                     float& gpb, const float4* chan, const float2* kq, int c, int p,
+                                                     float a, float a2raw, float pb, int h0, int L) {
+    constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
+    const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
+    float sl[H + 1], se[H + 1];   // lam, eta before token h0 + i, and after the last
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        sl[i] = lam;
+        se[i] = eta;
+        if (FULL || i < L) {
+            const float4 ch = chan[(h0 + i) * CB + c];
+            kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kq[(h0 + i) * G + p].x);
+        }
+    }
+    sl[H] = lam;
+    se[H] = eta;
+#pragma unroll
+    for (int i = H - 1; i >= 0; i--) {
+        sLv[i] = 0.0f;
+        sv[i] = 0.0f;
+        float cdk = 0.0f, cdq = 0.0f;
+        if (FULL || i < L) {
+            const float4 ch = chan[(h0 + i) * CB + c];
+            const float2 kqt = kq[(h0 + i) * G + p];
+            const float Lvt = ch.x, vt = ch.z, dy = ch.w, kk = kqt.x;
+            // the states around token i: lam_{t-1}, eta_{t-1} and lam_t, eta_t
+            const float lp = sl[i], ep = se[i];
+            const float lt = sl[i + 1], et = se[i + 1];
+            const float denraw = a2 + pb * lp;
+            const KalmanAdjointTerms g = kalman_adjoint_token(Gl, Ge, gab, gpb, lp, ep, lt, et, denraw,
+                                                              kalman_rcp(fmaxf(denraw, KALMAN_FLOOR)),
+                                                              kalman_rcp(fmaxf(lt, KALMAN_FLOOR)), a, a2raw, pb, Lvt,
+                                                              vt, dy, kk, kqt.y);
+            sLv[i] = g.sLv;
+            sv[i] = g.sv;
+            cdk = g.cdk;
+            cdq = g.cdq;
+        }
+        part[i * 2 * G + p] = cdk;
+        part[i * 2 * G + G + p] = cdq;
+    }
+}
+
+// a channel's row of the backward's dk | dq terms, [KALMAN_HALF][2G] plus G floats, so that the 32 / G channels
+// of a warp store to distinct banks
+__host__ __device__ constexpr int kalman_part_ld(int G) { return KALMAN_HALF * 2 * G + G; }
+static size_t kalman_backward_smem_bytes(int G) {
+    const int CB = KALMAN_WARPS * 32 / G;
+    return KALMAN_TILE * CB * sizeof(float4) + KALMAN_TILE * G * sizeof(float2) + (size_t)CB * kalman_part_ld(G) * sizeof(float);
+}
+
+// grid (NDB, B), block KALMAN_WARPS * 32. Writes dv, dLv [B*T, Dk], the block's partial row of dk | dq per token
+// into kq_part [B, NDB, T, 2N] and the lane's dabar | dpbar (summed over t) into ap_part [B, Dk, 2N].
+template <int G>
+__global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
+    kalman_filter_backward_kernel(float* dv, float* dLv, float* kq_part, float* ap_part, const float* dys,
+                                  const float* ck, const floatX* v, int ldv, const float* Lv, const float* k,
+                                  const float* q, const float* abar, const float* pbar, int T, int Dk, int N) {
+    constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
+    constexpr int PART_LD = kalman_part_ld(G);
+    using Sums = KalmanSums<H, G>;
+    extern __shared__ float4 kalman_smem[];   // kalman_backward_smem_bytes(G): chan | kq | parts
+    float4* chan = kalman_smem;
+    float2* kq = (float2*)(chan + KALMAN_TILE * CB);
+    float* parts = (float*)(kq + KALMAN_TILE * G);   // per channel and token of the half: the lanes' dk | dq terms
+    const int p = threadIdx.x % G, c = threadIdx.x / G, d0 = blockIdx.x * CB, d = d0 + c, b = blockIdx.y;
+    const int active = p < N && d < Dk;
+    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE, NDB = gridDim.x;
+    float a = 1.0f, pb = 0.0f;
+    if (active) { a = abar[(size_t)d * N + p]; pb = pbar[(size_t)d * N + p]; }
     const float a2raw = a * a, a2 = fmaxf(a2raw, KALMAN_FLOOR);
     float Gl = 0.0f, Ge = 0.0f, gab = 0.0f, gpb = 0.0f;   // dL/dlam_t, dL/deta_t carried back; dabar, dpbar
-    for (int sg = NT - 1; sg >= 0; sg--) {
-        const int t0 = sg * KALMAN_CK, L = min(KALMAN_CK, T - t0);
-        float lam = 1.0f, eta = 0.0f;
+    for (int tile = NT - 1; tile >= 0; tile--) {
+        const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
+        __syncthreads();   // the previous tile is read
+        kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, dys, b, t0, L, T, d0, Dk, N);
+        __syncthreads();
+        float lam0 = 1.0f, eta0 = 0.0f;
         if (active) {
-            const float* cp = ck + (((size_t)b * NT + sg) * Dk + d) * 2 * N;
-            lam = cp[n];
-            eta = cp[N + n];
+            const float* cp = ck + (((size_t)b * NT + tile) * Dk + d) * 2 * N;
+            lam0 = cp[p];
+            eta0 = cp[N + p];
         }
-        // replay the segment (the forward's arithmetic exactly)
-        for (int i = 0; i < L; i++) {
-            seg_lam[i] = lam;
-            seg_eta[i] = eta;
-            if (active) {
-                const size_t r = (size_t)b * T + t0 + i;
-                const float Lvt = Lv[r * Dk + d], kt = k[r * N + n];
-                const float ut = to_float(v[r * ldv + d]) * Lvt;
-                const float rho = 1.0f / fmaxf(a2 + pb * lam, KALMAN_FLOOR);
-                eta = a * rho * eta + ut * kt;
-                lam = lam * rho + Lvt * kt * kt;
-            }
-        }
-        seg_lam[L] = lam;
-        seg_eta[L] = eta;
-        for (int i = L - 1; i >= 0; i--) {
-            const int t = t0 + i;
-            const size_t r = (size_t)b * T + t;
-            float sLv = 0.0f, sv = 0.0f, cdk = 0.0f, cdq = 0.0f, Lvt = 0.0f;
-            if (active) {
-                const float lp = seg_lam[i], ep = seg_eta[i], lt = seg_lam[i + 1], et = seg_eta[i + 1];
-                const float kk = k[r * N + n], qt = q[r * N + n], dy = dys[r * Dk + d];
-                const float vt = to_float(v[r * ldv + d]);
-                Lvt = Lv[r * Dk + d];
-                const float denraw = a2 + pb * lp;
-                const float rho = 1.0f / fmaxf(denraw, KALMAN_FLOOR);
-                const float var = 1.0f / fmaxf(lt, KALMAN_FLOOR);
-                const float gmean = dy * qt;
-                const float ge = Ge + gmean * var;
-                const float gl = lt > KALMAN_FLOOR ? Gl - gmean * et * var * var : Gl;
-                cdq = dy * et * var;
-                // through den = a2 + pbar lam_{t-1}: gden = dL/dden
-                const float gden = denraw > KALMAN_FLOOR ? -(gl * lp + ge * ep * a) * rho * rho : 0.0f;
-                gab += ge * ep * rho + (a2raw > KALMAN_FLOOR ? 2.0f * a * gden : 0.0f);
-                gpb += gden * lp;
-                Gl = denraw > KALMAN_FLOOR ? (gl * a2 - ge * ep * a * pb) * rho * rho : gl * rho;
-                Ge = a * rho * ge;
-                // the token's inputs: phi = Lv k^2, r = v Lv k
-                sLv = gl * kk * kk + ge * vt * kk;
-                sv = ge * kk;
-                cdk = 2.0f * gl * Lvt * kk + ge * vt * Lvt;
-            }
-            sLv = kalman_group_sum(sLv, G);
-            sv = kalman_group_sum(sv, G);
-            if (n == 0 && d < Dk) {
-                dLv[r * Dk + d] = sLv;
-                dv[r * Dk + d] = sv * Lvt;
-            }
-            // dk, dq: the warp's channels (lanes n, n + G, ...) by a shuffle tree, then the warps in order
-            for (int o = G; o < 32; o <<= 1) {
-                cdk += __shfl_xor_sync(0xffffffffu, cdk, o);
-                cdq += __shfl_xor_sync(0xffffffffu, cdq, o);
-            }
-            const int buf = t & 1;
-            if (lane32 < G) {
-                warp_sums[buf][warp][0][lane32] = cdk;
-                warp_sums[buf][warp][1][lane32] = cdq;
-            }
-            __syncthreads();
-            if (threadIdx.x < 2 * G) {
-                const int which = threadIdx.x / G, m = threadIdx.x % G;
-                if (m < N) {
-                    float s = 0.0f;
-                    for (int w = 0; w < num_warps; w++) { s += warp_sums[buf][w][which][m]; }
-                    kq_part[(((size_t)b * NDB + blockIdx.x) * T + t) * 2 * N + which * N + m] = s;
+        for (int h0 = L > H ? H : 0; h0 >= 0; h0 -= H) {
+            const int Lh = min(H, L - h0);
+            float lam = lam0, eta = eta0;
+            if (h0 > 0) {   // the state at the second half: the first half's steps (always whole here)
+#pragma unroll
+                for (int i = 0; i < H; i++) {
+                    const float4 ch = chan[i * CB + c];
+                    kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kq[i * G + p].x);
                 }
             }
+            float sLv[H], sv[H];
+            float* part = parts + c * PART_LD;
+            if (Lh == H) {
+                kalman_backward_half<G, true>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, chan, kq, c, p, a, a2raw, pb,
+                                              h0, Lh);
+            } else {
+                kalman_backward_half<G, false>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, chan, kq, c, p, a, a2raw,
+                                               pb, h0, Lh);
+            }
+            kalman_transpose_sum<G>(sLv, p);
+            kalman_transpose_sum<G>(sv, p);
+            if (p % Sums::SHARE == 0 && d < Dk) {
+#pragma unroll
+                for (int j = 0; j < Sums::PER; j++) {
+                    const int i = p / Sums::SHARE * Sums::PER + j;
+                    if (i < Lh) {
+                        const size_t r = (size_t)b * T + t0 + h0 + i;
+                        dLv[r * Dk + d] = sLv[j];
+                        dv[r * Dk + d] = sv[j] * chan[(h0 + i) * CB + c].x;
+                    }
+                }
+            }
+            __syncthreads();   // parts written
+            // dk | dq of the half's tokens: the block's channels summed in channel order
+            for (int e = threadIdx.x; e < H * 2 * G; e += KALMAN_WARPS * 32) {
+                const int i = e / (2 * G), m = e % (2 * G), n = m % G;
+                if (i < Lh && n < N) {
+                    float s = 0.0f;
+                    for (int cc = 0; cc < CB; cc++) { s += parts[cc * PART_LD + e]; }
+                    kq_part[(((size_t)b * NDB + blockIdx.x) * T + t0 + h0 + i) * 2 * N + (m / G) * N + n] = s;
+                }
+            }
+            __syncthreads();   // parts read
         }
     }
     if (active) {
         float* part = ap_part + ((size_t)b * Dk + d) * 2 * N;
-        part[n] = gab;
-        part[N + n] = gpb;
+        part[p] = gab;
+        part[N + p] = gpb;
     }
 }
 
@@ -248,18 +429,23 @@ static void kalman_filter_backward(float* dv, float* dLv, float* dk, float* dq, 
                                    const float* dys, const float* ck, const floatX* v, int ldv, const float* Lv,
                                    const float* k, const float* q, const float* abar, const float* pbar, int B,
                                    int T, int Dk, int N, void* scratch, cudaStream_t stream) {
-    const int G = kalman_group(N), NDB = kalman_num_blocks(Dk);
+    const int NDB = kalman_num_blocks(Dk, N);
     float* kq_part = (float*)scratch;
     float* ap_part = kq_part + (size_t)B * NDB * T * 2 * N;
-    kalman_filter_backward_kernel<<<dim3(NDB, B), KALMAN_CPB * G, 0, stream>>>(
-        dv, dLv, kq_part, ap_part, dys, ck, v, ldv, Lv, k, q, abar, pbar, T, Dk, N, G);
+    const int G = kalman_group(N);
+    const size_t smem = kalman_backward_smem_bytes(G);
+    kalman_dispatch_group(G, [&](auto g) {
+        cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<decltype(g)::value>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        kalman_filter_backward_kernel<decltype(g)::value><<<dim3(NDB, B), KALMAN_WARPS * 32, smem, stream>>>(
+            dv, dLv, kq_part, ap_part, dys, ck, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
+    });
     cudaCheckLaunch();
     kalman_kq_reduce_kernel<<<ceil_div(B * T * 2 * N, 256), 256, 0, stream>>>(dk, dq, kq_part, B, T, N, NDB);
     cudaCheckLaunch();
     kalman_ap_reduce_kernel<<<ceil_div(Dk * N, 256), 256, 0, stream>>>(dabar, dpbar, ap_part, B, Dk, N);
     cudaCheckLaunch();
 }
-
 // ----------------------------------------------------------------------------------------------------------
 // static dynamics (spec 1.3 step 6, backward 1.7), one thread per (d, n), from the fp32 master parameters
 

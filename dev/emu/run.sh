@@ -6,10 +6,14 @@
 #     the same kernels with Zend^T left out of pass 3a's cross-chunk term must fail;
 #   pdn_chunk.cu: the chunkwise pdn / pgdn core (preconditioner scan + gdn_chunk kernels along k~) against the
 #     recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
-#     (dkw += Z1^T K), and the preconditioner backward without the carries of the later chunks, must fail.
+#     (dkw += Z1^T K), and the preconditioner backward without the carries of the later chunks, must fail;
+#   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
+#     1 40 36 5: ragged tiles and channel blocks, idle lanes), and decode == forward bit for bit; negative controls:
+#     the backward's second half replayed from the tile's start, and the read-out butterfly keeping the wrong
+#     halves, must fail.
 # Exit status 1 if a check or a control fails.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 if ! command -v nvcc > /dev/null; then
     echo "PASS emulator: skipped, nvcc not found (it compiles the kernels as host code)"
     exit 0
@@ -18,30 +22,35 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src" "$tmp/ok/kernels" "$tmp/neg"
 cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/gka.cuh kernels/pdn.cuh \
-    kernels/gdn_chunk.cuh "$tmp/src/"
+    kernels/gdn_chunk.cuh kernels/kalman_scan.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1
-cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/pdn_chunk.cu "$tmp/ok/"
+cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
+    "$tmp/ok/"
 build() {   # build DIR NAME
     (cd "$1" && nvcc -std=c++20 -O1 -DENABLE_FP32 -I. "$2.cu" -o "$2") || { echo "FAIL emulator build of $2"; return 1; }
 }
 failures=0
 shapes=("150 16 24" "150 32 48")
 [ "${EMU_FULL:-0}" = 1 ] && shapes+=("130 128 128")
-for check in gka_backward pdn_chunk; do
+kalman_shapes=("2 150 20 32" "2 150 20 16" "1 40 36 5")
+for check in gka_backward pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
-    for shape in "${shapes[@]}"; do
+    if [ $check = kalman_filter ]; then runs=("${kalman_shapes[@]}"); else runs=("${shapes[@]}"); fi
+    for shape in "${runs[@]}"; do
         # shellcheck disable=SC2086
         "$tmp/ok/$check" $shape || failures=$((failures + 1))
     done
 done
-# negative control (file, sed expression, what it drops, check): the check must fail on the changed kernels
+# negative control (file, sed expression, what it drops, check[, its arguments]): the check must fail on the
+# changed kernels
 negative() {
     rm -rf "$tmp/neg" && mkdir -p "$tmp/neg" && cp -r "$tmp/ok/." "$tmp/neg/"
     sed -i "$2" "$tmp/neg/kernels/$1"
+    # shellcheck disable=SC2086
     if cmp -s "$tmp/ok/kernels/$1" "$tmp/neg/kernels/$1"; then
         echo "FAIL negative control ($3): the term to drop was not found"; failures=$((failures + 1))
-    elif build "$tmp/neg" "$4" > /dev/null && ! "$tmp/neg/$4" 150 16 24 > "$tmp/neg.out"; then
+    elif build "$tmp/neg" "$4" > /dev/null && ! "$tmp/neg/$4" ${5:-150 16 24} > "$tmp/neg.out"; then
         echo "PASS negative control: without $3 the check fails ($(grep -m1 -o 'FAIL.*' "$tmp/neg.out" | head -c 60))"
     else
         echo "FAIL negative control ($3): not caught"; failures=$((failures + 1))
@@ -53,4 +62,8 @@ negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \
     "the later chunks' carries in the preconditioner backward" pdn_chunk
+negative kalman_scan.cuh 's/kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kq\[i \* G + p\].x);//' \
+    "the first half's steps before the backward's second half" kalman_filter "2 150 20 32"
+negative kalman_scan.cuh 's/const bool upper = (p \& O) != 0;/const bool upper = (p \& O) == 0;/' \
+    "the right halves in the read-out butterfly" kalman_filter "2 150 20 32"
 [ $failures -eq 0 ]

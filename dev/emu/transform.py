@@ -33,7 +33,7 @@ for root, _, files in os.walk(src):
             while True:
                 j = s.find('<<<', i)
                 if j < 0: out.append(s[i:]); break
-                m = re.search(r'([\w:]+(?:<[^<>;()]*>)?)\s*$', s[i:j]); name = m.group(1); start = i + m.start(1)
+                m = re.search(r'([\w:]+(?:<(?:[^<>;()]|\([^()]*\))*>)?)\s*$', s[i:j]); name = m.group(1); start = i + m.start(1)
                 k = s.find('>>>', j); cfg = s[j + 3:k]
                 assert s[k + 3] == '(', s[k:k + 20]
                 depth = 0; e = k + 3
