@@ -114,7 +114,7 @@ build/test_klacu_%: test_kla.cu train_kla.cu $(CUDA_HEADERS)
 test-gpu: cuda-both train_kla
 	bash dev/test/test_gpu.sh
 
-# the GPU benchmark (not a test): train_klacu beside PyTorch torch.compile, the gdn chunk kernel alone
+# the GPU benchmark (not a test): train_klacu beside PyTorch torch.compile, the models' core kernels alone
 bench-gpu: train_klacu
 	bash scripts/bench_gpu.sh
 

@@ -58,19 +58,17 @@ static inline int kalman_num_blocks(int Dk, int N) { return ceil_div(Dk, KALMAN_
 static size_t kalman_checkpoint_floats(int B, int T, int Dk, int N) {
     return (size_t)B * kalman_num_tiles(T) * Dk * 2 * N;
 }
-// the backward's partial sums: dk | dq per (b, channel block, t) [B, NDB, T, 2N], dabar | dpbar per (b, d) [B, Dk, 2N]
-static size_t kalman_filter_backward_scratch_bytes(int B, int T, int Dk, int N) {
-    return ((size_t)B * kalman_num_blocks(Dk, N) * T * 2 * N + (size_t)B * Dk * 2 * N) * sizeof(float);
-}
 
 __device__ __forceinline__ float kalman_rcp(float x) { return __fdividef(1.0f, x); }
 
-// one step of a lane (spec 2.3). The forward and the backward's replay both call it: the same states bit for bit.
-__device__ __forceinline__ void kalman_lane_step(float& lam, float& eta, float a, float a2, float pb, float Lvt,
-                                                 float ut, float kt) {
+// one step of a lane (spec 2.3); returns rho. The forward and the backward's replay both call it: the same states
+// bit for bit.
+__device__ __forceinline__ float kalman_lane_step(float& lam, float& eta, float a, float a2, float pb, float Lvt,
+                                                  float ut, float kt) {
     const float rho = kalman_rcp(fmaxf(a2 + pb * lam, KALMAN_FLOOR));
     eta = a * rho * eta + ut * kt;
     lam = lam * rho + Lvt * kt * kt;
+    return rho;
 }
 
 // Sums each of x[0..V) over the G lanes of a group (p: the lane's position in it) by a butterfly: at the level of
@@ -135,76 +133,146 @@ template <int V, int G> struct KalmanSums {
 };
 
 // ----------------------------------------------------------------------------------------------------------
-// forward (spec 2.3)
+// time segments (spec 3.5's two-level scan, for when B * Dk * N lanes do not fill the GPU: small B, long T)
+//
+// S segments of TPS tiles each, walked in parallel. The state entering segment s comes from summaries of the
+// segments before it, made by passes over every segment but the last:
+// - the precision map (spec 3.1): lam_out = (A lam_in + B) / (C lam_in + D), the product of the segment's Mobius
+//   leaves A = (1 + pbar phi) / abar^2, B = phi, C = pbar / abar^2, D = 1 (the code's scaling; abar^2 floored as in
+//   rho, whose other floor never binds: abar^2 + pbar lam >= 1e-12), trace-normalised after every token;
+// - the information map (spec 3.2): eta_out = P eta_in + Q, from lam_in: P the product of the gates abar rho, Q the
+//   segment's eta from eta_in = 0;
+// - the backward's carry map (spec 3.5 BK1), affine and upper triangular in (Gl, Ge) entering the segment's end:
+//   Ge_start = ae Ge + ce, Gl_start = al Gl + x Ge + cl.
+// A segment folds the prior through the maps before it (the zero adjoint through those after it): O(S) per lane.
+// The results equal one segment's up to fp32 round-off (the maps group the same products differently).
 
-// The steps of one tile of a lane: y[i] = its read-out term q eta / lam of token i. FULL: all KALMAN_TILE tokens
-// are in the sequence; else only the first L, and the rest leave the state as it is.
-template <int G, bool FULL>
-__device__ __forceinline__ void kalman_forward_tile(float (&y)[KALMAN_TILE], float& lam, float& eta, const float4* chan,
-                                                    const float2* kq, int c, int p, float a, float a2, float pb,
-                                                    int L) {
+typedef struct { float ae, ce, al, x, cl; } KalmanCarry;   // a carry map (identity: 1, 0, 1, 0, 0)
+
+// tiles per segment, and the segment count that leaves none empty
+static inline int kalman_tiles_per_segment(int T, int S) { return ceil_div(kalman_num_tiles(T), S); }
+static inline int kalman_effective_segments(int T, int S) {
+    return ceil_div(kalman_num_tiles(T), kalman_tiles_per_segment(T, S));
+}
+// the forward's summaries: precision maps [B, S, Dk, N] float4 (A, B, C, D) | information maps [B, S, Dk, N] float2
+static size_t kalman_filter_forward_scratch_bytes(int B, int Dk, int N, int S) {
+    return S > 1 ? (size_t)B * S * Dk * N * (sizeof(float4) + sizeof(float2)) : 0;
+}
+
+// lam entering segment s: lam_0 = 1 through the precision maps of segments 0..s-1 (the lane's maps stride apart)
+__device__ __forceinline__ float kalman_segment_lam(const float4* mob, size_t stride, int s) {
+    float lam = 1.0f;
+    for (int j = 0; j < s; j++) {
+        const float4 m = mob[j * stride];
+        lam = (m.x * lam + m.y) * kalman_rcp(m.z * lam + m.w);
+    }
+    return lam;
+}
+// eta entering segment s: eta_0 = 0 through the information maps of segments 0..s-1
+__device__ __forceinline__ float kalman_segment_eta(const float2* aff, size_t stride, int s) {
+    float eta = 0.0f;
+    for (int j = 0; j < s; j++) {
+        const float2 m = aff[j * stride];
+        eta = m.x * eta + m.y;
+    }
+    return eta;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward (spec 2.3) and the segment summaries, one kernel for the three passes over the tiles
+
+enum { KALMAN_PASS_OUTPUT, KALMAN_PASS_PRECISION, KALMAN_PASS_INFORMATION };
+
+// The steps of one tile of a lane. OUTPUT: the filter, y[i] = the read-out term q eta / lam of token i.
+// PRECISION: the Mobius leaves composed into M. INFORMATION: the filter with the gates' product in P. FULL: all
+// KALMAN_TILE tokens are in the sequence; else only the first L, and the rest leave the state as it is.
+template <int G, int PASS, bool FULL>
+__device__ __forceinline__ void kalman_forward_tile(float (&y)[KALMAN_TILE], float& lam, float& eta, float4& M,
+                                                    float& P, const float4* chan, const float2* kq, int c, int p,
+                                                    float a, float a2, float pb, int L) {
     constexpr int CB = KALMAN_WARPS * 32 / G;
+    const float ia2 = kalman_rcp(a2);
 #pragma unroll
     for (int i = 0; i < KALMAN_TILE; i++) {
         y[i] = 0.0f;
         if (FULL || i < L) {
             const float4 ch = chan[i * CB + c];
             const float2 kqt = kq[i * G + p];
-            kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kqt.x);
-            y[i] = kqt.y * eta * kalman_rcp(fmaxf(lam, KALMAN_FLOOR));
+            if constexpr (PASS == KALMAN_PASS_PRECISION) {
+                const float phi = ch.x * kqt.x * kqt.x, A = (1.0f + pb * phi) * ia2, C = pb * ia2;   // B = phi, D = 1
+                const float nA = A * M.x + phi * M.z, nB = A * M.y + phi * M.w, nC = C * M.x + M.z, nD = C * M.y + M.w;
+                const float sc = kalman_rcp(fmaxf(nA + nD, KALMAN_FLOOR));
+                M = make_float4(nA * sc, nB * sc, nC * sc, nD * sc);
+            } else {
+                const float rho = kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kqt.x);
+                if constexpr (PASS == KALMAN_PASS_INFORMATION) { P *= a * rho; }
+                if constexpr (PASS == KALMAN_PASS_OUTPUT) { y[i] = kqt.y * eta * kalman_rcp(fmaxf(lam, KALMAN_FLOOR)); }
+            }
         }
     }
 }
 
-// grid (NDB, B), block KALMAN_WARPS * 32. ys [B*T, Dk] written. ck: checkpoints (NULL: none). lam_io, eta_io
-// [B, Dk, N]: NULL, every sequence starts from the prior; else the state carried in (the prior when from_prior)
-// and the final state written back (decode, spec 4).
-template <int G>
+// grid (NDB, B, segments: S for OUTPUT, S - 1 for the summaries), block KALMAN_WARPS * 32; segment s walks tiles
+// [s TPS, (s + 1) TPS). OUTPUT: ys [B*T, Dk] written; ck: checkpoints (NULL: none); lam_io, eta_io [B, Dk, N] (S = 1
+// only): NULL, every sequence starts from the prior; else the state carried in (the prior when from_prior) and the
+// final state written back (decode, spec 4). The summaries: mob, aff [B, S, Dk, N] (read by OUTPUT and INFORMATION,
+// written by PRECISION and INFORMATION).
+template <int G, int PASS>
 __global__ void __launch_bounds__(KALMAN_WARPS * 32)
-    kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior, const floatX* v,
-                                 int ldv, const float* Lv, const float* k, const float* q, const float* abar,
-                                 const float* pbar, int T, int Dk, int N) {
+    kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior, float4* mob,
+                                 float2* aff, int S, int TPS, const floatX* v, int ldv, const float* Lv, const float* k,
+                                 const float* q, const float* abar, const float* pbar, int T, int Dk, int N) {
     constexpr int CB = KALMAN_WARPS * 32 / G;
     using Sums = KalmanSums<KALMAN_TILE, G>;
     __shared__ float4 chan[KALMAN_TILE * CB];
     __shared__ float2 kq[KALMAN_TILE * G];
     const int p = threadIdx.x % G, c = threadIdx.x / G, d0 = blockIdx.x * CB, d = d0 + c, b = blockIdx.y;
-    const int active = p < N && d < Dk;
+    const int s = blockIdx.z, active = p < N && d < Dk;
     const size_t lane = ((size_t)b * Dk + d) * N + p;
-    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE;
-    float a = 1.0f, pb = 0.0f, lam = 1.0f, eta = 0.0f;   // idle lanes step by the identity (rho = 1, no input)
+    const size_t seg0 = ((size_t)b * S * Dk + d) * N + p, seg_stride = (size_t)Dk * N;   // the lane's segment 0
+    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE, tile_end = min(NT, (s + 1) * TPS);
+    float a = 1.0f, pb = 0.0f, lam = 1.0f, eta = 0.0f, P = 1.0f;   // idle lanes step by the identity (rho = 1)
+    float4 M = make_float4(1.0f, 0.0f, 0.0f, 1.0f);
     if (active) {
         a = abar[(size_t)d * N + p];
         pb = pbar[(size_t)d * N + p];
         if (lam_io && !from_prior) { lam = lam_io[lane]; eta = eta_io[lane]; }
+        if (PASS != KALMAN_PASS_PRECISION && s > 0) { lam = kalman_segment_lam(mob + seg0, seg_stride, s); }
+        if (PASS == KALMAN_PASS_OUTPUT && s > 0) { eta = kalman_segment_eta(aff + seg0, seg_stride, s); }
     }
     const float a2 = fmaxf(a * a, KALMAN_FLOOR);
-    for (int tile = 0; tile < NT; tile++) {
+    for (int tile = s * TPS; tile < tile_end; tile++) {
         const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
         __syncthreads();   // the previous tile is read
         kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, NULL, b, t0, L, T, d0, Dk, N);
         __syncthreads();
-        if (ck && active) {
+        if (PASS == KALMAN_PASS_OUTPUT && ck && active) {
             float* cp = ck + (((size_t)b * NT + tile) * Dk + d) * 2 * N;
             cp[p] = lam;
             cp[N + p] = eta;
         }
         float y[KALMAN_TILE];
         if (L == KALMAN_TILE) {
-            kalman_forward_tile<G, true>(y, lam, eta, chan, kq, c, p, a, a2, pb, L);
+            kalman_forward_tile<G, PASS, true>(y, lam, eta, M, P, chan, kq, c, p, a, a2, pb, L);
         } else {
-            kalman_forward_tile<G, false>(y, lam, eta, chan, kq, c, p, a, a2, pb, L);
+            kalman_forward_tile<G, PASS, false>(y, lam, eta, M, P, chan, kq, c, p, a, a2, pb, L);
         }
-        kalman_transpose_sum<G>(y, p);
-        if (p % Sums::SHARE == 0 && d < Dk) {
+        if constexpr (PASS == KALMAN_PASS_OUTPUT) {
+            kalman_transpose_sum<G>(y, p);
+            if (p % Sums::SHARE == 0 && d < Dk) {
 #pragma unroll
-            for (int j = 0; j < Sums::PER; j++) {
-                const int i = p / Sums::SHARE * Sums::PER + j;
-                if (i < L) { ys[((size_t)b * T + t0 + i) * Dk + d] = y[j]; }
+                for (int j = 0; j < Sums::PER; j++) {
+                    const int i = p / Sums::SHARE * Sums::PER + j;
+                    if (i < L) { ys[((size_t)b * T + t0 + i) * Dk + d] = y[j]; }
+                }
             }
         }
     }
-    if (lam_io && active) { lam_io[lane] = lam; eta_io[lane] = eta; }
+    if (active) {
+        if (PASS == KALMAN_PASS_OUTPUT && lam_io) { lam_io[lane] = lam; eta_io[lane] = eta; }
+        if (PASS == KALMAN_PASS_PRECISION) { mob[seg0 + s * seg_stride] = M; }
+        if (PASS == KALMAN_PASS_INFORMATION) { aff[seg0 + s * seg_stride] = make_float2(P, eta); }
+    }
 }
 
 // G as a compile-time constant: the butterfly and the tiles are unrolled for it
@@ -216,14 +284,31 @@ template <typename F> static void kalman_dispatch_group(int G, F&& launch) {
     }
 }
 
+// S segments (kalman_segments picks them; 1 for decode, which passes lam_io). scratch:
+// kalman_filter_forward_scratch_bytes(B, Dk, N, S) (NULL for S = 1).
 static void kalman_filter_forward(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior,
                                   const floatX* v, int ldv, const float* Lv, const float* k, const float* q,
-                                  const float* abar, const float* pbar, int B, int T, int Dk, int N,
-                                  cudaStream_t stream) {
+                                  const float* abar, const float* pbar, int B, int T, int Dk, int N, int S,
+                                  void* scratch, cudaStream_t stream) {
+    const int TPS = kalman_tiles_per_segment(T, S), NDB = kalman_num_blocks(Dk, N);
+    S = kalman_effective_segments(T, S);
+    if (S > 1 && lam_io) { die("kalman_filter_forward: a carried state needs one segment"); }
+    float4* mob = (float4*)scratch;
+    float2* aff = (float2*)(mob + (S > 1 ? (size_t)B * S * Dk * N : 0));
     kalman_dispatch_group(kalman_group(N), [&](auto g) {
-        kalman_filter_forward_kernel<decltype(g)::value><<<dim3(kalman_num_blocks(Dk, N), B), KALMAN_WARPS * 32, 0,
-                                                           stream>>>(ys, ck, lam_io, eta_io, from_prior, v, ldv, Lv,
-                                                                     k, q, abar, pbar, T, Dk, N);
+        constexpr int GV = decltype(g)::value;
+        if (S > 1) {
+            kalman_filter_forward_kernel<GV, KALMAN_PASS_PRECISION><<<dim3(NDB, B, S - 1), KALMAN_WARPS * 32, 0,
+                                                                      stream>>>(
+                NULL, NULL, NULL, NULL, 1, mob, aff, S, TPS, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
+            cudaCheckLaunch();
+            kalman_filter_forward_kernel<GV, KALMAN_PASS_INFORMATION><<<dim3(NDB, B, S - 1), KALMAN_WARPS * 32, 0,
+                                                                        stream>>>(
+                NULL, NULL, NULL, NULL, 1, mob, aff, S, TPS, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
+            cudaCheckLaunch();
+        }
+        kalman_filter_forward_kernel<GV, KALMAN_PASS_OUTPUT><<<dim3(NDB, B, S), KALMAN_WARPS * 32, 0, stream>>>(
+            ys, ck, lam_io, eta_io, from_prior, mob, aff, S, TPS, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
     });
     cudaCheckLaunch();
 }
@@ -256,15 +341,38 @@ __device__ __forceinline__ KalmanAdjointTerms kalman_adjoint_token(float& Gl, fl
     return {gl * kk * kk + ge * vt * kk, ge * kk, 2.0f * gl * Lvt * kk + ge * vt * Lvt, dy * et * var};
 }
 
+// The same token on the carry map m (spec 3.5 BK1): kalman_adjoint_token's (Gl, Ge) update with (Gl, Ge) the
+// affine functions m of the carries entering the segment's end.
+__device__ __forceinline__ void kalman_carry_token(KalmanCarry& m, float ep, float lt, float et, float denraw,
+                                                   float rho, float var, float a, float a2raw, float pb, float dy,
+                                                   float qt) {
+    const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
+    const float gmean = dy * qt;
+    m.ce += gmean * var;                                   // ge = ae Ge + ce
+    if (lt > KALMAN_FLOOR) { m.cl -= gmean * et * var * var; }   // gl = al Gl + x Ge + cl
+    if (denraw > KALMAN_FLOOR) {
+        const float g = a2 * rho * rho, h = -ep * a * pb * rho * rho;   // Gl' = g gl + h ge
+        m.al = g * m.al;
+        m.x = g * m.x + h * m.ae;
+        m.cl = g * m.cl + h * m.ce;
+    } else {
+        m.al *= rho;
+        m.x *= rho;
+        m.cl *= rho;
+    }
+    m.ae *= a * rho;                                       // Ge' = a rho ge
+    m.ce *= a * rho;
+}
+
 // One half-tile of a lane, tokens [h0, h0 + L) of the staged tile (FULL: L = KALMAN_HALF): replay it from the state
-// (lam, eta) at h0, then walk the adjoint (Gl, Ge) back through it. Per token: the lane's terms of dLv and dv
-// (sums over the group, left in sLv, sv), of dk and dq (sums over the block's channels, written to part[i * 2G + p],
-// [i * 2G + G + p]), and of dabar, dpbar (summed over t in gab, gpb).
-template <int G, bool FULL>
+// (lam, eta) at h0, then walk back through it. CARRY: the carry map m, else the adjoint (Gl, Ge) and per token the
+// lane's terms of dLv and dv (sums over the group, left in sLv, sv), of dk and dq (sums over the block's channels,
+// written to part[i * 2G + p], [i * 2G + G + p]), and of dabar, dpbar (summed over t in gab, gpb).
+template <int G, bool CARRY, bool FULL>
 __device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], float (&sv)[KALMAN_HALF], float* part,
                                                      float lam, float eta, float& Gl, float& Ge, float& gab,
-                                                     float& gpb, const float4* chan, const float2* kq, int c, int p,
-                                                     float a, float a2raw, float pb, int h0, int L) {
+                                                     float& gpb, KalmanCarry& m, const float4* chan, const float2* kq,
+                                                     int c, int p, float a, float a2raw, float pb, int h0, int L) {
     constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
     const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
     float sl[H + 1], se[H + 1];   // lam, eta before token h0 + i, and after the last
@@ -287,22 +395,25 @@ __device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], 
         if (FULL || i < L) {
             const float4 ch = chan[(h0 + i) * CB + c];
             const float2 kqt = kq[(h0 + i) * G + p];
-            const float Lvt = ch.x, vt = ch.z, dy = ch.w, kk = kqt.x;
             // the states around token i: lam_{t-1}, eta_{t-1} and lam_t, eta_t
-            const float lp = sl[i], ep = se[i];
-            const float lt = sl[i + 1], et = se[i + 1];
+            const float lp = sl[i], ep = se[i], lt = sl[i + 1], et = se[i + 1];
             const float denraw = a2 + pb * lp;
-            const KalmanAdjointTerms g = kalman_adjoint_token(Gl, Ge, gab, gpb, lp, ep, lt, et, denraw,
-                                                              kalman_rcp(fmaxf(denraw, KALMAN_FLOOR)),
-                                                              kalman_rcp(fmaxf(lt, KALMAN_FLOOR)), a, a2raw, pb, Lvt,
-                                                              vt, dy, kk, kqt.y);
-            sLv[i] = g.sLv;
-            sv[i] = g.sv;
-            cdk = g.cdk;
-            cdq = g.cdq;
+            const float rho = kalman_rcp(fmaxf(denraw, KALMAN_FLOOR)), var = kalman_rcp(fmaxf(lt, KALMAN_FLOOR));
+            if constexpr (CARRY) {
+                kalman_carry_token(m, ep, lt, et, denraw, rho, var, a, a2raw, pb, ch.w, kqt.y);
+            } else {
+                const KalmanAdjointTerms g = kalman_adjoint_token(Gl, Ge, gab, gpb, lp, ep, lt, et, denraw, rho, var,
+                                                                  a, a2raw, pb, ch.x, ch.z, ch.w, kqt.x, kqt.y);
+                sLv[i] = g.sLv;
+                sv[i] = g.sv;
+                cdk = g.cdk;
+                cdq = g.cdq;
+            }
         }
-        part[i * 2 * G + p] = cdk;
-        part[i * 2 * G + G + p] = cdq;
+        if constexpr (!CARRY) {
+            part[i * 2 * G + p] = cdk;
+            part[i * 2 * G + G + p] = cdq;
+        }
     }
 }
 
@@ -314,13 +425,23 @@ static size_t kalman_backward_smem_bytes(int G) {
     return KALMAN_TILE * CB * sizeof(float4) + KALMAN_TILE * G * sizeof(float2) + (size_t)CB * kalman_part_ld(G) * sizeof(float);
 }
 
-// grid (NDB, B), block KALMAN_WARPS * 32. Writes dv, dLv [B*T, Dk], the block's partial row of dk | dq per token
-// into kq_part [B, NDB, T, 2N] and the lane's dabar | dpbar (summed over t) into ap_part [B, Dk, 2N].
-template <int G>
+// the backward's partial sums: dk | dq per (b, channel block, t) [B, NDB, T, 2N], dabar | dpbar per (b, segment, d)
+// [B, S, Dk, 2N]; for S > 1 the carry maps [B, S, Dk, N] (ae, ce, al, x) float4 | cl float
+static size_t kalman_filter_backward_scratch_bytes(int B, int T, int Dk, int N, int S) {
+    return ((size_t)B * kalman_num_blocks(Dk, N) * T * 2 * N + (size_t)B * S * Dk * 2 * N) * sizeof(float) +
+           (S > 1 ? (size_t)B * S * Dk * N * (sizeof(float4) + sizeof(float)) : 0);
+}
+
+// grid (NDB, B, segments), block KALMAN_WARPS * 32; segment s walks tiles [s TPS, (s + 1) TPS) back. CARRY: the
+// carry maps of segments 1..S-1 (blockIdx.z + 1) into cmap, cmap_cl. Else the gradients, from the carries the maps
+// of the later segments give: dv, dLv [B*T, Dk], the block's partial row of dk | dq per token in kq_part
+// [B, NDB, T, 2N] and the lane's dabar | dpbar (summed over the segment's tokens) in ap_part [B, S, Dk, 2N].
+template <int G, bool CARRY>
 __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
-    kalman_filter_backward_kernel(float* dv, float* dLv, float* kq_part, float* ap_part, const float* dys,
-                                  const float* ck, const floatX* v, int ldv, const float* Lv, const float* k,
-                                  const float* q, const float* abar, const float* pbar, int T, int Dk, int N) {
+    kalman_filter_backward_kernel(float* dv, float* dLv, float* kq_part, float* ap_part, float4* cmap, float* cmap_cl,
+                                  int S, int TPS, const float* dys, const float* ck, const floatX* v, int ldv,
+                                  const float* Lv, const float* k, const float* q, const float* abar,
+                                  const float* pbar, int T, int Dk, int N) {
     constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
     constexpr int PART_LD = kalman_part_ld(G);
     using Sums = KalmanSums<H, G>;
@@ -329,13 +450,23 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
     float2* kq = (float2*)(chan + KALMAN_TILE * CB);
     float* parts = (float*)(kq + KALMAN_TILE * G);   // per channel and token of the half: the lanes' dk | dq terms
     const int p = threadIdx.x % G, c = threadIdx.x / G, d0 = blockIdx.x * CB, d = d0 + c, b = blockIdx.y;
-    const int active = p < N && d < Dk;
+    const int s = CARRY ? blockIdx.z + 1 : blockIdx.z, active = p < N && d < Dk;
     const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE, NDB = gridDim.x;
+    const size_t seg0 = ((size_t)b * S * Dk + d) * N + p, seg_stride = (size_t)Dk * N;   // the lane's segment 0
     float a = 1.0f, pb = 0.0f;
     if (active) { a = abar[(size_t)d * N + p]; pb = pbar[(size_t)d * N + p]; }
     const float a2raw = a * a, a2 = fmaxf(a2raw, KALMAN_FLOOR);
     float Gl = 0.0f, Ge = 0.0f, gab = 0.0f, gpb = 0.0f;   // dL/dlam_t, dL/deta_t carried back; dabar, dpbar
-    for (int tile = NT - 1; tile >= 0; tile--) {
+    KalmanCarry m = {1.0f, 0.0f, 1.0f, 0.0f, 0.0f};
+    if (!CARRY && active) {   // the zero adjoint at T through the carry maps of the later segments
+        for (int j = S - 1; j > s; j--) {
+            const float4 cm = cmap[seg0 + j * seg_stride];
+            const float cl = cmap_cl[seg0 + j * seg_stride];
+            Gl = cm.z * Gl + cm.w * Ge + cl;
+            Ge = cm.x * Ge + cm.y;
+        }
+    }
+    for (int tile = min(NT, (s + 1) * TPS) - 1; tile >= s * TPS; tile--) {
         const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
         __syncthreads();   // the previous tile is read
         kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, dys, b, t0, L, T, d0, Dk, N);
@@ -359,42 +490,49 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
             float sLv[H], sv[H];
             float* part = parts + c * PART_LD;
             if (Lh == H) {
-                kalman_backward_half<G, true>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, chan, kq, c, p, a, a2raw, pb,
-                                              h0, Lh);
+                kalman_backward_half<G, CARRY, true>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, m, chan, kq, c, p, a,
+                                                     a2raw, pb, h0, Lh);
             } else {
-                kalman_backward_half<G, false>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, chan, kq, c, p, a, a2raw,
-                                               pb, h0, Lh);
+                kalman_backward_half<G, CARRY, false>(sLv, sv, part, lam, eta, Gl, Ge, gab, gpb, m, chan, kq, c, p, a,
+                                                      a2raw, pb, h0, Lh);
             }
-            kalman_transpose_sum<G>(sLv, p);
-            kalman_transpose_sum<G>(sv, p);
-            if (p % Sums::SHARE == 0 && d < Dk) {
+            if constexpr (!CARRY) {
+                kalman_transpose_sum<G>(sLv, p);
+                kalman_transpose_sum<G>(sv, p);
+                if (p % Sums::SHARE == 0 && d < Dk) {
 #pragma unroll
-                for (int j = 0; j < Sums::PER; j++) {
-                    const int i = p / Sums::SHARE * Sums::PER + j;
-                    if (i < Lh) {
-                        const size_t r = (size_t)b * T + t0 + h0 + i;
-                        dLv[r * Dk + d] = sLv[j];
-                        dv[r * Dk + d] = sv[j] * chan[(h0 + i) * CB + c].x;
+                    for (int j = 0; j < Sums::PER; j++) {
+                        const int i = p / Sums::SHARE * Sums::PER + j;
+                        if (i < Lh) {
+                            const size_t r = (size_t)b * T + t0 + h0 + i;
+                            dLv[r * Dk + d] = sLv[j];
+                            dv[r * Dk + d] = sv[j] * chan[(h0 + i) * CB + c].x;
+                        }
                     }
                 }
-            }
-            __syncthreads();   // parts written
-            // dk | dq of the half's tokens: the block's channels summed in channel order
-            for (int e = threadIdx.x; e < H * 2 * G; e += KALMAN_WARPS * 32) {
-                const int i = e / (2 * G), m = e % (2 * G), n = m % G;
-                if (i < Lh && n < N) {
-                    float s = 0.0f;
-                    for (int cc = 0; cc < CB; cc++) { s += parts[cc * PART_LD + e]; }
-                    kq_part[(((size_t)b * NDB + blockIdx.x) * T + t0 + h0 + i) * 2 * N + (m / G) * N + n] = s;
+                __syncthreads();   // parts written
+                // dk | dq of the half's tokens: the block's channels summed in channel order
+                for (int e = threadIdx.x; e < H * 2 * G; e += KALMAN_WARPS * 32) {
+                    const int i = e / (2 * G), mm = e % (2 * G), n = mm % G;
+                    if (i < Lh && n < N) {
+                        float sum = 0.0f;
+                        for (int cc = 0; cc < CB; cc++) { sum += parts[cc * PART_LD + e]; }
+                        kq_part[(((size_t)b * NDB + blockIdx.x) * T + t0 + h0 + i) * 2 * N + (mm / G) * N + n] = sum;
+                    }
                 }
+                __syncthreads();   // parts read
             }
-            __syncthreads();   // parts read
         }
     }
     if (active) {
-        float* part = ap_part + ((size_t)b * Dk + d) * 2 * N;
-        part[p] = gab;
-        part[N + p] = gpb;
+        if (CARRY) {
+            cmap[seg0 + s * seg_stride] = make_float4(m.ae, m.ce, m.al, m.x);
+            cmap_cl[seg0 + s * seg_stride] = m.cl;
+        } else {
+            float* part = ap_part + (((size_t)b * S + s) * Dk + d) * 2 * N;
+            part[p] = gab;
+            part[N + p] = gpb;
+        }
     }
 }
 
@@ -408,14 +546,14 @@ __global__ void kalman_kq_reduce_kernel(float* dk, float* dq, const float* kq_pa
     if (m < N) { dk[(size_t)r * N + m] = s; } else { dq[(size_t)r * N + m - N] = s; }
 }
 
-// dabar, dpbar [Dk, N]: one thread per (d, n): the sequences' partials in order
-__global__ void kalman_ap_reduce_kernel(float* dabar, float* dpbar, const float* ap_part, int B, int Dk, int N) {
+// dabar, dpbar [Dk, N]: one thread per (d, n): the partials of the BS = B x segments (sequence, segment) pairs in order
+__global__ void kalman_ap_reduce_kernel(float* dabar, float* dpbar, const float* ap_part, int BS, int Dk, int N) {
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= Dk * N) { return; }
     const int d = idx / N, n = idx % N;
     float sa = 0.0f, sp = 0.0f;
-    for (int b = 0; b < B; b++) {
-        const float* part = ap_part + ((size_t)b * Dk + d) * 2 * N;
+    for (int j = 0; j < BS; j++) {
+        const float* part = ap_part + ((size_t)j * Dk + d) * 2 * N;
         sa += part[n];
         sp += part[N + n];
     }
@@ -423,29 +561,75 @@ __global__ void kalman_ap_reduce_kernel(float* dabar, float* dpbar, const float*
     dpbar[idx] = sp;
 }
 
-// Outputs overwritten: dv, dLv [B*T, Dk], dk, dq [B*T, N], dabar, dpbar [Dk, N].
-// scratch: kalman_filter_backward_scratch_bytes(B, T, Dk, N).
+// Outputs overwritten: dv, dLv [B*T, Dk], dk, dq [B*T, N], dabar, dpbar [Dk, N]. S segments (kalman_segments picks
+// them). scratch: kalman_filter_backward_scratch_bytes(B, T, Dk, N, S).
 static void kalman_filter_backward(float* dv, float* dLv, float* dk, float* dq, float* dabar, float* dpbar,
                                    const float* dys, const float* ck, const floatX* v, int ldv, const float* Lv,
                                    const float* k, const float* q, const float* abar, const float* pbar, int B,
-                                   int T, int Dk, int N, void* scratch, cudaStream_t stream) {
-    const int NDB = kalman_num_blocks(Dk, N);
+                                   int T, int Dk, int N, int S, void* scratch, cudaStream_t stream) {
+    const int NDB = kalman_num_blocks(Dk, N), G = kalman_group(N), TPS = kalman_tiles_per_segment(T, S);
+    S = kalman_effective_segments(T, S);
     float* kq_part = (float*)scratch;
     float* ap_part = kq_part + (size_t)B * NDB * T * 2 * N;
-    const int G = kalman_group(N);
+    float4* cmap = (float4*)(ap_part + (size_t)B * S * Dk * 2 * N);
+    float* cmap_cl = (float*)(cmap + (S > 1 ? (size_t)B * S * Dk * N : 0));
     const size_t smem = kalman_backward_smem_bytes(G);
     kalman_dispatch_group(G, [&](auto g) {
-        cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<decltype(g)::value>,
+        constexpr int GV = decltype(g)::value;
+        if (S > 1) {
+            cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<GV, true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            kalman_filter_backward_kernel<GV, true><<<dim3(NDB, B, S - 1), KALMAN_WARPS * 32, smem, stream>>>(
+                NULL, NULL, NULL, NULL, cmap, cmap_cl, S, TPS, dys, ck, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
+            cudaCheckLaunch();
+        }
+        cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<GV, false>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        kalman_filter_backward_kernel<decltype(g)::value><<<dim3(NDB, B), KALMAN_WARPS * 32, smem, stream>>>(
-            dv, dLv, kq_part, ap_part, dys, ck, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
+        kalman_filter_backward_kernel<GV, false><<<dim3(NDB, B, S), KALMAN_WARPS * 32, smem, stream>>>(
+            dv, dLv, kq_part, ap_part, cmap, cmap_cl, S, TPS, dys, ck, v, ldv, Lv, k, q, abar, pbar, T, Dk, N);
     });
     cudaCheckLaunch();
     kalman_kq_reduce_kernel<<<ceil_div(B * T * 2 * N, 256), 256, 0, stream>>>(dk, dq, kq_part, B, T, N, NDB);
     cudaCheckLaunch();
-    kalman_ap_reduce_kernel<<<ceil_div(Dk * N, 256), 256, 0, stream>>>(dabar, dpbar, ap_part, B, Dk, N);
+    kalman_ap_reduce_kernel<<<ceil_div(Dk * N, 256), 256, 0, stream>>>(dabar, dpbar, ap_part, B * S, Dk, N);
     cudaCheckLaunch();
 }
+
+// The segment count for B sequences (forward or backward): one segment when the lanes fill the GPU, else the S
+// that minimises the modelled time, rounds of resident blocks x tiles per segment, with the summary passes
+// (over S - 1 segments) costing KALMAN_SUMMARY_WORK of a pass of the filter each. Fixed for a machine and a shape.
+static const float KALMAN_SUMMARY_WORK[2] = {1.5f, 0.7f};   // forward: precision + information pass; backward: carry
+static int kalman_segments(int B, int T, int Dk, int N, int backward) {
+    const int NT = kalman_num_tiles(T), blocks = B * kalman_num_blocks(Dk, N), G = kalman_group(N);
+    int device, sms, per_sm = 1;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    kalman_dispatch_group(G, [&](auto g) {
+        constexpr int GV = decltype(g)::value;
+        if (backward) {
+            cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<GV, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)kalman_backward_smem_bytes(G)));
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kalman_filter_backward_kernel<GV, false>,
+                                                                    KALMAN_WARPS * 32, kalman_backward_smem_bytes(G)));
+        } else {
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per_sm, kalman_filter_forward_kernel<GV, KALMAN_PASS_OUTPUT>, KALMAN_WARPS * 32, 0));
+        }
+    });
+    const double slots = (double)sms * (per_sm > 0 ? per_sm : 1);
+    auto rounds = [&](int n) { return ceil((double)blocks * n / slots); };
+    int best = 1;
+    double best_time = rounds(1) * NT;
+    for (int S = 2; S <= NT && S <= 64; S++) {
+        const int TPS = ceil_div(NT, S);
+        if (ceil_div(NT, TPS) != S) { continue; }   // the same split as a smaller S
+        const double time = (rounds(S) + rounds(S - 1) * KALMAN_SUMMARY_WORK[backward]) * TPS;
+        if (time < best_time) { best = S; best_time = time; }
+    }
+    return best;
+}
+
 // ----------------------------------------------------------------------------------------------------------
 // static dynamics (spec 1.3 step 6, backward 1.7), one thread per (d, n), from the fp32 master parameters
 

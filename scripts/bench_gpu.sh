@@ -3,17 +3,17 @@
 # kaczmarz by default, any mixer with BENCH_MODELS; 12 layers, width 768) at B=16, T=1024 and 4096 (the recurrent
 # mixers also at B=1, T=16384 and 32768: long context, 16K and 32K tokens per step), beside a PyTorch
 # peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
-# when attn is among the models), plus the timing lines of the gdn
-# chunk backward kernel lab (dev/cuda/gdn_chunk_bwd.cu). Runs in one go on the GPU machine and prints a markdown
+# when attn is among the models), plus the timing lines of the kernel labs of the models' cores
+# (dev/cuda/gdn_chunk_bwd.cu for gdn and kaczmarz, kalman_scan.cu for kalman). Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
 # every run, so a run cut short still leaves the rows done so far) and the log of every run to $OUT/bench_gpu_logs/.
-# Needs: nvcc for sm_90 (builds train_klacu and the lab when absent), the demo shards data/demo/demo_{train,val}_*.bin
+# Needs: nvcc for sm_90 (builds train_klacu and the labs when absent), the demo shards data/demo/demo_{train,val}_*.bin
 # (made by `make data` on a machine with the npm packages; the GPU machine has no network, so carry data/demo along),
 # and a python3 with torch and CUDA for the peer.
 # Usage: bash scripts/bench_gpu.sh
 #   BENCH_MODELS="attn gdn kaczmarz"   the models (any of attn gdn kaczmarz gka kalman pdn pgdn pkda; the others run
 #                         their papers' blocks: kalman its LM recipe, the pdn family RMSNorm + SwiGLU; see MODEL_FLAGS)
-#   BENCH_GDN_VERSION=N   kernel version of the lab (default: the highest `case N:` of its dispatch switch)
+#   BENCH_GDN_VERSION=N   kernel version of the gdn lab (default, as for every lab: the highest it accepts)
 #   BENCH_RUN_TIMEOUT=S   seconds allowed to each run (default 300)
 #   BENCH_LONG=0          skips the long-context rows (B=1, T=16384 and 32768)
 # A failing run prints its error, its row reads FAILED and the others still run; the exit code is 1 if any failed.
@@ -35,7 +35,13 @@ done
 MAX_SEQ_LEN=4096         # position-embedding rows of the attn model, the same in both programs
 FLA_GDN_TOKS=242000      # DESIGN.md's figure for FLA's GDN layers (one H200, T=1024), not measured here
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-300}
-LAB_DIR=dev/cuda; LAB_SRC=gdn_chunk_bwd.cu; LAB_BIN=gdn_chunk_bwd_bin
+LAB_DIR=dev/cuda
+declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [kalman]=kalman_scan)   # the lab of each core
+LABS=()   # the models' labs, each once, in the models' order
+for M in "${MODELS[@]}"; do
+    lab=${MODEL_LAB[$M]:-}
+    [ -n "$lab" ] && [[ " ${LABS[*]} " != *" $lab "* ]] && LABS+=("$lab")
+done
 
 # where the logs go: $OUT/bench_gpu_logs when the device tool collects $OUT, else a temporary folder
 if [ -n "${OUT:-}" ]; then
@@ -89,8 +95,7 @@ record() {
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -n 1)
 gpu=${gpu:-unknown (nvidia-smi failed)}
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
-lab_version=""
-lab_lines=""
+declare -A lab_version lab_lines
 
 # ---------------------------------------------------------------------------------------------------------------
 # the report
@@ -128,7 +133,9 @@ report() {
     echo
     echo "GPU: $gpu. Date: $started. Commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)."
     # which attention train_klacu was built with (its run table says: cuDNN with USE_CUDNN=1, else its own kernels)
-    echo "train_klacu: $(grep -ohE 'attention: [^|]*[^ |]' "$logs"/train_klacu_attn_T*.log 2> /dev/null | head -n 1 || true)."
+    local attention
+    attention=$(grep -ohE 'attention: [^|]*[^ |]' "$logs"/train_klacu_attn_T*.log 2> /dev/null | head -n 1 || true)
+    if [ -n "$attention" ]; then echo "train_klacu: $attention."; fi
     echo "B=$B (B=1 at T > 4096), $STEPS steps per run, timed over the last $((STEPS - WARMUP)) (the first $WARMUP are warm-up). 12 layers,"
     echo "width 768, 12 attention heads, position embedding of $MAX_SEQ_LEN rows (attn); the head-based recurrent mixers: 6 heads,"
     echo "dk = dv = 128; kalman: \`${MODEL_FLAGS[kalman]}\`; pdn, pgdn, pkda: \`${MODEL_FLAGS[pdn]}\`."
@@ -155,11 +162,13 @@ report() {
     echo "- peak mem: train_klacu's own figure (the device memory it allocates itself); the peer's is"
     echo "  torch.cuda.max_memory_allocated (tensors only). Neither counts the CUDA context nor library workspaces."
     echo
-    echo "## gdn chunk backward lab ($LAB_DIR/$LAB_SRC, version ${lab_version:-default}): ${status[lab]:-not run}"
-    echo
-    echo '```'
-    echo "${lab_lines:-(no output)}"
-    echo '```'
+    for lab in "${LABS[@]}"; do
+        echo "## kernel lab $LAB_DIR/$lab.cu (version ${lab_version[$lab]:-default}): ${status[lab/$lab]:-not run}"
+        echo
+        echo '```'
+        echo "${lab_lines[$lab]:-(no output)}"
+        echo '```'
+    done
 }
 
 # the report so far into $OUT/bench_gpu.md, if $OUT is set
@@ -179,42 +188,48 @@ if [ ! -x ./train_klacu ]; then
         tail -n 10 "$logs/build_train_klacu.log" | sed 's/^/    /' >&2
     fi
 fi
-if [ ! -x "$LAB_DIR/$LAB_BIN" ]; then
-    say "building $LAB_DIR/$LAB_BIN"
-    if ! (cd "$LAB_DIR" && nvcc -O3 -arch=sm_90 -std=c++17 -I../.. "$LAB_SRC" -o "$LAB_BIN") > "$logs/build_lab.log" 2>&1; then
-        say "building the lab failed:"
-        tail -n 10 "$logs/build_lab.log" | sed 's/^/    /' >&2
+for lab in "${LABS[@]}"; do
+    if [ ! -x "$LAB_DIR/${lab}_bin" ]; then
+        say "building $LAB_DIR/${lab}_bin"
+        if ! (cd "$LAB_DIR" && nvcc -O3 -arch=sm_90 -std=c++17 -I../.. "$lab.cu" -o "${lab}_bin") > "$logs/build_$lab.log" 2>&1; then
+            say "building $lab failed:"
+            tail -n 10 "$logs/build_$lab.log" | sed 's/^/    /' >&2
+        fi
     fi
-fi
+done
 
 # ---------------------------------------------------------------------------------------------------------------
-# the gdn chunk backward lab: it validates and times its own kernels
+# the kernel labs: each validates and times its own kernels
 
-# highest_lab_version: the highest version the lab accepts (argv[1]), read from its source: the upper bound of its
-# range check (`version > N`, as gdn_chunk_bwd.cu has), else the highest `case N:` (llm.c labs dispatch with
+# highest_lab_version LAB: the highest version the lab accepts (argv[1]), read from its source: the upper bound of
+# its range check (`version > N`, as gdn_chunk_bwd.cu has), else the highest `case N:` (llm.c labs dispatch with
 # switch (kernel_num)); empty when neither is found, and the lab then runs its own default
 highest_lab_version() {
-    local src=$LAB_DIR/$LAB_SRC n
+    local src=$LAB_DIR/$1.cu n
     n=$(grep -oE 'version[[:space:]]*(>|<=)[[:space:]]*[0-9]+' "$src" 2> /dev/null | grep -oE '[0-9]+$' | sort -n | tail -n 1)
     [ -n "$n" ] || n=$(grep -oE 'case[[:space:]]+[0-9]+[[:space:]]*:' "$src" 2> /dev/null | grep -oE '[0-9]+' | sort -n | tail -n 1)
     echo "$n"
 }
-lab_version=${BENCH_GDN_VERSION:-$(highest_lab_version)}
-lab_log=$logs/gdn_chunk_bwd.log
-if [ ! -x "$LAB_DIR/$LAB_BIN" ]; then
-    fail lab "$LAB_DIR/$LAB_BIN missing (build failed, see above)"
-else
-    say "running $LAB_DIR/$LAB_BIN ${lab_version:-(no version argument)}"
-    # ${lab_version:+...}: no argument at all when no version is known
-    run_logged "$lab_log" "$LAB_DIR/$LAB_BIN" ${lab_version:+"$lab_version"}
-    rc=$?
-    if [ "$rc" = 0 ]; then status[lab]=ok; else fail lab "exit code $rc" "$lab_log"; fi
-    # the version it reports and its timing lines ("timing ... backward 12.5 ms, 6.4 TFLOP/s"; llm.c labs:
-    # "block_size N | time X ms | ... TFLOPS"); its last lines when none match
-    lab_lines=$(grep -iE 'version [0-9]|(^|[^a-z])ms([^a-z]|$)|tflop|gb/s' "$lab_log")
-    [ -n "$lab_lines" ] || lab_lines=$(tail -n 20 "$lab_log")
-fi
-save_report
+for lab in "${LABS[@]}"; do
+    version=$(highest_lab_version "$lab")
+    [ "$lab" = gdn_chunk_bwd ] && version=${BENCH_GDN_VERSION:-$version}
+    lab_version[$lab]=$version
+    lab_log=$logs/$lab.log
+    if [ ! -x "$LAB_DIR/${lab}_bin" ]; then
+        fail "lab/$lab" "$LAB_DIR/${lab}_bin missing (build failed, see above)"
+    else
+        say "running $LAB_DIR/${lab}_bin ${version:-(no version argument)}"
+        # ${version:+...}: no argument at all when no version is known
+        run_logged "$lab_log" "$LAB_DIR/${lab}_bin" ${version:+"$version"}
+        rc=$?
+        if [ "$rc" = 0 ]; then status[lab/$lab]=ok; else fail "lab/$lab" "exit code $rc" "$lab_log"; fi
+        # the version it reports and its timing lines ("timing ... backward 12.5 ms, 6.4 TFLOP/s"; llm.c labs:
+        # "block_size N | time X ms | ... TFLOPS"); its last lines when none match
+        lab_lines[$lab]=$(grep -iE 'version [0-9]|(^|[^a-z])ms([^a-z]|$)|tflop|gb/s' "$lab_log")
+        [ -n "${lab_lines[$lab]}" ] || lab_lines[$lab]=$(tail -n 20 "$lab_log")
+    fi
+    save_report
+done
 
 # ---------------------------------------------------------------------------------------------------------------
 # train_klacu: every model at every T

@@ -26,6 +26,8 @@
 #                          claim1_mqar_<mixer>[_lr<lr>]_s<seed>, claim1_sniah_<mixer>[_lr<lr>]_s<seed>
 #                          (e.g. REPRO_ONLY='^claim2')
 #   REPRO_ZOO_LRS="3e-3"   claim 3's learning rates, REPRO_KLA_LRS="1e-3" claim 1's: each runs every cell once
+#   REPRO_A5_LENS="20 10 5 40"  claim 2's lengths, REPRO_A5_DEPTHS="1 2" its depths (the minimum depth per length
+#                          needs more), REPRO_A5_STEPS=3000 its steps
 #   REPRO_THREADS=1        OMP_NUM_THREADS of each run
 #   REPRO_CONTENTION_PCT=20  the estimate's assumption: each other run on the GPU adds this % to a run's step time
 #   REPRO_CALIBRATE=1      first measure the GPU as loaded now (below) and rescale every run's steps by x0.5-x1.5;
@@ -94,7 +96,9 @@ TRUNK="--norm rmsnorm --mlp swiglu"
 #   This budget may be too small for any mixer: on the CPU (L = 10, B = 64, 2026-11-26) 1000-1200 steps left kalman
 #   (lr 1e-3: 0.14) and attn (lr 3e-3: 0.12) near the floor of 0.115, and gdn (lr 1e-3) at 0.21.
 A5_RECIPE="-k constant -l 1e-3 -u 100 -c 0 --grad-clip 5"
-A5_STEPS=3000
+A5_STEPS=${REPRO_A5_STEPS:-3000}
+read -ra A5_LENS <<< "${REPRO_A5_LENS:-20 10 5 40}"
+read -ra A5_DEPTHS <<< "${REPRO_A5_DEPTHS:-1 2}"
 declare -A A5_MIXER_FLAGS=([kalman]="--kalman-preset plain --kalman-n 16 --kalman-expand 2"
                            [gdn]="--lin-heads 2 --dk 64 --dv 64" [attn]="")
 # claim 3, Zoology MQAR (spec/pdn.md 8.1, spec/gka.md 12.1): 2 layers, width 64 (Zoology's smallest; the gka paper
@@ -125,8 +129,8 @@ kla_lr_tag() { [ ${#KLA_LRS[@]} -gt 1 ] && echo "_lr$1"; }
 
 grid() {
     local L d m P
-    for L in 20 10 5 40; do
-        for d in 1 2; do
+    for L in "${A5_LENS[@]}"; do
+        for d in "${A5_DEPTHS[@]}"; do
             for m in kalman gdn attn; do
                 # shellcheck disable=SC2086  # the flag strings hold several flags
                 add "claim2_a5_${m}_d${d}_L$L" 2 "a5" "$m" "$d" 128 "$L" "" "$A5_STEPS" 128 60 \
@@ -349,8 +353,8 @@ summary() {
     echo "Summary (finished runs only; a claim reads 'supported' only where every run it needs finished):"
     echo
     for s in "${SEEDS[@]}"; do
-        for L in 5 10 20 40; do
-            for d in 1 2; do
+        for L in $(printf '%s\n' "${A5_LENS[@]}" | sort -n); do
+            for d in "${A5_DEPTHS[@]}"; do
                 line=""; any=0; local solved="" complete=1
                 for m in kalman gdn attn; do
                     i=$(find_run "claim2_a5_${m}_d${d}_L$L" "$s"); [ -n "$i" ] || { complete=0; continue; }
@@ -366,6 +370,18 @@ summary() {
                 fi
                 echo "- claim 2, A5 L=$L depth $d, seed $s:${line%,}; $verdict"
             done
+            # the minimum depth per mixer that reaches 0.9 at this length, among the depths run
+            line=""
+            for m in kalman gdn attn; do
+                local least="none of ${A5_DEPTHS[*]}"
+                for d in $(printf '%s\n' "${A5_DEPTHS[@]}" | sort -n); do
+                    i=$(find_run "claim2_a5_${m}_d${d}_L$L" "$s"); [ -n "$i" ] && [ "${R_STATUS[i]}" = ok ] || continue
+                    a=$(first_acc "$i")
+                    if [ -n "$a" ] && awk -v a="$a" 'BEGIN { exit !(a >= 0.9) }'; then least=$d; break; fi
+                done
+                line+=" $m $least,"
+            done
+            echo "- claim 2, A5 L=$L, seed $s: minimum depth reaching >= 0.9:${line%,}"
         done
         for P in 64 32 16; do
             for lr in "${ZOO_LRS[@]}"; do

@@ -2,12 +2,13 @@
 Kernel lab for the filter of the kalman mixer (spec/kalman.md 2.3-2.5, 3.5): forward (with its checkpoints) and
 backward (the exact reverse-time adjoint, replaying each segment from its checkpoint). Checked against the double
 precision reference of kalman_reference.h, then timed, at B = 16, T = 2048, Dk = 768 channels, N = 32 and N = 16
-(the 124M LM shape of spec 1.4 with its N, and the package default N).
+(the 124M LM shape of spec 1.4 with its N, and the package default N), and B = 1, T = 16384, N = 32 (long
+context at the same tokens per step).
 
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 kalman_scan.cu -o kalman_scan_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -DENABLE_FP32 kalman_scan.cu -o kalman_scan_fp32_bin
-./kalman_scan_bin 2        (the argument picks the version that is checked and timed; default 2)
+./kalman_scan_bin 3        (the argument picks the version that is checked and timed; default 3)
 
 version 1 (below): one thread per lane (b, d, n) runs the recurrence serially over T with its fp32 state in
 registers, 32 channels per 1024-thread block; every input is loaded from global memory at every token, the read-out
@@ -20,6 +21,10 @@ version 2 is kernels/kalman_scan.cuh, the same recurrence with fewer instruction
 tiles staged in shared memory and unrolled, the read-out summed by one butterfly per tile (31 shuffles for 32
 tokens instead of 160), approximate reciprocals, checkpoints every tile; the backward replays a tile into
 registers in two halves of 16 tokens and sums dk, dq over the block's channels once per half, 8-warp blocks.
+version 3 is version 2 with time segments (spec 3.5's two-level scan), as many as kalman_segments picks for the
+shape and the GPU: summary passes (the segments' Mobius precision maps, their affine information maps, the
+backward's carry maps), then every segment from the maps before (after) it. At B = 16 it picks one segment
+(version 2); at B = 1 the 16 sequences' worth of lanes are missing and segments fill the GPU.
 
 Inputs are drawn at the scales of a trained layer: v ~ N(0, 1) (rounded to floatX: the filter reads v as the
 layer stores it), Lv = 1/(softplus(N(0,1)) + 1e-4), k, q unit vectors, abar in [0.905, 0.999] and pbar
@@ -275,13 +280,17 @@ static int run_shape(int version, int B, int T, int Dk, int N) {
     float* d_dq = (float*)cuda_malloc_or_die(BT * N * sizeof(float), "dq");
     float* d_dabar = (float*)cuda_malloc_or_die((size_t)Dk * N * sizeof(float), "dabar");
     float* d_dpbar = (float*)cuda_malloc_or_die((size_t)Dk * N * sizeof(float), "dpbar");
-    void* scratch = cuda_malloc_or_die(kalman_filter_backward_scratch_bytes(B, T, Dk, N), "scratch");
+    // version 2: one segment; version 3: the segments kalman_segments picks for this shape and GPU
+    const int S_f = version == 3 ? kalman_segments(B, T, Dk, N, 0) : 1, S_b = version == 3 ? kalman_segments(B, T, Dk, N, 1) : 1;
+    void* scratch = cuda_malloc_or_die(kalman_filter_backward_scratch_bytes(B, T, Dk, N, S_b), "scratch");
+    void* fwd_scratch = S_f > 1 ? cuda_malloc_or_die(kalman_filter_forward_scratch_bytes(B, Dk, N, S_f), "segments") : NULL;
     // sizes: version 2's checkpoints (every 32 tokens) and partial rows (8 to 32 channels per block) are the larger
     auto forward = [&]() {
         if (version == 1) {
             v1_forward(d_ys, d_ck, d_v, Dk, d_Lv, d_k, d_q, d_abar, d_pbar, B, T, Dk, N);
         } else {
-            kalman_filter_forward(d_ys, d_ck, NULL, NULL, 1, d_v, Dk, d_Lv, d_k, d_q, d_abar, d_pbar, B, T, Dk, N, 0);
+            kalman_filter_forward(d_ys, d_ck, NULL, NULL, 1, d_v, Dk, d_Lv, d_k, d_q, d_abar, d_pbar, B, T, Dk, N, S_f,
+                                  fwd_scratch, 0);
         }
     };
     auto backward = [&]() {
@@ -290,14 +299,16 @@ static int run_shape(int version, int B, int T, int Dk, int N) {
                         B, T, Dk, N, scratch);
         } else {
             kalman_filter_backward(d_dv, d_dLv, d_dk, d_dq, d_dabar, d_dpbar, d_dys, d_ck, d_v, Dk, d_Lv, d_k, d_q,
-                                   d_abar, d_pbar, B, T, Dk, N, scratch, 0);
+                                   d_abar, d_pbar, B, T, Dk, N, S_b, scratch, 0);
         }
     };
     forward();
     backward();
     cudaCheck(cudaDeviceSynchronize());
 
-    printf("B %d T %d Dk %d N %d, version %d\n", B, T, Dk, N, version);
+    printf("B %d T %d Dk %d N %d, version %d", B, T, Dk, N, version);
+    if (version > 1) { printf(", segments: forward %d, backward %d", S_f, S_b); }
+    printf("\n");
     std::vector<double> ys(BT * Dk), dv(BT * Dk), dLv(BT * Dk), dk(BT * N, 0.0), dq(BT * N, 0.0),
         dabar((size_t)Dk * N, 0.0), dpbar((size_t)Dk * N, 0.0);
     kalman_reference(ys, dv, dLv, dk, dq, dabar, dpbar, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
@@ -335,16 +346,17 @@ static int run_shape(int version, int B, int T, int Dk, int N) {
     cudaCheck(cudaEventDestroy(stop));
     cudaFree(d_v); cudaFree(d_Lv); cudaFree(d_k); cudaFree(d_q); cudaFree(d_abar); cudaFree(d_pbar); cudaFree(d_dys);
     cudaFree(d_ys); cudaFree(d_ck); cudaFree(d_dv); cudaFree(d_dLv); cudaFree(d_dk); cudaFree(d_dq);
-    cudaFree(d_dabar); cudaFree(d_dpbar); cudaFree(scratch);
+    cudaFree(d_dabar); cudaFree(d_dpbar); cudaFree(scratch); cudaFree(fwd_scratch);
     return ok;
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 2;
-    if (version != 1 && version != 2) { die("usage: %s [version 1 or 2, default 2]", argv[0]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 3;
+    if (version < 1 || version > 3) { die("usage: %s [version 1, 2 or 3, default 3]", argv[0]); }
     int ok = 1;
     ok &= run_shape(version, 16, 2048, 768, 32);
     ok &= run_shape(version, 16, 2048, 768, 16);
+    ok &= run_shape(version, 1, 16384, 768, 32);   // long context: 1/16 of the lanes
     printf("%s\n", ok ? "all checks passed" : "some checks FAILED");
     return ok ? 0 : 1;
 }

@@ -6,8 +6,9 @@ second half of the backward's two halves), Dk not a multiple of the block's chan
 (idle lanes). Inputs at a trained layer's scales, as in the lab dev/cuda/kalman_scan.cu: v in [-1, 1], Lv =
 1/(softplus(N(0,1)) + 1e-4), unit k and q, abar in [0.905, 0.999], pbar = 0.01 (1 - abar^2) / 2, dys in [-1, 1].
 Checks, relative L2 per output: ys, dv, dLv, dk, dq, dabar, dpbar within 1e-5 (fp32 round-off over T <= 150
-contracting steps and sums of at most B*T*Dk terms: measured below 1e-6; a wrong or missing term is of the order
-of the output). Decode: the forward run one token at a time through its carried state (lam_io, eta_io), as the
+contracting steps and sums of at most B*T*Dk terms: measured up to 3.1e-6; a wrong or missing term is of the order
+of the output), with one segment and with time segments (S = 2 and 5 requested: the segment count changes
+nothing beyond round-off; ys also against one segment's, same bound). Decode: the forward run one token at a time through its carried state (lam_io, eta_io), as the
 trainer's decode step does, must equal the whole-sequence forward bit for bit (the same step function and the same
 butterfly tree for every token of a tile).
 Run through dev/emu/run.sh (it transforms the kernels and builds this file). Usage: kalman_filter [B T Dk N]
@@ -29,7 +30,7 @@ static int check(const char* what, const std::vector<float>& got, const std::vec
     for (size_t i = 0; i < ref.size(); i++) { num += (got[i] - ref[i]) * (got[i] - ref[i]); den += ref[i] * ref[i]; }
     const double e = sqrt(num / (den > 0 ? den : 1));
     const int ok = e <= TOLERANCE;   // a NaN fails the comparison too
-    printf("  %-8s rel L2 %.3e  %s\n", what, e, ok ? "PASS" : "FAIL");
+    printf("  %-10s rel L2 %.3e  %s\n", what, e, ok ? "PASS" : "FAIL");
     return ok;
 }
 
@@ -58,32 +59,43 @@ int main(int argc, char** argv) {
         abar[i] = 0.905f + 0.094f * U(rng);
         pbar[i] = 0.01f * (1.0f - abar[i] * abar[i]) / 2.0f;
     }
-    std::vector<float> ys(BT * Dk), ck(kalman_checkpoint_floats(B, T, Dk, N)), dv(BT * Dk), dLv(BT * Dk), dk(BT * N),
-        dq(BT * N), dabar(abar.size()), dpbar(abar.size());
-    std::vector<float> scratch(kalman_filter_backward_scratch_bytes(B, T, Dk, N) / sizeof(float));
-    kalman_filter_forward(ys.data(), ck.data(), NULL, NULL, 1, v.data(), Dk, Lv.data(), k.data(), q.data(), abar.data(),
-                          pbar.data(), B, T, Dk, N, 0);
-    kalman_filter_backward(dv.data(), dLv.data(), dk.data(), dq.data(), dabar.data(), dpbar.data(), dys.data(),
-                           ck.data(), v.data(), Dk, Lv.data(), k.data(), q.data(), abar.data(), pbar.data(), B, T, Dk,
-                           N, scratch.data(), 0);
     std::vector<double> rys(BT * Dk), rdv(BT * Dk), rdLv(BT * Dk), rdk(BT * N, 0.0), rdq(BT * N, 0.0),
         rdabar(abar.size(), 0.0), rdpbar(abar.size(), 0.0);
     kalman_reference(rys, rdv, rdLv, rdk, rdq, rdabar, rdpbar, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
     int ok = 1;
-    ok &= check("ys", ys, rys);
-    ok &= check("dv", dv, rdv);
-    ok &= check("dLv", dLv, rdLv);
-    ok &= check("dk", dk, rdk);
-    ok &= check("dq", dq, rdq);
-    ok &= check("dabar", dabar, rdabar);
-    ok &= check("dpbar", dpbar, rdpbar);
+    // one segment, then time segments (spec 3.5): each against the reference, and against one segment's outputs
+    std::vector<float> ys;
+    for (int S : {1, 2, 5}) {
+        std::vector<float> y(BT * Dk), ck(kalman_checkpoint_floats(B, T, Dk, N)), dv(BT * Dk), dLv(BT * Dk),
+            dk(BT * N), dq(BT * N), dabar(abar.size()), dpbar(abar.size());
+        std::vector<float> fwd_scratch(kalman_filter_forward_scratch_bytes(B, Dk, N, S) / sizeof(float) + 1);
+        std::vector<float> scratch(kalman_filter_backward_scratch_bytes(B, T, Dk, N, S) / sizeof(float));
+        kalman_filter_forward(y.data(), ck.data(), NULL, NULL, 1, v.data(), Dk, Lv.data(), k.data(), q.data(),
+                              abar.data(), pbar.data(), B, T, Dk, N, S, fwd_scratch.data(), 0);
+        kalman_filter_backward(dv.data(), dLv.data(), dk.data(), dq.data(), dabar.data(), dpbar.data(), dys.data(),
+                               ck.data(), v.data(), Dk, Lv.data(), k.data(), q.data(), abar.data(), pbar.data(), B, T,
+                               Dk, N, S, scratch.data(), 0);
+        printf(" %d segment(s) of up to %d tiles\n", kalman_effective_segments(T, S), kalman_tiles_per_segment(T, S));
+        ok &= check("ys", y, rys);
+        ok &= check("dv", dv, rdv);
+        ok &= check("dLv", dLv, rdLv);
+        ok &= check("dk", dk, rdk);
+        ok &= check("dq", dq, rdq);
+        ok &= check("dabar", dabar, rdabar);
+        ok &= check("dpbar", dpbar, rdpbar);
+        if (S == 1) {
+            ys = y;
+        } else {   // the forward's output against one segment's
+            ok &= check("ys vs S=1", y, std::vector<double>(ys.begin(), ys.end()));
+        }
+    }
     // decode: sequence 0 one token at a time, its state carried in lam_io, eta_io
     std::vector<float> lam((size_t)Dk * N), eta((size_t)Dk * N), y1(Dk);
     size_t differ = 0;
     for (int t = 0; t < T; t++) {
         const size_t r = t;
         kalman_filter_forward(y1.data(), NULL, lam.data(), eta.data(), t == 0, v.data() + r * Dk, Dk, Lv.data() + r * Dk,
-                              k.data() + r * N, q.data() + r * N, abar.data(), pbar.data(), 1, 1, Dk, N, 0);
+                              k.data() + r * N, q.data() + r * N, abar.data(), pbar.data(), 1, 1, Dk, N, 1, NULL, 0);
         for (int d = 0; d < Dk; d++) { differ += memcmp(&y1[d], &ys[r * Dk + d], sizeof(float)) != 0; }
     }
     printf("  decode   %zu of %d outputs differ from the forward's bits  %s\n", differ, T * Dk, differ ? "FAIL" : "PASS");

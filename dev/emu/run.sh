@@ -8,9 +8,9 @@
 #     recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
 #     (dkw += Z1^T K), and the preconditioner backward without the carries of the later chunks, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
-#     1 40 36 5: ragged tiles and channel blocks, idle lanes), and decode == forward bit for bit; negative controls:
-#     the backward's second half replayed from the tile's start, and the read-out butterfly keeping the wrong
-#     halves, must fail.
+#     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
+#     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
+#     without the earlier segments' information maps, the backward without the later segments' carry maps, must fail.
 # Exit status 1 if a check or a control fails.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -64,6 +64,8 @@ negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/car
     "the later chunks' carries in the preconditioner backward" pdn_chunk
 negative kalman_scan.cuh 's/kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kq\[i \* G + p\].x);//' \
     "the first half's steps before the backward's second half" kalman_filter "2 150 20 32"
-negative kalman_scan.cuh 's/const bool upper = (p \& O) != 0;/const bool upper = (p \& O) == 0;/' \
-    "the right halves in the read-out butterfly" kalman_filter "2 150 20 32"
+negative kalman_scan.cuh 's/if (PASS == KALMAN_PASS_OUTPUT \&\& s > 0) { eta = /if (0) { eta = /' \
+    "the earlier segments' information maps in the forward" kalman_filter "2 150 20 32"
+negative kalman_scan.cuh 's/for (int j = S - 1; j > s; j--) {/for (int j = S - 1; j > S; j--) {/' \
+    "the later segments' carry maps in the backward" kalman_filter "2 150 20 32"
 [ $failures -eq 0 ]

@@ -130,7 +130,10 @@ static void kalman_scratch_bytes(const void* settings, const Config* c, int B, i
     size_t r = shortconv_backward_scratch_bytes(B, T, s->Dk, s->K);
     size_t cs = (size_t)colsum_splits(B * T) * s->Dk * sizeof(float);
     *reduce = r > cs ? r : cs;
-    *work = kalman_filter_backward_scratch_bytes(B, T, s->Dk, s->N);
+    // the filter's: the backward's partial sums, or the forward's segment summaries when those are larger
+    const size_t fwd = kalman_filter_forward_scratch_bytes(B, s->Dk, s->N, kalman_segments(B, T, s->Dk, s->N, 0));
+    const size_t bwd = kalman_filter_backward_scratch_bytes(B, T, s->Dk, s->N, kalman_segments(B, T, s->Dk, s->N, 1));
+    *work = fwd > bwd ? fwd : bwd;
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -336,7 +339,7 @@ static void kalman_forward(const MixerContext* mc, const void* settings, const L
     profile_mark("fwd kalman sensor");
     const floatX* v = kalman_v(s, a, &ldv);
     kalman_filter_forward(a->ys, a->ck, NULL, NULL, 1, v, ldv, a->Lv, a->k, a->q, a->abar, a->pbar, B, T, s->Dk,
-                          s->N, st);
+                          s->N, kalman_segments(B, T, s->Dk, s->N, 0), mc->work, st);
     profile_mark("fwd kalman filter");
     kalman_output_forward(mc, s, p, a, out, BT);
     profile_mark("fwd kalman gate + out_proj");
@@ -369,7 +372,7 @@ static void kalman_backward(const MixerContext* mc, const void* settings, const 
     int ldv, ld_ls, ld_kq;
     const floatX* v = kalman_v(sh, a, &ldv);
     kalman_filter_backward(s.dv, s.dLv, s.dk, s.dq, s.dabar, s.dpbar, s.dys, a->ck, v, ldv, a->Lv, a->k, a->q,
-                           a->abar, a->pbar, B, T, Dk, N, mc->work, st);
+                           a->abar, a->pbar, B, T, Dk, N, kalman_segments(B, T, Dk, N, 1), mc->work, st);
     profile_mark("bwd kalman filter");
     // Lv, the L2 norms and v into the sensor output's gradient; du = lambda_skip dy1 (+ dv in mamba)
     const floatX* ls = kalman_ls(sh, a, &ld_ls);
@@ -443,7 +446,7 @@ static void kalman_decode_step(const MixerContext* mc, const void* settings, con
     kalman_sensor_forward(mc, s, p, a, 1);
     const floatX* v = kalman_v(s, a, &ldv);
     kalman_filter_forward(a->ys, NULL, d->lam, d->eta, t == 0, v, ldv, a->Lv, a->k, a->q, a->abar, a->pbar, 1, 1,
-                          s->Dk, s->N, st);
+                          s->Dk, s->N, 1, NULL, st);
     kalman_output_forward(mc, s, p, a, out, 1);
 }
 
