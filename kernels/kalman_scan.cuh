@@ -8,12 +8,14 @@ A lane is (b, d, n). Per lane, with phi = Lv k^2 and r = v Lv k (spec 2.3, floor
     eta <- abar rho eta + r,  lam <- lam rho + phi,  y[b,t,d] = sum_n q[n] eta[n] / max(lam[n], 1e-12)
     lam_0 = 1, eta_0 = 0 at the start of every sequence
 
-This is spec 3.5's fused design with one segment: each lane runs its recurrence serially over T, its state (lam,
-eta) in fp32 registers in both builds. Training shapes give B * Dk * N >= 2.5e5 lanes, which fill the GPU without
-time parallelism. A lane group is G = N rounded up to a power of two threads of one warp (lanes n >= N idle with
-the identity step), so a warp holds 32 / G channels and a block KALMAN_WARPS * 32 / G channels of one sequence.
+This is spec 3.5's fused design: each lane runs its recurrence serially over T (or over its time segment, below),
+its state (lam, eta) in fp32 registers in both builds. Training shapes give B * Dk * N >= 2.5e5 lanes, which fill
+the GPU without time parallelism; small B and long T cut the sequence into segments (see "time segments"). A lane
+group is G = N rounded up to a power of two threads of one warp (lanes n >= N idle with the identity step), so a
+warp holds 32 / G channels and a block KALMAN_WARPS * 32 / G channels of one sequence.
 - Tokens go in tiles of KALMAN_TILE = 32. The block stages a tile's inputs in shared memory, (Lv, u = v Lv, v, dy)
-  per channel and (k, q) per state, and every lane then runs its 32 steps from there, unrolled.
+  per channel and (k, q) per state, and every lane then runs its 32 steps from there, unrolled; the next tile's
+  loads are issued before the walk and land in shared memory after it.
 - The read-out sum over a group is one butterfly over the tile (kalman_transpose_sum): each level exchanges half
   of the values still held, so 32 sums over 32 lanes cost 31 shuffles instead of 32 x 5.
 - Reciprocals are the hardware's approximate ones (rel. error < 2^-22, below fp32 round-off of the sums here).
@@ -95,35 +97,55 @@ __device__ __forceinline__ void kalman_butterfly(float (&x)[V], int p) {
 template <int G, int V>
 __device__ __forceinline__ void kalman_transpose_sum(float (&x)[V], int p) { kalman_butterfly<V, G / 2>(x, p); }
 
-// Stages tokens [t0, t0 + L) of sequence b into shared memory: chan[i * CB + c] = (Lv, u = v Lv, v, dy) of
-// channel d0 + c, kq[i * G + n] = (k, q) of state n; zeros past L, Dk and N (dys NULL: dy = 0).
+// A tile's inputs as one thread holds them between kalman_load_tile and kalman_store_tile: (Lv, u = v Lv, v, dy) of
+// 32 / G (token, channel) slots and (k, q) of G / 8 (token, state) slots of the block's tile.
+template <int G> struct KalmanTileRegs {
+    float4 chan[KALMAN_TILE * (KALMAN_WARPS * 32 / G) / (KALMAN_WARPS * 32)];
+    float2 kq[KALMAN_TILE * G / (KALMAN_WARPS * 32)];
+};
+
+// Loads tokens [t0, t0 + L) of sequence b into the thread's slots: slot e = threadIdx.x + j * blockDim of
+// chan[i * CB + c] = (Lv, u, v, dy) of token i and channel d0 + c, kq[i * G + n] = (k, q) of state n; zeros past L,
+// Dk and N (dys NULL: dy = 0). The kernels load the next tile before they walk the current one, so the loads'
+// latency passes under the walk.
 template <int G>
-__device__ __forceinline__ void kalman_stage_tile(float4* chan, float2* kq, const floatX* v, int ldv, const float* Lv,
-                                                  const float* k, const float* q, const float* dys, int b, int t0,
-                                                  int L, int T, int d0, int Dk, int N) {
-    constexpr int CB = KALMAN_WARPS * 32 / G;
-    for (int e = threadIdx.x; e < KALMAN_TILE * CB; e += KALMAN_WARPS * 32) {
-        const int i = e / CB, d = d0 + e % CB;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+__device__ __forceinline__ void kalman_load_tile(KalmanTileRegs<G>& x, const floatX* v, int ldv, const float* Lv,
+                                                 const float* k, const float* q, const float* dys, int b, int t0,
+                                                 int L, int T, int d0, int Dk, int N) {
+    constexpr int CB = KALMAN_WARPS * 32 / G, NC = sizeof(x.chan) / sizeof(float4), NK = sizeof(x.kq) / sizeof(float2);
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const int e = threadIdx.x + j * KALMAN_WARPS * 32, i = e / CB, d = d0 + e % CB;
+        x.chan[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < L && d < Dk) {
             const size_t r = (size_t)b * T + t0 + i;
-            x.x = Lv[r * Dk + d];
-            x.z = to_float(v[r * ldv + d]);
-            x.y = x.z * x.x;
-            x.w = dys ? dys[r * Dk + d] : 0.0f;
+            x.chan[j].x = Lv[r * Dk + d];
+            x.chan[j].z = to_float(v[r * ldv + d]);
+            x.chan[j].w = dys ? dys[r * Dk + d] : 0.0f;
         }
-        chan[e] = x;
     }
-    for (int e = threadIdx.x; e < KALMAN_TILE * G; e += KALMAN_WARPS * 32) {
-        const int i = e / G, n = e % G;
-        float2 x = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < NK; j++) {
+        const int e = threadIdx.x + j * KALMAN_WARPS * 32, i = e / G, n = e % G;
+        x.kq[j] = make_float2(0.0f, 0.0f);
         if (i < L && n < N) {
             const size_t r = (size_t)b * T + t0 + i;
-            x.x = k[r * N + n];
-            x.y = q[r * N + n];
+            x.kq[j] = make_float2(k[r * N + n], q[r * N + n]);
         }
-        kq[e] = x;
     }
+}
+// ... and stores them into the shared tile, u = v Lv formed here
+template <int G>
+__device__ __forceinline__ void kalman_store_tile(float4* chan, float2* kq, const KalmanTileRegs<G>& x) {
+    constexpr int NC = sizeof(x.chan) / sizeof(float4), NK = sizeof(x.kq) / sizeof(float2);
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        float4 c = x.chan[j];
+        c.y = c.z * c.x;
+        chan[threadIdx.x + j * KALMAN_WARPS * 32] = c;
+    }
+#pragma unroll
+    for (int j = 0; j < NK; j++) { kq[threadIdx.x + j * KALMAN_WARPS * 32] = x.kq[j]; }
 }
 
 // the tokens a lane writes after kalman_transpose_sum of V values over a group of G: PER of them from position
@@ -218,7 +240,7 @@ __device__ __forceinline__ void kalman_forward_tile(float (&y)[KALMAN_TILE], flo
 // final state written back (decode, spec 4). The summaries: mob, aff [B, S, Dk, N] (read by OUTPUT and INFORMATION,
 // written by PRECISION and INFORMATION).
 template <int G, int PASS>
-__global__ void __launch_bounds__(KALMAN_WARPS * 32)
+__global__ void __launch_bounds__(KALMAN_WARPS * 32, 3)
     kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior, float4* mob,
                                  float2* aff, int S, int TPS, const floatX* v, int ldv, const float* Lv, const float* k,
                                  const float* q, const float* abar, const float* pbar, int T, int Dk, int N) {
@@ -241,11 +263,20 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32)
         if (PASS == KALMAN_PASS_OUTPUT && s > 0) { eta = kalman_segment_eta(aff + seg0, seg_stride, s); }
     }
     const float a2 = fmaxf(a * a, KALMAN_FLOOR);
+    KalmanTileRegs<G> next;
+    if (s * TPS < tile_end) {
+        kalman_load_tile<G>(next, v, ldv, Lv, k, q, NULL, b, s * TPS * KALMAN_TILE,
+                            min(KALMAN_TILE, T - s * TPS * KALMAN_TILE), T, d0, Dk, N);
+    }
     for (int tile = s * TPS; tile < tile_end; tile++) {
         const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
         __syncthreads();   // the previous tile is read
-        kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, NULL, b, t0, L, T, d0, Dk, N);
+        kalman_store_tile<G>(chan, kq, next);
         __syncthreads();
+        if (tile + 1 < tile_end) {
+            kalman_load_tile<G>(next, v, ldv, Lv, k, q, NULL, b, t0 + KALMAN_TILE,
+                                min(KALMAN_TILE, T - t0 - KALMAN_TILE), T, d0, Dk, N);
+        }
         if (PASS == KALMAN_PASS_OUTPUT && ck && active) {
             float* cp = ck + (((size_t)b * NT + tile) * Dk + d) * 2 * N;
             cp[p] = lam;
@@ -422,7 +453,8 @@ __device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], 
 __host__ __device__ constexpr int kalman_part_ld(int G) { return KALMAN_HALF * 2 * G + G; }
 static size_t kalman_backward_smem_bytes(int G) {
     const int CB = KALMAN_WARPS * 32 / G;
-    return KALMAN_TILE * CB * sizeof(float4) + KALMAN_TILE * G * sizeof(float2) + (size_t)CB * kalman_part_ld(G) * sizeof(float);
+    return KALMAN_TILE * CB * sizeof(float4) + KALMAN_TILE * G * sizeof(float2) +
+           (size_t)CB * kalman_part_ld(G) * sizeof(float);
 }
 
 // the backward's partial sums: dk | dq per (b, channel block, t) [B, NDB, T, 2N], dabar | dpbar per (b, segment, d)
@@ -466,11 +498,18 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
             Ge = cm.x * Ge + cm.y;
         }
     }
-    for (int tile = min(NT, (s + 1) * TPS) - 1; tile >= s * TPS; tile--) {
+    const int tile_last = min(NT, (s + 1) * TPS) - 1;
+    KalmanTileRegs<G> next;
+    kalman_load_tile<G>(next, v, ldv, Lv, k, q, dys, b, tile_last * KALMAN_TILE,
+                        min(KALMAN_TILE, T - tile_last * KALMAN_TILE), T, d0, Dk, N);
+    for (int tile = tile_last; tile >= s * TPS; tile--) {
         const int t0 = tile * KALMAN_TILE, L = min(KALMAN_TILE, T - t0);
         __syncthreads();   // the previous tile is read
-        kalman_stage_tile<G>(chan, kq, v, ldv, Lv, k, q, dys, b, t0, L, T, d0, Dk, N);
+        kalman_store_tile<G>(chan, kq, next);
         __syncthreads();
+        if (tile > s * TPS) {   // the next tile back, L = KALMAN_TILE
+            kalman_load_tile<G>(next, v, ldv, Lv, k, q, dys, b, t0 - KALMAN_TILE, KALMAN_TILE, T, d0, Dk, N);
+        }
         float lam0 = 1.0f, eta0 = 0.0f;
         if (active) {
             const float* cp = ck + (((size_t)b * NT + tile) * Dk + d) * 2 * N;
@@ -595,36 +634,32 @@ static void kalman_filter_backward(float* dv, float* dLv, float* dk, float* dq, 
     cudaCheckLaunch();
 }
 
-// The segment count for B sequences (forward or backward): one segment when the lanes fill the GPU, else the S
-// that minimises the modelled time, rounds of resident blocks x tiles per segment, with the summary passes
-// (over S - 1 segments) costing KALMAN_SUMMARY_WORK of a pass of the filter each. Fixed for a machine and a shape.
-static const float KALMAN_SUMMARY_WORK[2] = {1.5f, 0.7f};   // forward: precision + information pass; backward: carry
+// The segment count for B sequences (forward or backward): the S that minimises a model of the time, in units of
+// one block-tile on a busy SM. Each pass of the filter (the segments' own walk; for S > 1 the summary passes over
+// S - 1 of them, KALMAN_SUMMARY_WORK of a walk) takes TPS x work x max(k, KALMAN_LONE_TILE) units, with k the
+// blocks on the busiest SM: k blocks share an SM's issue slots, and a block alone on one still needs
+// KALMAN_LONE_TILE units per tile (its steps wait on each other). Measured on an H200 with dev/cuda/kalman_scan.cu
+// (2026-11-27): a lone block's 512 tiles take 1.336 ms forward and 3.596 ms backward, against 633 and 191
+// block-tiles per ms on a busy SM; the summary passes cost 1.5 (precision + information) and 0.7 (carry) of a
+// walk. The model matched the measured 1, 2 and 37 (forward) and 1, 2 and 11 (backward) segments at B = 1,
+// T = 16384 within 7%. Fixed for a machine and a shape.
+static const double KALMAN_LONE_TILE[2] = {1.65, 1.34};
+static const double KALMAN_SUMMARY_WORK[2] = {1.5, 0.7};
 static int kalman_segments(int B, int T, int Dk, int N, int backward) {
-    const int NT = kalman_num_tiles(T), blocks = B * kalman_num_blocks(Dk, N), G = kalman_group(N);
-    int device, sms, per_sm = 1;
+    const int NT = kalman_num_tiles(T), blocks = B * kalman_num_blocks(Dk, N);
+    int device, sms;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    kalman_dispatch_group(G, [&](auto g) {
-        constexpr int GV = decltype(g)::value;
-        if (backward) {
-            cudaCheck(cudaFuncSetAttribute(kalman_filter_backward_kernel<GV, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)kalman_backward_smem_bytes(G)));
-            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kalman_filter_backward_kernel<GV, false>,
-                                                                    KALMAN_WARPS * 32, kalman_backward_smem_bytes(G)));
-        } else {
-            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, kalman_filter_forward_kernel<GV, KALMAN_PASS_OUTPUT>, KALMAN_WARPS * 32, 0));
-        }
-    });
-    const double slots = (double)sms * (per_sm > 0 ? per_sm : 1);
-    auto rounds = [&](int n) { return ceil((double)blocks * n / slots); };
+    auto pass = [&](int n, int TPS, double work) {   // n blocks walking TPS tiles each
+        const double k = ceil_div(n, sms);
+        return TPS * work * (k > KALMAN_LONE_TILE[backward] ? k : KALMAN_LONE_TILE[backward]);
+    };
     int best = 1;
-    double best_time = rounds(1) * NT;
+    double best_time = pass(blocks, NT, 1.0);
     for (int S = 2; S <= NT && S <= 64; S++) {
         const int TPS = ceil_div(NT, S);
         if (ceil_div(NT, TPS) != S) { continue; }   // the same split as a smaller S
-        const double time = (rounds(S) + rounds(S - 1) * KALMAN_SUMMARY_WORK[backward]) * TPS;
+        const double time = pass(blocks * S, TPS, 1.0) + pass(blocks * (S - 1), TPS, KALMAN_SUMMARY_WORK[backward]);
         if (time < best_time) { best = S; best_time = time; }
     }
     return best;

@@ -8,9 +8,9 @@ second half of the backward's two halves), Dk not a multiple of the block's chan
 Checks, relative L2 per output: ys, dv, dLv, dk, dq, dabar, dpbar within 1e-5 (fp32 round-off over T <= 150
 contracting steps and sums of at most B*T*Dk terms: measured up to 3.1e-6; a wrong or missing term is of the order
 of the output), with one segment and with time segments (S = 2 and 5 requested: the segment count changes
-nothing beyond round-off; ys also against one segment's, same bound). Decode: the forward run one token at a time through its carried state (lam_io, eta_io), as the
-trainer's decode step does, must equal the whole-sequence forward bit for bit (the same step function and the same
-butterfly tree for every token of a tile).
+nothing beyond round-off; ys also against one segment's, same bound). Decode: the forward run one token at a time
+through its carried state (lam_io, eta_io), as the trainer's decode step does, must equal the whole-sequence
+forward bit for bit (the same step function and the same butterfly tree for every token of a tile).
 Run through dev/emu/run.sh (it transforms the kernels and builds this file). Usage: kalman_filter [B T Dk N]
 (default 2 150 20 32). Exit status 1 when a check fails or an output holds a NaN (the emulator fills shared memory
 with NaN, so a read of an unwritten element shows).
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> U(0.0f, 1.0f);
     std::normal_distribution<float> Nrm(0.0f, 1.0f);
-    std::vector<float> v(BT * Dk), Lv(BT * Dk), dys(BT * Dk), k(BT * N), q(BT * N), abar((size_t)Dk * N), pbar(abar.size());
+    std::vector<float> v(BT * Dk), Lv(BT * Dk), dys(BT * Dk), k(BT * N), q(BT * N), abar((size_t)Dk * N),
+        pbar(abar.size());
     for (size_t i = 0; i < v.size(); i++) {
         v[i] = 2 * U(rng) - 1;
         Lv[i] = (float)(1.0 / (log1p(exp((double)Nrm(rng))) + 1e-4));
@@ -94,11 +95,13 @@ int main(int argc, char** argv) {
     size_t differ = 0;
     for (int t = 0; t < T; t++) {
         const size_t r = t;
-        kalman_filter_forward(y1.data(), NULL, lam.data(), eta.data(), t == 0, v.data() + r * Dk, Dk, Lv.data() + r * Dk,
-                              k.data() + r * N, q.data() + r * N, abar.data(), pbar.data(), 1, 1, Dk, N, 1, NULL, 0);
+        kalman_filter_forward(y1.data(), NULL, lam.data(), eta.data(), t == 0, v.data() + r * Dk, Dk,
+                              Lv.data() + r * Dk, k.data() + r * N, q.data() + r * N, abar.data(), pbar.data(), 1, 1,
+                              Dk, N, 1, NULL, 0);
         for (int d = 0; d < Dk; d++) { differ += memcmp(&y1[d], &ys[r * Dk + d], sizeof(float)) != 0; }
     }
-    printf("  decode   %zu of %d outputs differ from the forward's bits  %s\n", differ, T * Dk, differ ? "FAIL" : "PASS");
+    printf("  decode   %zu of %d outputs differ from the forward's bits  %s\n", differ, T * Dk,
+           differ ? "FAIL" : "PASS");
     ok &= differ == 0;
     printf("%s\n", ok ? "PASS kalman filter" : "FAIL kalman filter");
     return ok ? 0 : 1;
