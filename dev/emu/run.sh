@@ -50,7 +50,7 @@ negative() {
     # shellcheck disable=SC2086
     if cmp -s "$tmp/ok/kernels/$1" "$tmp/neg/kernels/$1"; then
         echo "FAIL negative control ($3): the term to drop was not found"; failures=$((failures + 1))
-    elif build "$tmp/neg" "$4" > /dev/null && ! "$tmp/neg/$4" ${5:-150 16 24} > "$tmp/neg.out"; then
+    elif build "$tmp/neg" "$4" > /dev/null 2>&1 && ! "$tmp/neg/$4" ${5:-150 16 24} > "$tmp/neg.out"; then
         echo "PASS negative control: without $3 the check fails ($(grep -m1 -o 'FAIL.*' "$tmp/neg.out" | head -c 60))"
     else
         echo "FAIL negative control ($3): not caught"; failures=$((failures + 1))
