@@ -2,7 +2,7 @@
 # Runs every test program and prints the total: "N passed, M failed". Each test prints one line per check,
 # starting with PASS or FAIL; a program that exits non-zero without a FAIL line counts as one failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 run() {
@@ -32,6 +32,11 @@ run bash dev/test/test_sanitize.sh
 run bash dev/test/test_fuzz.sh
 run bash dev/test/test_cuda_build.sh
 run bash dev/emu/run.sh
+# the numpy checks of kernel algorithms (Debian's python3 has numpy: python3-torch brings it)
+py=/usr/bin/python3
+"$py" -c 'import numpy' 2> /dev/null || py=python3
+run "$py" dev/cuda/gka_chunked_backward_check.py
+run "$py" dev/cuda/pkda_chunk_check.py --negative
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")
 echo "$passed passed, $failed failed"
