@@ -53,8 +53,10 @@ static inline int kalman_group(int N) {
     while (G < N) { G *= 2; }
     return G;
 }
-static inline int kalman_num_tiles(int T) { return ceil_div(T, KALMAN_TILE); }
-static inline int kalman_num_blocks(int Dk, int N) { return ceil_div(Dk, KALMAN_WARPS * 32 / kalman_group(N)); }
+// channels per block (a warp holds 32 / G), and tiles per sequence
+__host__ __device__ constexpr int kalman_block_channels(int G) { return KALMAN_WARPS * 32 / G; }
+__host__ __device__ inline int kalman_num_tiles(int T) { return (T + KALMAN_TILE - 1) / KALMAN_TILE; }
+static inline int kalman_num_blocks(int Dk, int N) { return ceil_div(Dk, kalman_block_channels(kalman_group(N))); }
 
 // the checkpoints the forward saves for the backward
 static size_t kalman_checkpoint_floats(int B, int T, int Dk, int N) {
@@ -100,7 +102,7 @@ __device__ __forceinline__ void kalman_transpose_sum(float (&x)[V], int p) { kal
 // A tile's inputs as one thread holds them between kalman_load_tile and kalman_store_tile: (Lv, u = v Lv, v, dy) of
 // 32 / G (token, channel) slots and (k, q) of G / 8 (token, state) slots of the block's tile.
 template <int G> struct KalmanTileRegs {
-    float4 chan[KALMAN_TILE * (KALMAN_WARPS * 32 / G) / (KALMAN_WARPS * 32)];
+    float4 chan[KALMAN_TILE * kalman_block_channels(G) / (KALMAN_WARPS * 32)];
     float2 kq[KALMAN_TILE * G / (KALMAN_WARPS * 32)];
 };
 
@@ -112,7 +114,7 @@ template <int G>
 __device__ __forceinline__ void kalman_load_tile(KalmanTileRegs<G>& x, const floatX* v, int ldv, const float* Lv,
                                                  const float* k, const float* q, const float* dys, int b, int t0,
                                                  int L, int T, int d0, int Dk, int N) {
-    constexpr int CB = KALMAN_WARPS * 32 / G, NC = sizeof(x.chan) / sizeof(float4), NK = sizeof(x.kq) / sizeof(float2);
+    constexpr int CB = kalman_block_channels(G), NC = sizeof(x.chan) / sizeof(float4), NK = sizeof(x.kq) / sizeof(float2);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
         const int e = threadIdx.x + j * KALMAN_WARPS * 32, i = e / CB, d = d0 + e % CB;
@@ -212,7 +214,7 @@ template <int G, int PASS, bool FULL>
 __device__ __forceinline__ void kalman_forward_tile(float (&y)[KALMAN_TILE], float& lam, float& eta, float4& M,
                                                     float& P, const float4* chan, const float2* kq, int c, int p,
                                                     float a, float a2, float pb, int L) {
-    constexpr int CB = KALMAN_WARPS * 32 / G;
+    constexpr int CB = kalman_block_channels(G);
     const float ia2 = kalman_rcp(a2);
 #pragma unroll
     for (int i = 0; i < KALMAN_TILE; i++) {
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 3)
     kalman_filter_forward_kernel(float* ys, float* ck, float* lam_io, float* eta_io, int from_prior, float4* mob,
                                  float2* aff, int S, int TPS, const floatX* v, int ldv, const float* Lv, const float* k,
                                  const float* q, const float* abar, const float* pbar, int T, int Dk, int N) {
-    constexpr int CB = KALMAN_WARPS * 32 / G;
+    constexpr int CB = kalman_block_channels(G);
     using Sums = KalmanSums<KALMAN_TILE, G>;
     __shared__ float4 chan[KALMAN_TILE * CB];
     __shared__ float2 kq[KALMAN_TILE * G];
@@ -252,7 +254,7 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 3)
     const int s = blockIdx.z, active = p < N && d < Dk;
     const size_t lane = ((size_t)b * Dk + d) * N + p;
     const size_t seg0 = ((size_t)b * S * Dk + d) * N + p, seg_stride = (size_t)Dk * N;   // the lane's segment 0
-    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE, tile_end = min(NT, (s + 1) * TPS);
+    const int NT = kalman_num_tiles(T), tile_end = min(NT, (s + 1) * TPS);
     float a = 1.0f, pb = 0.0f, lam = 1.0f, eta = 0.0f, P = 1.0f;   // idle lanes step by the identity (rho = 1)
     float4 M = make_float4(1.0f, 0.0f, 0.0f, 1.0f);
     if (active) {
@@ -404,7 +406,7 @@ __device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], 
                                                      float lam, float eta, float& Gl, float& Ge, float& gab,
                                                      float& gpb, KalmanCarry& m, const float4* chan, const float2* kq,
                                                      int c, int p, float a, float a2raw, float pb, int h0, int L) {
-    constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
+    constexpr int CB = kalman_block_channels(G), H = KALMAN_HALF;
     const float a2 = fmaxf(a2raw, KALMAN_FLOOR);
     float sl[H + 1], se[H + 1];   // lam, eta before token h0 + i, and after the last
 #pragma unroll
@@ -452,7 +454,7 @@ __device__ __forceinline__ void kalman_backward_half(float (&sLv)[KALMAN_HALF], 
 // of a warp store to distinct banks
 __host__ __device__ constexpr int kalman_part_ld(int G) { return KALMAN_HALF * 2 * G + G; }
 static size_t kalman_backward_smem_bytes(int G) {
-    const int CB = KALMAN_WARPS * 32 / G;
+    const int CB = kalman_block_channels(G);
     return KALMAN_TILE * CB * sizeof(float4) + KALMAN_TILE * G * sizeof(float2) +
            (size_t)CB * kalman_part_ld(G) * sizeof(float);
 }
@@ -474,7 +476,7 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
                                   int S, int TPS, const float* dys, const float* ck, const floatX* v, int ldv,
                                   const float* Lv, const float* k, const float* q, const float* abar,
                                   const float* pbar, int T, int Dk, int N) {
-    constexpr int CB = KALMAN_WARPS * 32 / G, H = KALMAN_HALF;
+    constexpr int CB = kalman_block_channels(G), H = KALMAN_HALF;
     constexpr int PART_LD = kalman_part_ld(G);
     using Sums = KalmanSums<H, G>;
     extern __shared__ float4 kalman_smem[];   // kalman_backward_smem_bytes(G): chan | kq | parts
@@ -483,7 +485,7 @@ __global__ void __launch_bounds__(KALMAN_WARPS * 32, 2)
     float* parts = (float*)(kq + KALMAN_TILE * G);   // per channel and token of the half: the lanes' dk | dq terms
     const int p = threadIdx.x % G, c = threadIdx.x / G, d0 = blockIdx.x * CB, d = d0 + c, b = blockIdx.y;
     const int s = CARRY ? blockIdx.z + 1 : blockIdx.z, active = p < N && d < Dk;
-    const int NT = (T + KALMAN_TILE - 1) / KALMAN_TILE, NDB = gridDim.x;
+    const int NT = kalman_num_tiles(T), NDB = gridDim.x;
     const size_t seg0 = ((size_t)b * S * Dk + d) * N + p, seg_stride = (size_t)Dk * N;   // the lane's segment 0
     float a = 1.0f, pb = 0.0f;
     if (active) { a = abar[(size_t)d * N + p]; pb = pbar[(size_t)d * N + p]; }
@@ -647,9 +649,12 @@ static const double KALMAN_LONE_TILE[2] = {1.65, 1.34};
 static const double KALMAN_SUMMARY_WORK[2] = {1.5, 0.7};
 static int kalman_segments(int B, int T, int Dk, int N, int backward) {
     const int NT = kalman_num_tiles(T), blocks = B * kalman_num_blocks(Dk, N);
-    int device, sms;
-    cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    static int sms = 0;   // the process's GPU (one per process): asked once, not at every layer's call
+    if (sms == 0) {
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    }
     auto pass = [&](int n, int TPS, double work) {   // n blocks walking TPS tiles each
         const double k = ceil_div(n, sms);
         return TPS * work * (k > KALMAN_LONE_TILE[backward] ? k : KALMAN_LONE_TILE[backward]);

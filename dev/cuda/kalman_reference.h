@@ -1,19 +1,26 @@
 /*
 dev/cuda/kalman_reference.h: the kalman filter in double precision, forward (spec 2.3) and the exact adjoint (spec
 2.4) per lane, every state kept (no checkpoints, no floors but the forward's). The reference of the kernel lab
-dev/cuda/kalman_scan.cu and of the emulator check dev/emu/kalman_filter.cu. dk, dq, dabar, dpbar are accumulated
-(the caller zeroes them); ys, dv, dLv written. Layouts as in kernels/kalman_scan.cuh, v with row stride Dk.
+dev/cuda/kalman_scan.cu and of the emulator check dev/emu/kalman_filter.cu, which check the filter's outputs in
+the order of KALMAN_OUTPUT_NAMES. Layouts as in kernels/kalman_scan.cuh, v with row stride Dk.
 */
 #pragma once
 #include <math.h>
 #include <vector>
 
+enum { KALMAN_YS, KALMAN_DV, KALMAN_DLV, KALMAN_DK, KALMAN_DQ, KALMAN_DABAR, KALMAN_DPBAR, KALMAN_OUTPUTS };
+static const char* const KALMAN_OUTPUT_NAMES[KALMAN_OUTPUTS] = {"ys", "dv", "dLv", "dk", "dq", "dabar", "dpbar"};
 
-static void kalman_reference(std::vector<double>& ys, std::vector<double>& dv, std::vector<double>& dLv,
-                      std::vector<double>& dk, std::vector<double>& dq, std::vector<double>& dabar,
-                      std::vector<double>& dpbar, const std::vector<float>& v, const std::vector<float>& Lv,
-                      const std::vector<float>& k, const std::vector<float>& q, const std::vector<float>& abar,
-                      const std::vector<float>& pbar, const std::vector<float>& dys, int B, int T, int Dk, int N) {
+// out[KALMAN_YS] = ys [B*T, Dk], ... out[KALMAN_DPBAR] = dpbar [Dk, N]: sized and written here
+static void kalman_reference(std::vector<double> (&out)[KALMAN_OUTPUTS], const std::vector<float>& v,
+                             const std::vector<float>& Lv, const std::vector<float>& k, const std::vector<float>& q,
+                             const std::vector<float>& abar, const std::vector<float>& pbar,
+                             const std::vector<float>& dys, int B, int T, int Dk, int N) {
+    const size_t BT = (size_t)B * T;
+    const size_t sizes[KALMAN_OUTPUTS] = {BT * Dk, BT * Dk, BT * Dk, BT * N, BT * N, (size_t)Dk * N, (size_t)Dk * N};
+    for (int i = 0; i < KALMAN_OUTPUTS; i++) { out[i].assign(sizes[i], 0.0); }
+    std::vector<double> &ys = out[KALMAN_YS], &dv = out[KALMAN_DV], &dLv = out[KALMAN_DLV], &dk = out[KALMAN_DK];
+    std::vector<double> &dq = out[KALMAN_DQ], &dabar = out[KALMAN_DABAR], &dpbar = out[KALMAN_DPBAR];
     const double F = 1e-12;
     std::vector<double> lam((size_t)(T + 1) * N), eta((size_t)(T + 1) * N);
     for (int b = 0; b < B; b++) {

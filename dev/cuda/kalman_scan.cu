@@ -317,16 +317,10 @@ static int run_shape(int version, int B, int T, int Dk, int N) {
     printf("\n");
     int ok = 1;
     if (check_outputs) {
-        std::vector<double> ys(BT * Dk), dv(BT * Dk), dLv(BT * Dk), dk(BT * N, 0.0), dq(BT * N, 0.0),
-            dabar((size_t)Dk * N, 0.0), dpbar((size_t)Dk * N, 0.0);
-        kalman_reference(ys, dv, dLv, dk, dq, dabar, dpbar, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
-        ok &= check("forward ys", d_ys, ys);
-        ok &= check("backward dv", d_dv, dv);
-        ok &= check("backward dLv", d_dLv, dLv);
-        ok &= check("backward dk", d_dk, dk);
-        ok &= check("backward dq", d_dq, dq);
-        ok &= check("backward dabar", d_dabar, dabar);
-        ok &= check("backward dpbar", d_dpbar, dpbar);
+        std::vector<double> ref[KALMAN_OUTPUTS];
+        kalman_reference(ref, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
+        const float* got[KALMAN_OUTPUTS] = {d_ys, d_dv, d_dLv, d_dk, d_dq, d_dabar, d_dpbar};
+        for (int i = 0; i < KALMAN_OUTPUTS; i++) { ok &= check(KALMAN_OUTPUT_NAMES[i], got[i], ref[i]); }
     }
 
     cudaEvent_t start, stop;

@@ -60,9 +60,8 @@ int main(int argc, char** argv) {
         abar[i] = 0.905f + 0.094f * U(rng);
         pbar[i] = 0.01f * (1.0f - abar[i] * abar[i]) / 2.0f;
     }
-    std::vector<double> rys(BT * Dk), rdv(BT * Dk), rdLv(BT * Dk), rdk(BT * N, 0.0), rdq(BT * N, 0.0),
-        rdabar(abar.size(), 0.0), rdpbar(abar.size(), 0.0);
-    kalman_reference(rys, rdv, rdLv, rdk, rdq, rdabar, rdpbar, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
+    std::vector<double> ref[KALMAN_OUTPUTS];
+    kalman_reference(ref, v, Lv, k, q, abar, pbar, dys, B, T, Dk, N);
     int ok = 1;
     // one segment, then time segments (spec 3.5): each against the reference, and against one segment's outputs
     std::vector<float> ys;
@@ -77,13 +76,8 @@ int main(int argc, char** argv) {
                                ck.data(), v.data(), Dk, Lv.data(), k.data(), q.data(), abar.data(), pbar.data(), B, T,
                                Dk, N, S, scratch.data(), 0);
         printf(" %d segment(s) of up to %d tiles\n", kalman_effective_segments(T, S), kalman_tiles_per_segment(T, S));
-        ok &= check("ys", y, rys);
-        ok &= check("dv", dv, rdv);
-        ok &= check("dLv", dLv, rdLv);
-        ok &= check("dk", dk, rdk);
-        ok &= check("dq", dq, rdq);
-        ok &= check("dabar", dabar, rdabar);
-        ok &= check("dpbar", dpbar, rdpbar);
+        const std::vector<float>* got[KALMAN_OUTPUTS] = {&y, &dv, &dLv, &dk, &dq, &dabar, &dpbar};
+        for (int i = 0; i < KALMAN_OUTPUTS; i++) { ok &= check(KALMAN_OUTPUT_NAMES[i], *got[i], ref[i]); }
         if (S == 1) {
             ys = y;
         } else {   // the forward's output against one segment's
