@@ -69,31 +69,42 @@ template <typename Tc> struct GdnTile {
 
 
 // ----------------------------------------------------------------------------------------------------------
+// the decay kinds: one log decay per (token, head), the same on every channel (gdn, kaczmarz, pgdn; pdn's is 0),
+// or one per (token, head, channel) (pkda, spec/pdn.md 3.2)
+typedef enum { GDN_DECAY_HEAD, GDN_DECAY_CHANNEL } GdnDecay;
+
 // saved tensors (per layer) and workspace. c = (b*H + h)*NT + n indexes a chunk.
-//   saved:     Tm fp32 [c][BT][BT], G fp32 [c][BT], h Tc [c][dk][dv] (chunk-start states), Vn Tc [c][BT][dv],
-//              W Tc [c][BT][dk]
+//   saved:     Tm fp32 [c][BT][BT], G fp32 [c][BT] (per channel: [c][BT][dk]), h Tc [c][dk][dv] (chunk-start
+//              states), Vn Tc [c][BT][dv], W Tc [c][BT][dk]; per channel also A0 fp32 [c][BT][BT] (the decayed
+//              K Kw^T without beta, strictly lower), Aqk Tc [c][BT][BT] (scale times the decayed Q Kw^T, lower),
+//              Qg Tc [c][BT][dk] (scale Q (.) exp(G)) and Kwe Tc [c][BT][dk] (Kw (.) exp(G_BT - G))
 //   workspace: forward U Tc [c][BT][dv]; backward dVl/dVn fp32 [c][BT][dv] (dVn overwrites dVl in place),
 //              dE Tc [c][dk][dv]
 // The byte counts are for Tc = float (an upper bound; bf16 uses less of the same buffers).
 
-typedef struct { size_t Tm, G, h, Vn, W, total; } GdnSavedLayout;
+typedef struct { size_t Tm, G, h, Vn, W, A0, Aqk, Qg, Kwe, total; } GdnSavedLayout;
 
 static size_t gdn_align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-static GdnSavedLayout gdn_saved_layout(int B, int T, int H, int dk, int dv, size_t tc_bytes) {
+static GdnSavedLayout gdn_saved_layout(int B, int T, int H, int dk, int dv, size_t tc_bytes, GdnDecay decay) {
     const size_t BT = GDN_CHUNK, nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
+    const int ch = decay == GDN_DECAY_CHANNEL;
     GdnSavedLayout l;
     l.Tm = 0;
     l.G = l.Tm + gdn_align256(nchunks * BT * BT * sizeof(float));
-    l.h = l.G + gdn_align256(nchunks * BT * sizeof(float));
+    l.h = l.G + gdn_align256(nchunks * BT * (ch ? dk : 1) * sizeof(float));
     l.Vn = l.h + gdn_align256(nchunks * dk * dv * tc_bytes);
     l.W = l.Vn + gdn_align256(nchunks * BT * dv * tc_bytes);
-    l.total = l.W + gdn_align256(nchunks * BT * dk * tc_bytes);
+    l.A0 = l.W + gdn_align256(nchunks * BT * dk * tc_bytes);
+    l.Aqk = l.A0 + ch * gdn_align256(nchunks * BT * BT * sizeof(float));
+    l.Qg = l.Aqk + ch * gdn_align256(nchunks * BT * BT * tc_bytes);
+    l.Kwe = l.Qg + ch * gdn_align256(nchunks * BT * dk * tc_bytes);
+    l.total = l.Kwe + ch * gdn_align256(nchunks * BT * dk * tc_bytes);
     return l;
 }
 
-static size_t gdn_chunk_saved_bytes(int B, int T, int H, int dk, int dv) {
-    return gdn_saved_layout(B, T, H, dk, dv, sizeof(float)).total;
+static size_t gdn_chunk_saved_bytes(int B, int T, int H, int dk, int dv, GdnDecay decay) {
+    return gdn_saved_layout(B, T, H, dk, dv, sizeof(float), decay).total;
 }
 
 static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv) {
@@ -197,63 +208,195 @@ __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// per-channel decay (pkda, spec/pdn.md 3.2): inside a chunk the products carry exp(G[r][c] - G[s][c]) in the sum
+// over the channels c, so they are no plain GEMMs. They are formed on blocks of GDN_SUB = 16 rows (spec/pdn.md 5;
+// dev/cuda/pkda_chunk_check.py is this algorithm in numpy): an off-diagonal block is a GEMM whose two operands carry
+// exponents against a reference row between them, so that every factor is exp(<= 0) and nothing overflows however
+// strong the decay; a diagonal block is formed per element with the exponent of the difference. For one slab of ws
+// channels, X and Y the raw operand tiles (Tc, stride ldt), G the slab's cumulative log decays (fp32, stride ldg):
+//   gdn_decay_product  P[r][s] (+)= sum_c X[r][c] Y[s][c] exp(G[r][c] - G[s][c])    for s < r (s <= r with DIAG)
+//   gdn_decay_rows     R[r][c]  = sum_{s <= r} D[r][s] Y[s][c] exp(G[r][c] - G[s][c])  (D lower triangular)
+//   gdn_decay_cols     C[s][c]  = sum_{r >= s} D[r][s] X[r][c] exp(G[r][c] - G[s][c])
+// Row block I's products with the blocks before it take its first row f = 16 I as the reference: the rows of
+// block I as X_r exp(G_r - G_f) (gdn_decay_refer_rows) against the stacked rows s < f as Y_s exp(G_f - G_s)
+// (gdn_decay_stack_before: blocks 1, 2, 3 stacked at rows 0, 16, 48). The column sums of gdn_decay_cols take each
+// column block J's last row e = 16 J + 15 as the reference instead, against the rows after it, X_r exp(G_r - G_e)
+// (gdn_decay_stack_after: blocks 0, 1, 2 stacked at rows 0, 48, 80), so that one GEMM per block J sums all of
+// them and a factor exp(G_e - G_s) of J's own finishes the sum.
+
+#define GDN_SUB 16
+#define GDN_NSUB (GDN_CHUNK / GDN_SUB)
+#define GDN_STACK_ROWS 96   // 16 + 32 + 48: the stacked rows of the three off-diagonal row (or column) blocks
+
+__host__ __device__ constexpr int gdn_before_off(int I) { return 8 * I * (I - 1); }   // block I's rows s < 16 I
+__host__ __device__ constexpr int gdn_after_off(int J) { return 8 * J * (7 - J); }    // block J's rows r > 16 J + 15
+
+// Xr[r][c] = X[r][c] exp(G[r][c] - G[f][c]), f the first row of r's block
+template <typename Tc>
+__device__ void gdn_decay_refer_rows(Tc* Xr, const Tc* X, int ldt, const float* G, int ldg, int ws) {
+    cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
+        const int f = r & ~(GDN_SUB - 1);
+        Xr[r * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * expf(G[r * ldg + c] - G[f * ldg + c]));
+    });
+}
+
+// Sb[before_off(I) + s][c] = Y[s][c] exp(G[16 I][c] - G[s][c]) for s < 16 I, I = 1 .. 3
+template <typename Tc>
+__device__ void gdn_decay_stack_before(Tc* Sb, const Tc* Y, int ldt, const float* G, int ldg, int ws) {
+    cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
+        const int I = i < gdn_before_off(2) ? 1 : i < gdn_before_off(3) ? 2 : 3, s = i - gdn_before_off(I);
+        Sb[i * ldt + c] = from_float<Tc>(to_float(Y[s * ldt + c]) * expf(G[GDN_SUB * I * ldg + c] - G[s * ldg + c]));
+    });
+}
+
+// Sa[after_off(J) + r - 16 (J + 1)][c] = X[r][c] exp(G[r][c] - G[16 J + 15][c]) for r > 16 J + 15, J = 0 .. 2
+template <typename Tc>
+__device__ void gdn_decay_stack_after(Tc* Sa, const Tc* X, int ldt, const float* G, int ldg, int ws) {
+    cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
+        const int J = i < gdn_after_off(1) ? 0 : i < gdn_after_off(2) ? 1 : 2;
+        const int r = i - gdn_after_off(J) + GDN_SUB * (J + 1), e = GDN_SUB * J + GDN_SUB - 1;
+        Sa[i * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * expf(G[r * ldg + c] - G[e * ldg + c]));
+    });
+}
+
+// P (+)= the decayed X Y^T at and below the diagonal blocks (acc: add to P). The strictly upper part of each
+// diagonal block and the blocks above them are left alone: the callers mask them. Xr = gdn_decay_refer_rows(X),
+// Sb = gdn_decay_stack_before(Y). The diagonal blocks: thread per (block, r, s), s <= r (s < r).
+template <bool DIAG, typename Tc>
+__device__ void gdn_decay_product(float* P, int ldp, const Tc* X, const Tc* Y, const Tc* Xr, const Tc* Sb, int ldt,
+                                  const float* G, int ldg, int ws, bool acc) {
+    for (int I = 1; I < GDN_NSUB; I++) {
+        cta_mm<false, true>(P + GDN_SUB * I * ldp, ldp, Xr + GDN_SUB * I * ldt, ldt, Sb + gdn_before_off(I) * ldt,
+                            ldt, GDN_SUB, GDN_SUB * I, ws, acc, false);
+    }
+    for (int idx = threadIdx.x; idx < GDN_NSUB * GDN_SUB * GDN_SUB; idx += blockDim.x) {
+        const int f = (idx / (GDN_SUB * GDN_SUB)) * GDN_SUB, r = f + (idx / GDN_SUB) % GDN_SUB, s = f + idx % GDN_SUB;
+        if (DIAG ? s > r : s >= r) { continue; }
+        float sum = acc ? P[r * ldp + s] : 0.0f;
+        for (int c = 0; c < ws; c++) {
+            sum = fmaf(to_float(X[r * ldt + c]) * to_float(Y[s * ldt + c]), expf(G[r * ldg + c] - G[s * ldg + c]), sum);
+        }
+        P[r * ldp + s] = sum;
+    }
+    __syncthreads();
+}
+
+// R[r][c] = sum_{s <= r} D[r][s] Y[s][c] exp(G[r][c] - G[s][c]) (D lower triangular, Tc, stride ldd; a strictly
+// lower D has zeros on its diagonal). Sb = gdn_decay_stack_before(Y).
+template <typename Tc>
+__device__ void gdn_decay_rows(float* R, int ldr, const Tc* D, int ldd, const Tc* Y, const Tc* Sb, int ldt,
+                               const float* G, int ldg, int ws) {
+    for (int I = 1; I < GDN_NSUB; I++) {
+        cta_mm<false, false>(R + GDN_SUB * I * ldr, ldr, D + GDN_SUB * I * ldd, ldd, Sb + gdn_before_off(I) * ldt,
+                             ldt, GDN_SUB, ws, GDN_SUB * I, false, false);
+    }
+    __syncthreads();
+    cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
+        const int f = r & ~(GDN_SUB - 1);
+        const float Gr = G[r * ldg + c];
+        float sum = f > 0 ? R[r * ldr + c] * expf(Gr - G[f * ldg + c]) : 0.0f;
+        for (int s = f; s <= r; s++) {
+            sum = fmaf(to_float(D[r * ldd + s]) * to_float(Y[s * ldt + c]), expf(Gr - G[s * ldg + c]), sum);
+        }
+        R[r * ldr + c] = sum;
+    });
+}
+
+// C[s][c] = sum_{r >= s} D[r][s] X[r][c] exp(G[r][c] - G[s][c]) (D as in gdn_decay_rows). Sa = gdn_decay_stack_after(X).
+template <typename Tc>
+__device__ void gdn_decay_cols(float* C, int ldc, const Tc* D, int ldd, const Tc* X, const Tc* Sa, int ldt,
+                               const float* G, int ldg, int ws) {
+    for (int J = 0; J < GDN_NSUB - 1; J++) {
+        cta_mm<true, false>(C + GDN_SUB * J * ldc, ldc, D + GDN_SUB * (J + 1) * ldd + GDN_SUB * J, ldd,
+                            Sa + gdn_after_off(J) * ldt, ldt, GDN_SUB, ws, GDN_SUB * (GDN_NSUB - 1 - J), false, false);
+    }
+    __syncthreads();
+    cta_for_each(GDN_CHUNK, ws, [&](int s, int c) {
+        const int e = s | (GDN_SUB - 1);
+        const float Gs = G[s * ldg + c];
+        float sum = e < GDN_CHUNK - 1 ? C[s * ldc + c] * expf(G[e * ldg + c] - Gs) : 0.0f;
+        for (int r = s; r <= e; r++) {
+            sum = fmaf(to_float(D[r * ldd + s]) * to_float(X[r * ldt + c]), expf(G[r * ldg + c] - Gs), sum);
+        }
+        C[s * ldc + c] = sum;
+    });
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
 
 template <typename Tc> struct GdnIntraSmem {
     float *A, *Tm, *X, *C, *G, *beta, *bg;
     Tc *Tm_op, *slab, *slab_w;   // slab_w: the write key's slab where it differs from the read key's
+    Tc *slab_x, *Sb;             // per-channel decay: a third raw slab, and the stacked rows (gdn_decay_stack_before)
     size_t bytes;
-    __host__ __device__ explicit GdnIntraSmem(size_t base) {
+    // G: [BT] per head, [BT][dkp + 4] (stride gdn_intra_ldg) per channel
+    __host__ __device__ GdnIntraSmem(size_t base, GdnDecay decay, int dkp) {
         typedef GdnTile<Tc> TL;
+        const bool ch = decay == GDN_DECAY_CHANNEL;
         SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         X = cv.take<float>(3 * 256);
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
-        G = cv.take<float>(GDN_CHUNK);
+        G = cv.take<float>(ch ? (size_t)GDN_CHUNK * (dkp + 4) : GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
         bg = cv.take<float>(GDN_CHUNK);
         Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
         slab = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         slab_w = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        slab_x = cv.take<Tc>(ch ? GDN_CHUNK * TL::LDT : 0);
+        Sb = cv.take<Tc>(ch ? GDN_STACK_ROWS * TL::LDT : 0);
         bytes = cv.off;
     }
 };
 
-// g_stride: the distance between the log decays of consecutive (token, head) pairs (1 for a [BT, H] g; dk for
-// the pdn family's per-channel [BT, H*dk] g, whose scalar decay is every channel's)
-template <typename Tin, typename Tc>
+// per head, g_stride is the distance between the log decays of consecutive (token, head) pairs (1 for a [BT, H] g;
+// dk for the pdn family's per-channel [BT, H*dk] g, whose scalar decay is every channel's); per channel, g is
+// [BT, H*dk]. Per channel the kernel also saves A0, Qg and Kwe (see the saved layout), and needs q and scale.
+template <typename Tin, typename Tc, GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_THREADS)
-gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, const Tin* k, const Tin* v,
-                     int ld_qkv, const Tin* kw, int ld_kw, const float* beta, const float* g, int g_stride, int T,
-                     int H, int NT, int dk, int dv) {
+gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, float* A0_saved, Tc* Qg_saved,
+                     Tc* Kwe_saved, const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+                     const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv,
+                     float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    GdnIntraSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv), ldg = dkp + 4;
+    GdnIntraSmem<Tc> sm((size_t)gdn_smem, DECAY, dkp);
 
-    // beta and g (0 on padded rows) in one round trip, then G_i = sum_{m<=i} g_m reset at the chunk start
-    // (spec 3.1), in place: one thread, fixed order
-    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
+    // beta and g (0 on padded rows and channels), then G = the cumulative sum of g from the chunk start (spec 3.1),
+    // in place, in a fixed order: one thread (per channel)
+    if constexpr (CH) {
+        cta_for_each(BT, dkp, [&](int r, int d) {
+            sm.G[r * ldg + d] = r < p.L && d < dk ? g[((p.row0 + r) * H + p.h) * dk + d] : 0.0f;
+        });
+    } else {
+        for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+            sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
+        }
     }
     gdn_load_beta(sm.beta, beta, p, H);
-    if (threadIdx.x == 0) {
+    for (int d = threadIdx.x; d < (CH ? dkp : 1); d += blockDim.x) {
         float acc = 0.0f;
         for (int r = 0; r < BT; r++) {
-            acc += sm.G[r];
-            sm.G[r] = acc;
+            acc += sm.G[r * (CH ? ldg : 1) + d];
+            sm.G[r * (CH ? ldg : 1) + d] = acc;
         }
     }
     __syncthreads();
+    if constexpr (CH) {
+        cta_for_each(BT, dk, [&](int r, int d) { G_saved[(p.c * BT + r) * dk + d] = sm.G[r * ldg + d]; });
+    }
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        G_saved[p.c * BT + r] = sm.G[r];
-        sm.bg[r] = sm.beta[r] * expf(sm.G[r]);
+        if (!CH) { G_saved[p.c * BT + r] = sm.G[r]; }
+        sm.bg[r] = CH ? sm.beta[r] : sm.beta[r] * expf(sm.G[r]);   // per channel the exp(G) goes per element
     }
 
-    // K Kw^T over dk slabs
+    // K Kw^T over dk slabs: per head one GEMM, the decay applied below; per channel the blocked decayed product
     const bool split = kw != k;
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
@@ -263,13 +406,27 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
         } else {
             tile_load<2>(k_tile);
         }
-        cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, split ? sm.slab_w : sm.slab, TL::LDT, BT, BT, ws,
-                            s0 > 0);
+        const Tc* Kw = split ? sm.slab_w : sm.slab;
+        if constexpr (CH) {
+            gdn_decay_refer_rows(sm.slab_x, sm.slab, TL::LDT, sm.G + s0, ldg, ws);
+            gdn_decay_stack_before(sm.Sb, Kw, TL::LDT, sm.G + s0, ldg, ws);
+            gdn_decay_product<false>(sm.A, TL::LDF_BT, sm.slab, Kw, sm.slab_x, sm.Sb, TL::LDT, sm.G + s0, ldg, ws,
+                                     s0 > 0);
+        } else {
+            cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, Kw, TL::LDT, BT, BT, ws, s0 > 0);
+        }
     }
-    // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0 (the exp only for i > j, spec 5)
+    // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0 (per head the exp only for i > j, spec 5); per
+    // channel A0 = A without beta is saved for dbeta
     cta_for_each(BT, BT, [&](int i, int j) {
         float* a = sm.A + i * TL::LDF_BT + j;
-        *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
+        if constexpr (CH) {
+            const float a0 = i > j ? *a : 0.0f;
+            A0_saved[(p.c * BT + i) * BT + j] = a0;
+            *a = sm.beta[i] * a0;
+        } else {
+            *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
+        }
     });
     gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
     cta_for_each(BT, BT, [&](int i, int j) {
@@ -277,11 +434,30 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
         Tm_saved[(p.c * BT + i) * BT + j] = t;
         sm.Tm_op[i * TL::LDT_BT + j] = from_float<Tc>(t);
     });
-    // W = Tm diag(beta gam) K, slab by slab of dk
+    // W = Tm diag(beta gam) K, slab by slab of dk (per channel Tm diag(beta) (K (.) exp(G)), and the operands
+    // Qg = scale Q (.) exp(G) and Kwe = Kw (.) exp(G_BT - G) of the state and output kernels are saved)
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
-        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
+        Tc* kbg = sm.slab;
+        if constexpr (CH) {
+            tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0),
+                         gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0),
+                         gdn_in_tile(sm.slab_x, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+            kbg = sm.Sb;
+            cta_for_each(BT, ws, [&](int r, int c) {
+                const float G = sm.G[r * ldg + s0 + c], e = expf(G);
+                kbg[r * TL::LDT + c] = from_float<Tc>(sm.beta[r] * to_float(sm.slab[r * TL::LDT + c]) * e);
+                if (s0 + c < dk) {
+                    const size_t off = (p.c * BT + r) * dk + s0 + c;
+                    Qg_saved[off] = from_float<Tc>(scale * to_float(sm.slab_x[r * TL::LDT + c]) * e);
+                    Kwe_saved[off] = from_float<Tc>(to_float(sm.slab_w[r * TL::LDT + c]) *
+                                                    expf(sm.G[(BT - 1) * ldg + s0 + c] - G));
+                }
+            });
+        } else {
+            tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
+        }
+        cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, kbg, TL::LDT, BT, ws, BT, false);
         cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
@@ -300,7 +476,8 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, c
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 2 (spec 3.3 step 3): the state pass, sequential over the chunks of one (b, h), one CTA per
 // GDN_STATE_BV columns of dv. The state S (dk x BV) stays in shared memory in fp32. Each step waits for two
-// batched loads: the chunk's U with the (first) W slab, then the Kw slab.
+// batched loads: the chunk's U with the (first) W slab, then the Kw slab. Per channel (spec/pdn.md 3.2) the
+// decay goes with the key instead of Vn: S <- diag(gam_BT) S + Kwe^T Vn with the saved Kwe = Kw (.) exp(G_BT - G).
 
 // groups of 8 per thread that one round trip of a state kernel's slab load needs (a BT x SLS slab)
 template <typename Tc> struct GdnStateLoad {
@@ -317,7 +494,7 @@ template <typename Tc> struct GdnStateSmem {
         SmemCarver cv(base);
         S = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
-        G = cv.take<float>(GDN_CHUNK);
+        G = cv.take<float>(GDN_STATE_THREADS);   // per head G [BT]; per channel exp(G_BT) [dk]
         S_op = cv.take<Tc>((size_t)dkp * TL::LDT_BV);
         slab = cv.take<Tc>(GDN_CHUNK * TL::LDTS);
         V_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BV);
@@ -326,12 +503,14 @@ template <typename Tc> struct GdnStateSmem {
     }
 };
 
-template <typename Tin, typename Tc>
+template <typename Tin, typename Tc, GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* W_saved, const Tc* U_work,
-                     const Tin* kw, int ld_kw, int T, int H, int NT, int dk, int dv) {
+                     const Tin* kw, int ld_kw, const Tc* Kwe_saved, int T, int H, int NT, int dk, int dv) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    static_assert(GDN_STATE_THREADS >= 256, "per channel: one thread per channel of dk <= 256");
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const int dkp = round16_dev(dk);
     GdnStateSmem<Tc> sm((size_t)gdn_smem, dkp);
@@ -342,15 +521,17 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
     for (int n = 0; n < NT; n++) {
         const size_t c = (size_t)bh * NT + n;
         const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
-        // G (stored once the tile loads below are in flight); h_n = S (saved for the output kernel and the
-        // backward), and S as a matrix operand
-        const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
+        // G (per channel G_BT; stored once the tile loads below are in flight); h_n = S (saved for the output
+        // kernel and the backward), and S as a matrix operand
+        float g_r = 0.0f;
+        if (CH && threadIdx.x < dk) { g_r = G_saved[(c * BT + BT - 1) * dk + threadIdx.x]; }
+        if (!CH && threadIdx.x < BT) { g_r = G_saved[c * BT + threadIdx.x]; }
         cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.S[d * TL::LDF_BV + j]);
             sm.S_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { h_saved[(c * dk + d) * dv + v0 + j] = x; }
         });
-        if (threadIdx.x < BT) { sm.G[threadIdx.x] = g_r; }
+        if (threadIdx.x < (CH ? dkp : BT)) { sm.G[threadIdx.x] = CH ? expf(g_r) : g_r; }
         // W S, contracting over dk slab by slab; U comes with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
@@ -363,7 +544,8 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
             cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.S_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
         }
-        // Vn = U - W S (the true write vectors u_i, spec 3.1); V_op = diag(exp(G_BT - G)) Vn; S <- gam_BT S
+        // Vn = U - W S (the true write vectors u_i, spec 3.1); V_op = diag(exp(G_BT - G)) Vn (per channel Vn);
+        // S <- gam_BT S
         const float G_last = sm.G[BT - 1];
         cta_for_each(BT, BV, [&](int r, int j) {
             float vn = 0.0f;
@@ -371,14 +553,18 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
                 vn = to_float(sm.U[r * TL::LDT_BV + j]) - sm.C[r * TL::LDF_BV + j];
                 Vn_saved[(c * BT + r) * dv + v0 + j] = from_float<Tc>(vn);
             }
-            sm.V_op[r * TL::LDT_BV + j] = from_float<Tc>(vn * expf(G_last - sm.G[r]));
+            sm.V_op[r * TL::LDT_BV + j] = from_float<Tc>(CH ? vn : vn * expf(G_last - sm.G[r]));
         });
         const float gam_last = expf(G_last);
-        cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= gam_last; });
-        // S += Kw^T V_op, slab of dk rows by slab
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.S[d * TL::LDF_BV + j] *= CH ? sm.G[d] : gam_last; });
+        // S += Kw^T V_op (per channel Kwe^T Vn), slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0));
+            if constexpr (CH) {
+                tile_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, Kwe_saved + c * BT * dk, BT, dk, 0, s0));
+            } else {
+                tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0));
+            }
             cta_mm<true, false>(sm.S + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.V_op, TL::LDT_BV,
                                 ws, BV, BT, true);
         }
@@ -389,70 +575,106 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
 // forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per
 // (chunk, VO = 2 SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0. The dv tile is twice the slab
 // width so that Q Kw^T, and the loads of Q and Kw, are not repeated per dv tile at dv <= VO.
+// Per channel (spec/pdn.md 3.2): O = Qg h_n + Aqk Vn with the saved Qg = scale Q (.) exp(G) and Aqk = scale times
+// the decayed Q Kw^T (gdn_decay_product with its diagonal), which the first dv tile's CTA saves for the backward.
 
 template <typename Tc> struct GdnOutputSmem {
-    float *P, *O, *G;
+    float *P, *O, *G, *Gs;       // Gs: per channel, the dk slab's G
     Tc *Q, *K, *Hs, *P_op, *Vn;
+    Tc *Qg, *Xr, *Sb;            // per channel: the slab of Qg, and gdn_decay_product's operands
     size_t bytes;
-    __host__ __device__ explicit GdnOutputSmem(size_t base) {
+    __host__ __device__ GdnOutputSmem(size_t base, GdnDecay decay) {
         typedef GdnTile<Tc> TL;
+        const bool ch = decay == GDN_DECAY_CHANNEL;
         SmemCarver cv(base);
         P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         O = cv.take<float>(GDN_CHUNK * TL::LDF_VO);
         G = cv.take<float>(GDN_CHUNK);
+        Gs = cv.take<float>(ch ? GDN_CHUNK * TL::LDF : 0);
         Q = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         K = cv.take<Tc>(GDN_CHUNK * (TL::LDT > TL::LDT_BT ? TL::LDT : TL::LDT_BT));
         P_op = K;   // the masked P replaces the K slab once the dk loop is done
         Hs = cv.take<Tc>(TL::SL * TL::LDT_VO);
         Vn = cv.take<Tc>(GDN_CHUNK * TL::LDT_VO);
+        Qg = cv.take<Tc>(ch ? GDN_CHUNK * TL::LDT : 0);
+        Xr = cv.take<Tc>(ch ? GDN_CHUNK * TL::LDT : 0);
+        Sb = cv.take<Tc>(ch ? GDN_STACK_ROWS * TL::LDT : 0);
         bytes = cv.off;
     }
 };
 
-template <typename Tin, typename Tc>
+template <typename Tin, typename Tc, GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_THREADS, 2)   // two CTAs per SM (registers and shared memory)
-gdn_fwd_output_kernel(Tin* o, int ld_o, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw, const float* G_saved,
-                      const Tc* h_saved, const Tc* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
+gdn_fwd_output_kernel(Tin* o, int ld_o, Tc* Aqk_saved, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
+                      const float* G_saved, const Tc* h_saved, const Tc* Vn_saved, const Tc* Qg_saved, int T, int H,
+                      int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, VO = TL::VO;
     constexpr int N = GDN_CHUNK * VO / 8 / GDN_THREADS;   // groups of 8 per thread of a BT x VO tile
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    GdnOutputSmem<Tc> sm((size_t)gdn_smem);
+    GdnOutputSmem<Tc> sm((size_t)gdn_smem, DECAY);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const int v0 = blockIdx.y * VO, wv = min(VO, dvp - v0);
 
-    // Q Kw^T and Q h_n, contracting over dk slab by slab; G and the Vn tile come with the first slab
+    // Q Kw^T and Q h_n (per channel Qg h_n and the decayed Q Kw^T), contracting over dk slab by slab; G (per head)
+    // and the Vn tile come with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
         const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
         const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0);
         const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT_VO, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
-        if (s0 == 0) {
-            tile_load<N>(q_tile, k_tile, h_tile,
-                        gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
-                        gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
+        if constexpr (CH) {
+            const auto qg_tile = gdn_mat_tile(sm.Qg, TL::LDT, BT, ws, Qg_saved + p.c * BT * dk, BT, dk, 0, s0);
+            const auto g_tile = gdn_mat_tile(sm.Gs, TL::LDF, BT, ws, G_saved + p.c * BT * dk, BT, dk, 0, s0);
+            if (s0 == 0) {
+                tile_load<N>(q_tile, k_tile, h_tile, qg_tile, g_tile,
+                             gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0));
+            } else {
+                tile_load<N>(q_tile, k_tile, h_tile, qg_tile, g_tile);
+            }
+            cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Qg, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0, false);
+            gdn_decay_refer_rows(sm.Xr, sm.Q, TL::LDT, sm.Gs, TL::LDF, ws);
+            gdn_decay_stack_before(sm.Sb, sm.K, TL::LDT, sm.Gs, TL::LDF, ws);
+            gdn_decay_product<true>(sm.P, TL::LDF_BT, sm.Q, sm.K, sm.Xr, sm.Sb, TL::LDT, sm.Gs, TL::LDF, ws, s0 > 0);
         } else {
-            tile_load<N>(q_tile, k_tile, h_tile);
+            if (s0 == 0) {
+                tile_load<N>(q_tile, k_tile, h_tile,
+                            gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
+                            gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
+            } else {
+                tile_load<N>(q_tile, k_tile, h_tile);
+            }
+            cta_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
+            cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
         }
-        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
-        cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
     }
-    cta_for_each(BT, BT, [&](int i, int j) {
-        sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
-    });
-    cta_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
+    if constexpr (CH) {
+        cta_for_each(BT, BT, [&](int i, int j) {
+            const Tc x = from_float<Tc>(i >= j ? scale * sm.P[i * TL::LDF_BT + j] : 0.0f);
+            sm.P_op[i * TL::LDT_BT + j] = x;
+            if (blockIdx.y == 0) { Aqk_saved[(p.c * BT + i) * BT + j] = x; }
+        });
+    } else {
+        cta_for_each(BT, BT, [&](int i, int j) {
+            sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
+        });
+        cta_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
+    }
     cta_mm<false, false>(sm.O, TL::LDF_VO, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT_VO, BT, wv, BT, true);
+    const float out_scale = CH ? 1.0f : scale;   // per channel the scale is in Qg and Aqk
     cta_for_each(p.L, wv, [&](int r, int j) {
         if (v0 + j < dv) {
-            o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(scale * sm.O[r * TL::LDF_VO + j]);
+            o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(out_scale * sm.O[r * TL::LDF_VO + j]);
         }
     });
 }
 
 // ----------------------------------------------------------------------------------------------------------
 // backward kernel 2 (spec 3.4 Kernel 2): dVl = scale (Kw Q^T (.) M^T) dO, i.e.
-// dVl_i = scale sum_{j>=i} exp(G_j - G_i) (kw_i.q_j) dO_j, written fp32 to the dVn workspace
+// dVl_i = scale sum_{j>=i} exp(G_j - G_i) (kw_i.q_j) dO_j, written fp32 to the dVn workspace; per channel
+// dVl = Aqk^T dO with the forward's saved Aqk
 
 template <typename Tc> struct GdnDvlocalSmem {
     float *P, *C, *G;
@@ -471,30 +693,35 @@ template <typename Tc> struct GdnDvlocalSmem {
     }
 };
 
-template <typename Tin, typename Tc>
+template <typename Tin, typename Tc, GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_THREADS)
 gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
-                       const float* G_saved, int T, int H, int NT, int dk, int dv, float scale) {
+                       const float* G_saved, const Tc* Aqk_saved, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnDvlocalSmem<Tc> sm((size_t)gdn_smem);
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = round16_dev(dk), dvp = round16_dev(dv);
-    gdn_load_G(sm.G, G_saved, p.c);
-    for (int s0 = 0; s0 < dkp; s0 += SL) {
-        const int ws = min(SL, dkp - s0);
-        tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0),
-                     gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
-        cta_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
+    if constexpr (CH) {
+        tile_load<2>(gdn_mat_tile(sm.P_op, TL::LDT_BT, BT, BT, Aqk_saved + p.c * BT * BT, BT, BT, 0, 0));
+    } else {
+        gdn_load_G(sm.G, G_saved, p.c);
+        for (int s0 = 0; s0 < dkp; s0 += SL) {
+            const int ws = min(SL, dkp - s0);
+            tile_load<2>(gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0),
+                         gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+            cta_mm<false, true>(sm.P, TL::LDF_BT, sm.K, TL::LDT, sm.Q, TL::LDT, BT, BT, ws, s0 > 0);
+        }
+        cta_for_each(BT, BT, [&](int i, int j) {
+            sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(j >= i ? scale * sm.P[i * TL::LDF_BT + j] * expf(sm.G[j] - sm.G[i]) : 0.0f);
+        });
     }
-    cta_for_each(BT, BT, [&](int i, int j) {
-        sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(j >= i ? scale * sm.P[i * TL::LDF_BT + j] * expf(sm.G[j] - sm.G[i]) : 0.0f);
-    });
     for (int s0 = 0; s0 < dvp; s0 += SL) {
         const int ws = min(SL, dvp - s0);
         tile_load<2>(gdn_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
-        cta_mm<false, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
+        cta_mm<CH, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
         cta_for_each(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
         });
@@ -507,6 +734,7 @@ gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, i
 //     store dE_n = dE
 //     dVn_n = dVl_n + diag(exp(G_BT - G)) Kw dE
 //     dE    = gam_BT dE + scale (diag(gam) Q)^T dO - W^T dVn_n
+// Per channel (spec/pdn.md 3.2) with the saved Kwe and Qg: dVn_n = dVl_n + Kwe dE, dE = diag(gam_BT) dE + Qg^T dO - W^T dVn_n
 
 template <typename Tc> struct GdnBwdStateSmem {
     float *E, *C, *G, *sg, *dVl;
@@ -517,7 +745,7 @@ template <typename Tc> struct GdnBwdStateSmem {
         SmemCarver cv(base);
         E = cv.take<float>((size_t)dkp * TL::LDF_BV);
         C = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
-        G = cv.take<float>(GDN_CHUNK);
+        G = cv.take<float>(GDN_STATE_THREADS);   // per head G [BT]; per channel exp(G_BT) [dk]
         sg = cv.take<float>(GDN_CHUNK);
         dVl = cv.take<float>(GDN_CHUNK * TL::LDF_BV);
         E_op = cv.take<Tc>((size_t)dkp * TL::LDT_BV);
@@ -528,13 +756,14 @@ template <typename Tc> struct GdnBwdStateSmem {
     }
 };
 
-template <typename Tin, typename Tc>
+template <typename Tin, typename Tc, GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, const Tin* q, int ld_qkv, const Tin* kw,
-                     int ld_kw, const float* G_saved, const Tc* W_saved, int T, int H, int NT, int dk, int dv,
-                     float scale) {
+                     int ld_kw, const float* G_saved, const Tc* W_saved, const Tc* Qg_saved, const Tc* Kwe_saved,
+                     int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SLS, BV = GDN_STATE_BV;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const int dkp = round16_dev(dk);
     GdnBwdStateSmem<Tc> sm((size_t)gdn_smem, dkp);
@@ -545,25 +774,34 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
     for (int n = NT - 1; n >= 0; n--) {
         const size_t c = (size_t)bh * NT + n;
         const GdnChunkPos p = gdn_chunk_pos(c, T, H, NT);
-        const float g_r = threadIdx.x < BT ? G_saved[c * BT + threadIdx.x] : 0.0f;
+        float g_r = 0.0f;
+        if (CH && threadIdx.x < dk) { g_r = G_saved[(c * BT + BT - 1) * dk + threadIdx.x]; }
+        if (!CH && threadIdx.x < BT) { g_r = G_saved[c * BT + threadIdx.x]; }
         cta_for_each(dkp, BV, [&](int d, int j) {
             const Tc x = from_float<Tc>(sm.E[d * TL::LDF_BV + j]);
             sm.E_op[d * TL::LDT_BV + j] = x;
             if (d < dk && v0 + j < dv) { dE_work[(c * dk + d) * dv + v0 + j] = x; }
         });
-        if (threadIdx.x < BT) {
+        if (CH && threadIdx.x < dkp) { sm.G[threadIdx.x] = expf(g_r); }
+        if (!CH && threadIdx.x < BT) {
             sm.G[threadIdx.x] = g_r;
             sm.sg[threadIdx.x] = scale * expf(g_r);
         }
-        // Kw dE, contracting over dk slab by slab; dO and dVl come with the first slab
+        // Kw dE (per channel Kwe dE), contracting over dk slab by slab; dO and dVl come with the first slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            const auto k_tile = gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0);
-            if (s0 == 0) {
-                tile_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
-                                      gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
+            const auto load = [&](const auto& k_tile) {
+                if (s0 == 0) {
+                    tile_load<(N + 1) / 2>(k_tile, gdn_in_tile(sm.dO_op, TL::LDT_BV, BV, dO, ld_o, p, dv, v0),
+                                          gdn_mat_tile(sm.dVl, TL::LDF_BV, BT, BV, dVn_work + c * BT * dv, BT, dv, 0, v0));
+                } else {
+                    tile_load<N>(k_tile);
+                }
+            };
+            if constexpr (CH) {
+                load(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, Kwe_saved + c * BT * dk, BT, dk, 0, s0));
             } else {
-                tile_load<N>(k_tile);
+                load(gdn_in_tile(sm.slab, TL::LDTS, ws, kw, ld_kw, p, dk, s0));
             }
             cta_mm<false, false>(sm.C, TL::LDF_BV, sm.slab, TL::LDTS, sm.E_op + s0 * TL::LDT_BV, TL::LDT_BV,
                                  BT, BV, ws, s0 > 0);
@@ -572,17 +810,21 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
         cta_for_each(BT, BV, [&](int r, int j) {
             float dvn = 0.0f;
             if (v0 + j < dv) {
-                dvn = sm.dVl[r * TL::LDF_BV + j] + expf(G_last - sm.G[r]) * sm.C[r * TL::LDF_BV + j];
+                dvn = sm.dVl[r * TL::LDF_BV + j] + (CH ? 1.0f : expf(G_last - sm.G[r])) * sm.C[r * TL::LDF_BV + j];
                 dVn_work[(c * BT + r) * dv + v0 + j] = dvn;
             }
             sm.dVn_op[r * TL::LDT_BV + j] = from_float<Tc>(-dvn);
         });
         const float gam_last = expf(G_last);
-        cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= gam_last; });
-        // dE += (scale diag(gam) Q)^T dO - W^T dVn, slab of dk rows by slab
+        cta_for_each(dkp, BV, [&](int d, int j) { sm.E[d * TL::LDF_BV + j] *= CH ? sm.G[d] : gam_last; });
+        // dE += (scale diag(gam) Q)^T dO - W^T dVn (per channel Qg^T dO - W^T dVn), slab of dk rows by slab
         for (int s0 = 0; s0 < dkp; s0 += SL) {
             const int ws = min(SL, dkp - s0);
-            tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
+            if constexpr (CH) {
+                tile_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, Qg_saved + c * BT * dk, BT, dk, 0, s0));
+            } else {
+                tile_load<N>(gdn_in_tile(sm.slab, TL::LDTS, ws, q, ld_qkv, p, dk, s0, sm.sg));
+            }
             cta_mm<true, false>(sm.E + s0 * TL::LDF_BV, TL::LDF_BV, sm.slab, TL::LDTS, sm.dO_op, TL::LDT_BV,
                                 ws, BV, BT, true);
             tile_load<N>(gdn_mat_tile(sm.slab, TL::LDTS, BT, ws, W_saved + c * BT * dk, BT, dk, 0, s0));
@@ -612,6 +854,38 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 // slab of phase 1, a dk slab's q, k and kbg with its first dv slab of phase 2, and phase 4 reads dk back while
 // it loads the K slab. The per-row dot products and the gradient rows are done warp per row (cta_rows), so
 // the global writes are coalesced.
+
+// phase 1 of both backward chunk kernels, over dv slabs: P = dO Vn^T, dT = dU vb^T, dvb = Tm^T dU ->
+// dv = diag(beta) dvb, dbeta += v.dvb. Tm comes with the first slab into sm.Tm_op; sm.beta and sm.dbeta are set.
+template <typename Tin, typename Tc, typename Smem>
+__device__ void gdn_bwd_phase1(Smem& sm, float* grad_v, int ld_d, const Tin* dO, int ld_o, const Tin* v, int ld_qkv,
+                               const float* Tm_c, const Tc* Vn_c, const float* dVn_c, const GdnChunkPos& p, int dv) {
+    typedef GdnTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
+    const int dvp = round16_dev(dv);
+    for (int s0 = 0; s0 < dvp; s0 += SL) {
+        const int ws = min(SL, dvp - s0);
+        const auto do_tile = gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0);
+        const auto vn_tile = gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0);
+        const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
+        const auto v_tile = gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0);
+        const auto vb_tile = gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta);
+        if (s0 == 0) {
+            tile_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0), do_tile, vn_tile, dvn_tile, v_tile,
+                        vb_tile);
+        } else {
+            tile_load<1>(do_tile, vn_tile, dvn_tile, v_tile, vb_tile);
+        }
+        cta_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
+        cta_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
+        cta_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
+            const float dvb = sm.F0[r * LDF + cc];
+            acc[0] = fmaf(sm.F1[r * LDF + cc], dvb, acc[0]);
+            grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
+        }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
+    }
+}
 
 template <typename Tc> struct GdnBwdChunkSmem {
     float *P, *dT, *KK;                 // BT x BT fp32
@@ -698,28 +972,7 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     __syncthreads();
 
     // phase 1, over dv slabs: P, dT = dU vb^T, dv, dbeta_b; Tm comes with the first slab
-    for (int s0 = 0; s0 < dvp; s0 += SL) {
-        const int ws = min(SL, dvp - s0);
-        const auto do_tile = gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0);
-        const auto vn_tile = gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0);
-        const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
-        const auto v_tile = gdn_in_tile(sm.F1, LDF, ws, v, ld_qkv, p, dv, s0);
-        const auto vb_tile = gdn_in_tile(sm.S3, LDT, ws, v, ld_qkv, p, dv, s0, sm.beta);
-        if (s0 == 0) {
-            tile_load<1>(gdn_mat_tile(sm.Tm_op, LDTB, BT, BT, Tm_c, BT, BT, 0, 0), do_tile, vn_tile, dvn_tile, v_tile,
-                        vb_tile);
-        } else {
-            tile_load<1>(do_tile, vn_tile, dvn_tile, v_tile, vb_tile);
-        }
-        cta_mm<false, true>(sm.P, LDFB, sm.S0, LDT, sm.S1, LDT, BT, BT, ws, s0 > 0, false);
-        cta_mm<false, true>(sm.dT, LDFB, sm.S2, LDT, sm.S3, LDT, BT, BT, ws, s0 > 0, false);
-        cta_mm<true, false>(sm.F0, LDF, sm.Tm_op, LDTB, sm.S2, LDT, BT, ws, BT, false);   // dvb = Tm^T dU
-        cta_rows<1>(p.L, min(ws, dv - s0), [&](int r, int cc, float* acc) {
-            const float dvb = sm.F0[r * LDF + cc];
-            acc[0] = fmaf(sm.F1[r * LDF + cc], dvb, acc[0]);
-            grad_v[(p.row0 + r) * ld_d + (size_t)p.h * dv + s0 + cc] = sm.beta[r] * dvb;
-        }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
-    }
+    gdn_bwd_phase1<Tin, Tc>(sm, grad_v, ld_d, dO, ld_o, v, ld_qkv, Tm_c, Vn_c, dVn_c, p, dv);
     cta_for_each(BT, BT, [&](int i, int j) {
         sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
     });
@@ -874,6 +1127,231 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// backward kernels 4, 5, 6 with a per-channel decay (spec/pdn.md 3.4; the steps of dev/cuda/pkda_chunk_check.py),
+// fused, one CTA per chunk, for a write key of its own (pkda). With dAqk = scale tril(dO Vn^T), Z1 = diag(beta) dA,
+// e = exp(G), el = exp(G_BT - G), the gdn_decay_rows / gdn_decay_cols products written rows(D, Y), cols(D, X):
+//   phase 1 (dv slabs)  as the per-head kernel: dO Vn^T, dT = dU vb^T, dv, dbeta_b
+//   phase 2 (dk slabs)  dQ = scale (dO h^T) (.) e + rows(dAqk, Kw)                               -> dq
+//                       dKw_st = (Vn dE^T) (.) el;  dKw_a = dKw_st + cols(dAqk, Q)
+//                       dW = -dVn h^T;  dT += dW kbg^T (kbg = diag(beta) K (.) e);  dkbg = Tm^T dW
+//                       dK_b = diag(beta) e (.) dkbg;  dbeta_b += (k (.) e).dkbg
+//                       dG (partial, into grad_g) = q dQ + k dK_b - kw dKw_a
+//                       ce = gam_BT (.) rowsum(h (.) dE) + colsum(kw (.) dKw_st)   (the chunk-end terms, per channel)
+//   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T);  dbeta_c_i = sum_j dA_ij A0_ij
+//   phase 4 (dk slabs)  dk = dK_b + rows(Z1, Kw);  dkw = dKw_a + cols(Z1, K);  dG += k rows(..) - kw cols(..),
+//                       dG[BT-1] += ce;  dg = the reverse cumulative sum of dG over the chunk, per channel
+//   phase 5             dbeta
+// The decay gradient is spec 3.4 step 7's identity: the gradient of a channel's cumulative log decay G[r] is
+// q dq + k dk - kw dkw at row r (every product's exponent G_r - G_s pairs a row with a column), plus the chunk-end
+// state's terms at the last row.
+
+template <typename Tc> struct GdnBwdChannelSmem {
+    float *P, *dT;                      // BT x BT fp32
+    float *F0, *F1, *F2, *Gs;           // BT x SL fp32; Gs: the dk slab's G
+    float *beta, *dbeta, *ce;           // [BT], [BT], ce: [256] the chunk-end terms of dG per channel
+    Tc *P_op, *Tm_op, *Z_op;            // BT x BT operands
+    Tc *S0, *S1, *S2, *S3, *S4;         // BT x SL operands of the dv loops; after phase 2's dv loop S0.. and S2..
+    Tc *Sb, *Sa;                        // hold the stacks of gdn_decay_rows (Sb) and gdn_decay_cols (Sa)
+    Tc *Sq, *Sk, *Skw, *Skb;            // BT x SL operands: the dk slab of q, k, kw (raw) and kbg
+    size_t bytes;
+    __host__ __device__ explicit GdnBwdChannelSmem(size_t base) {
+        typedef GdnTile<Tc> TL;
+        static_assert(2 * GDN_CHUNK >= GDN_STACK_ROWS, "a stack fits two dv-loop tiles");
+        SmemCarver cv(base);
+        P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        dT = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        F0 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F1 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F2 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        Gs = cv.take<float>(GDN_CHUNK * TL::LDF);
+        beta = cv.take<float>(GDN_CHUNK);
+        dbeta = cv.take<float>(GDN_CHUNK);
+        ce = cv.take<float>(256);
+        P_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Z_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        S0 = cv.take<Tc>(5 * GDN_CHUNK * TL::LDT);
+        S1 = S0 + GDN_CHUNK * TL::LDT;
+        S2 = S1 + GDN_CHUNK * TL::LDT;
+        S3 = S2 + GDN_CHUNK * TL::LDT;
+        S4 = S3 + GDN_CHUNK * TL::LDT;
+        Sb = S0;
+        Sa = S2;
+        Sq = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Sk = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Skw = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Skb = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_BWD_THREADS)
+gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                             float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const Tin* q, const Tin* k,
+                             const Tin* v, int ld_qkv, const Tin* kw, int ld_kw, const float* beta,
+                             const float* Tm_saved, const float* G_saved, const Tc* h_saved, const Tc* Vn_saved,
+                             const float* A0_saved, const float* dVn_work, const Tc* dE_work,
+                             int T, int H, int NT, int dk, int dv, float scale) {
+    typedef GdnTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
+    static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (tile_load<1>)");
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    GdnBwdChannelSmem<Tc> sm((size_t)gdn_smem);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv);
+    const size_t c = p.c, HK = (size_t)H * dk;
+    const int tid = threadIdx.x;
+    const float* G_c = G_saved + c * BT * dk;
+    const Tc* h_c = h_saved + c * dk * dv;
+    const Tc* dE_c = dE_work + c * dk * dv;
+    const Tc* Vn_c = Vn_saved + c * BT * dv;
+    const float* dVn_c = dVn_work + c * BT * dv;
+
+    for (int r = tid; r < BT; r += blockDim.x) {
+        sm.beta[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
+        sm.dbeta[r] = 0.0f;
+    }
+    for (int d = tid; d < 256; d += blockDim.x) { sm.ce[d] = 0.0f; }
+    __syncthreads();
+
+    // phase 1: dO Vn^T, dT, dv, dbeta_b; then the operand dAqk = scale tril(dO Vn^T)
+    gdn_bwd_phase1<Tin, Tc>(sm, grad_v, ld_d, dO, ld_o, v, ld_qkv, Tm_saved + c * BT * BT, Vn_c, dVn_c, p, dv);
+    cta_for_each(BT, BT, [&](int i, int j) {
+        sm.P_op[i * LDTB + j] = from_float<Tc>(i >= j ? scale * sm.P[i * LDFB + j] : 0.0f);
+    });
+
+    // phase 2, over dk slabs
+    for (int k0 = 0; k0 < dkp; k0 += SL) {
+        const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0);
+        // F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T for these dk columns, contracting over dv slab by slab, and
+        // ce += rowsum(h (.) dE); this dk slab of q, k, kw and G comes with the first dv slab
+        for (int s0 = 0; s0 < dvp; s0 += SL) {
+            const int ws = min(SL, dvp - s0);
+            const auto do_tile = gdn_in_tile(sm.S0, LDT, ws, dO, ld_o, p, dv, s0);
+            const auto vn_tile = gdn_mat_tile(sm.S1, LDT, BT, ws, Vn_c, BT, dv, 0, s0);
+            const auto dvn_tile = gdn_mat_tile(sm.S2, LDT, BT, ws, dVn_c, BT, dv, 0, s0);
+            const auto h_tile = gdn_mat_tile(sm.S3, LDT, wk, ws, h_c, dk, dv, k0, s0);
+            const auto de_tile = gdn_mat_tile(sm.S4, LDT, wk, ws, dE_c, dk, dv, k0, s0);
+            if (s0 == 0) {
+                tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile,
+                            gdn_in_tile(sm.Sq, LDT, wk, q, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0),
+                            gdn_in_tile(sm.Skw, LDT, wk, kw, ld_kw, p, dk, k0),
+                            gdn_mat_tile(sm.Gs, LDF, BT, wk, G_c, BT, dk, 0, k0));
+            } else {
+                tile_load<1>(do_tile, vn_tile, dvn_tile, h_tile, de_tile);
+            }
+            cta_mm<false, true>(sm.F0, LDF, sm.S0, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F1, LDF, sm.S1, LDT, sm.S4, LDT, BT, wk, ws, s0 > 0, false);
+            cta_mm<false, true>(sm.F2, LDF, sm.S2, LDT, sm.S3, LDT, BT, wk, ws, s0 > 0, false);
+            cta_rows<1>(wk, ws, [&](int d, int cc, float* acc) {
+                acc[0] = fmaf(to_float(sm.S3[d * LDT + cc]), to_float(sm.S4[d * LDT + cc]), acc[0]);
+            }, [&](int d, const float* acc) { sm.ce[k0 + d] += acc[0]; });
+        }
+        // the state's parts of dQ and dKw, dW = -(dVn h^T) and kbg as operands
+        const float* Gl = sm.Gs + (BT - 1) * LDF;
+        cta_for_each(BT, wk, [&](int r, int cc) {
+            const float G = sm.Gs[r * LDF + cc], e = expf(G);
+            sm.F0[r * LDF + cc] *= scale * e;
+            sm.F1[r * LDF + cc] *= expf(Gl[cc] - G);
+            sm.S4[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
+            sm.Skb[r * LDT + cc] = from_float<Tc>(sm.beta[r] * to_float(sm.Sk[r * LDT + cc]) * e);
+        });
+        // the chunk-end terms of the slab's channels; the stacks of the row and column products
+        for (int cc = tid; cc < wk; cc += blockDim.x) {
+            float s = 0.0f;
+            for (int r = 0; r < BT; r++) { s = fmaf(to_float(sm.Skw[r * LDT + cc]), sm.F1[r * LDF + cc], s); }
+            sm.ce[k0 + cc] = expf(Gl[cc]) * sm.ce[k0 + cc] + s;
+        }
+        gdn_decay_stack_before(sm.Sb, sm.Skw, LDT, sm.Gs, LDF, wk);
+        gdn_decay_stack_after(sm.Sa, sm.Sq, LDT, sm.Gs, LDF, wk);
+        // dQ += rows(dAqk, Kw); dKw_a = dKw_st + cols(dAqk, Q) (F2 holds each product in turn)
+        gdn_decay_rows(sm.F2, LDF, sm.P_op, LDTB, sm.Skw, sm.Sb, LDT, sm.Gs, LDF, wk);
+        cta_for_each(BT, wk, [&](int r, int cc) { sm.F0[r * LDF + cc] += sm.F2[r * LDF + cc]; });
+        gdn_decay_cols(sm.F2, LDF, sm.P_op, LDTB, sm.Sq, sm.Sa, LDT, sm.Gs, LDF, wk);
+        cta_for_each(BT, wk, [&](int r, int cc) { sm.F1[r * LDF + cc] += sm.F2[r * LDF + cc]; });
+        cta_mm<false, true>(sm.dT, LDFB, sm.S4, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
+        cta_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S4, LDT, BT, wk, BT, false);             // dkbg = Tm^T dW
+        cta_rows<1>(p.L, cols, [&](int r, int cc, float* acc) {
+            const float qv = to_float(sm.Sq[r * LDT + cc]), kv = to_float(sm.Sk[r * LDT + cc]);
+            const float kwv = to_float(sm.Skw[r * LDT + cc]), e = expf(sm.Gs[r * LDF + cc]);
+            const float dq = sm.F0[r * LDF + cc], dkwa = sm.F1[r * LDF + cc], dkbg = sm.F2[r * LDF + cc];
+            const float dkb = sm.beta[r] * e * dkbg;
+            acc[0] = fmaf(kv * e, dkbg, acc[0]);
+            const size_t row = p.row0 + r, col = (size_t)p.h * dk + k0 + cc;
+            grad_q[row * ld_d + col] = dq;
+            grad_k[row * ld_d + col] = dkb;
+            grad_kw[row * ld_dkw + col] = dkwa;
+            grad_g[row * HK + col] = qv * dq + kv * dkb - kwv * dkwa;
+        }, [&](int r, const float* acc) { sm.dbeta[r] += acc[0]; });
+    }
+
+    // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT) (dT holds -dA); A0 into P;
+    // dbeta_c; Z1 = diag(beta) dA
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
+    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
+    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    tile_load<1>(gdn_mat_tile(sm.P, LDFB, BT, BT, A0_saved + c * BT * BT, BT, BT, 0, 0));
+    cta_rows<1>(BT, BT, [&](int i, int j, float* acc) {
+        if (j < i) { acc[0] = fmaf(-sm.dT[i * LDFB + j], sm.P[i * LDFB + j], acc[0]); }
+    }, [&](int i, const float* acc) { sm.dbeta[i] += acc[0]; });
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? -sm.beta[i] * sm.dT[i * LDFB + j] : 0.0f; });
+
+    // phase 4, over dk slabs: dk += rows(Z1, Kw), dkw += cols(Z1, K), dG, and dg. Phase 2's rows are read back
+    // into registers before the slab loads and the products, so that their round trip overlaps those.
+    constexpr int NK = BT * SL / GDN_BWD_THREADS;
+    static_assert(NK * GDN_BWD_THREADS == BT * SL, "phase 4: a dk slab of the chunk in NK elements per thread");
+    for (int k0 = 0; k0 < dkp; k0 += SL) {
+        const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0), n = p.L * cols;
+        float dk_b[NK], dkw_a[NK], dg_a[NK];
+        #pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            const size_t row = p.row0 + r, col = (size_t)p.h * dk + k0 + cc;
+            dk_b[u] = idx < n ? grad_k[row * ld_d + col] : 0.0f;
+            dkw_a[u] = idx < n ? grad_kw[row * ld_dkw + col] : 0.0f;
+            dg_a[u] = idx < n ? grad_g[row * HK + col] : 0.0f;
+        }
+        tile_load<1>(gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0), gdn_in_tile(sm.Skw, LDT, wk, kw, ld_kw, p, dk, k0),
+                     gdn_mat_tile(sm.Gs, LDF, BT, wk, G_c, BT, dk, 0, k0));
+        gdn_decay_stack_before(sm.Sb, sm.Skw, LDT, sm.Gs, LDF, wk);
+        gdn_decay_stack_after(sm.Sa, sm.Sk, LDT, sm.Gs, LDF, wk);
+        gdn_decay_rows(sm.F0, LDF, sm.Z_op, LDTB, sm.Skw, sm.Sb, LDT, sm.Gs, LDF, wk);
+        gdn_decay_cols(sm.F1, LDF, sm.Z_op, LDTB, sm.Sk, sm.Sa, LDT, sm.Gs, LDF, wk);
+        #pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            if (idx < BT * cols) {
+                float dG = 0.0f;
+                if (idx < n) {
+                    const size_t row = p.row0 + r, col = (size_t)p.h * dk + k0 + cc;
+                    const float dkc = sm.F0[r * LDF + cc], dkwc = sm.F1[r * LDF + cc];
+                    grad_k[row * ld_d + col] = dk_b[u] + dkc;
+                    grad_kw[row * ld_dkw + col] = dkw_a[u] + dkwc;
+                    dG = dg_a[u] + to_float(sm.Sk[r * LDT + cc]) * dkc - to_float(sm.Skw[r * LDT + cc]) * dkwc;
+                }
+                sm.F2[r * LDF + cc] = dG;
+            }
+        }
+        __syncthreads();
+        // dg = the reverse cumulative sum of dG per channel, the chunk-end terms at the last row
+        for (int cc = tid; cc < cols; cc += blockDim.x) {
+            float s = sm.ce[k0 + cc];
+            for (int r = BT - 1; r >= 0; r--) {
+                s += sm.F2[r * LDF + cc];
+                if (r < p.L) { grad_g[(p.row0 + r) * HK + (size_t)p.h * dk + k0 + cc] = s; }
+            }
+        }
+        __syncthreads();
+    }
+
+    // phase 5: dbeta
+    for (int r = tid; r < p.L; r += blockDim.x) { grad_beta[(p.row0 + r) * H + p.h] = sm.dbeta[r]; }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // host launchers. gdn_chunk_forward_impl / gdn_chunk_backward_impl take the operand type Tc explicitly
 // (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version, and time each kernel through
 // marks); the public functions use Tc = Tin.
@@ -901,10 +1379,51 @@ static void gdn_set_smem(K kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+template <typename Tin, typename Tc, GdnDecay DECAY>
+static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* workspace,
+                                     const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+                                     const float* beta, const float* g, int g_stride,
+                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                     cudaEvent_t* marks) {
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
+    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
+    char* sv = (char*)saved;
+    float* Tm = (float*)(sv + L.Tm);
+    float* G = (float*)(sv + L.G);
+    Tc* h = (Tc*)(sv + L.h);
+    Tc* Vn = (Tc*)(sv + L.Vn);
+    Tc* W = (Tc*)(sv + L.W);
+    float* A0 = (float*)(sv + L.A0);
+    Tc* Aqk = (Tc*)(sv + L.Aqk);
+    Tc* Qg = (Tc*)(sv + L.Qg);
+    Tc* Kwe = (Tc*)(sv + L.Kwe);
+    Tc* U = (Tc*)workspace;
+
+    const size_t s1 = GdnIntraSmem<Tc>(0, DECAY, dkp).bytes;
+    gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
+    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, GDN_THREADS, s1, stream>>>(
+        Tm, G, W, U, A0, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+    gdn_mark(marks, 0, stream);
+    const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
+    gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc, DECAY>, s2);
+    gdn_fwd_state_kernel<Tin, Tc, DECAY><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
+        h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
+    cudaCheckLaunch();
+    gdn_mark(marks, 1, stream);
+    const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
+    gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc, DECAY>, s3);
+    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
+        o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+    cudaCheckLaunch();
+    gdn_mark(marks, 2, stream);
+}
+
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
-                                   const float* beta, const float* g, int g_stride,
+                                   const float* beta, const float* g, int g_stride, GdnDecay decay,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                    cudaEvent_t* marks = nullptr) {
     gdn_check_shape(B, T, H, dk, dv);
@@ -914,33 +1433,64 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
     gdn_check_vec8(kw, ld_kw, "kw");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
-    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
-    char* sv = (char*)saved;
-    float* Tm = (float*)(sv + L.Tm);
-    float* G = (float*)(sv + L.G);
-    Tc* h = (Tc*)(sv + L.h);
-    Tc* Vn = (Tc*)(sv + L.Vn);
-    Tc* W = (Tc*)(sv + L.W);
-    Tc* U = (Tc*)workspace;
+    if (decay == GDN_DECAY_CHANNEL) {
+        if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
+        gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
+                                                             beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks);
+    } else {
+        gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_HEAD>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
+                                                          beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks);
+    }
+}
 
-    const size_t s1 = GdnIntraSmem<Tc>(0).bytes;
-    gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc>, s1);
-    gdn_fwd_intra_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta,
-                                                                       g, g_stride, T, H, NT, dk, dv);
+template <typename Tin, typename Tc, GdnDecay DECAY>
+static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                                      float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const void* saved,
+                                      void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
+                                      const Tin* kw, int ld_kw, const float* beta,
+                                      int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
+                                      cudaEvent_t* marks) {
+    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
+    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
+    const char* sv = (const char*)saved;
+    const float* Tm = (const float*)(sv + L.Tm);
+    const float* G = (const float*)(sv + L.G);
+    const Tc* h = (const Tc*)(sv + L.h);
+    const Tc* Vn = (const Tc*)(sv + L.Vn);
+    const Tc* W = (const Tc*)(sv + L.W);
+    const float* A0 = (const float*)(sv + L.A0);
+    const Tc* Aqk = (const Tc*)(sv + L.Aqk);
+    const Tc* Qg = (const Tc*)(sv + L.Qg);
+    const Tc* Kwe = (const Tc*)(sv + L.Kwe);
+    float* dVn = (float*)workspace;
+    Tc* dE = (Tc*)((char*)workspace + gdn_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
+
+    const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
+    gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY>, s2);
+    gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw,
+                                                                                G, Aqk, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
-    const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
-    gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc>, s2);
-    gdn_fwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
-        h, Vn, G, W, U, kw, ld_kw, T, H, NT, dk, dv);
+    const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
+    gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc, DECAY>, s3);
+    gdn_bwd_state_kernel<Tin, Tc, DECAY><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
+        dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
-    const size_t s3 = GdnOutputSmem<Tc>(0).bytes;
-    gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc>, s3);
-    gdn_fwd_output_kernel<Tin, Tc><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
-        o, ld_o, q, ld_qkv, kw, ld_kw, G, h, Vn, T, H, NT, dk, dv, scale);
+    if constexpr (DECAY == GDN_DECAY_CHANNEL) {
+        const size_t s4 = GdnBwdChannelSmem<Tc>(0).bytes;
+        gdn_set_smem(gdn_bwd_chunk_channel_kernel<Tin, Tc>, s4);
+        gdn_bwd_chunk_channel_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+            grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
+            beta, Tm, G, h, Vn, A0, dVn, dE, T, H, NT, dk, dv, scale);
+    } else {
+        const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
+        gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
+        gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+            grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
+            beta, Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);
 }
@@ -949,7 +1499,7 @@ template <typename Tin, typename Tc>
 static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
                                     float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const void* saved,
                                     void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
-                                    const Tin* kw, int ld_kw, const float* beta,
+                                    const Tin* kw, int ld_kw, const float* beta, GdnDecay decay,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                     cudaEvent_t* marks = nullptr) {
     gdn_check_shape(B, T, H, dk, dv);
@@ -961,63 +1511,43 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
     gdn_check_vec8(dO, ld_o, "dO");
     gdn_check_vec8(saved, 8, "saved");
     gdn_check_vec8(workspace, 8, "workspace");
-    const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
-    const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
-    const char* sv = (const char*)saved;
-    const float* Tm = (const float*)(sv + L.Tm);
-    const float* G = (const float*)(sv + L.G);
-    const Tc* h = (const Tc*)(sv + L.h);
-    const Tc* Vn = (const Tc*)(sv + L.Vn);
-    const Tc* W = (const Tc*)(sv + L.W);
-    float* dVn = (float*)workspace;
-    Tc* dE = (Tc*)((char*)workspace + gdn_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
-
-    const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
-    gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc>, s2);
-    gdn_bwd_dvlocal_kernel<Tin, Tc><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw, G,
-                                                                         T, H, NT, dk, dv, scale);
-    cudaCheckLaunch();
-    gdn_mark(marks, 0, stream);
-    const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
-    gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc>, s3);
-    gdn_bwd_state_kernel<Tin, Tc><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
-        dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, T, H, NT, dk, dv, scale);
-    cudaCheckLaunch();
-    gdn_mark(marks, 1, stream);
-    const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
-    gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
-    gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
-        grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw, beta,
-        Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
-    cudaCheckLaunch();
-    gdn_mark(marks, 2, stream);
+    if (decay == GDN_DECAY_CHANNEL) {
+        if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
+        gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
+                                                              grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
+                                                              ld_kw, beta, B, T, H, dk, dv, scale, stream, marks);
+    } else {
+        gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_HEAD>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
+                                                           grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
+                                                           ld_kw, beta, B, T, H, dk, dv, scale, stream, marks);
+    }
 }
 
 // o = the delta rule's core (spec 2.1 / 3.3) with S_0 = 0, written along kw (row stride ld_kw; kw = k for gdn and
-// kaczmarz). g: the per-token log decay, g_stride apart per (token, head) (see gdn_fwd_intra_kernel).
-// Tin = float (fp32 CUDA-core products) or __nv_bfloat16 (tensor cores)
+// kaczmarz). g: the log decay; GDN_DECAY_HEAD: one per (token, head), g_stride apart (see gdn_fwd_intra_kernel);
+// GDN_DECAY_CHANNEL: [B*T, H*dk], one per channel (pkda; needs kw != k). Tin = float (fp32 CUDA-core products) or
+// __nv_bfloat16 (tensor cores)
 template <typename Tin>
 static void gdn_chunk_forward(Tin* o, int ld_o, void* saved, void* workspace,
                               const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
-                              const float* beta, const float* g, int g_stride,
+                              const float* beta, const float* g, int g_stride, GdnDecay decay,
                               int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
-    gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, B, T,
-                                     H, dk, dv, scale, stream);
+    gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, decay,
+                                     B, T, H, dk, dv, scale, stream);
 }
 
 // gradients of sum(o * dO) with dS_T = 0 (spec 3.4): dq, dk, dv fp32 with row stride ld_d at the offsets of q, k, v;
 // with a write key of its own (kw != k) dk is the read key's and dkw (row stride ld_dkw) the write key's, else dkw
-// is NULL and dk the sum of both; dbeta, dg fp32 [B*T*H]; all overwritten. dg is the gradient of the per-token
-// log decay g.
+// is NULL and dk the sum of both; dbeta fp32 [B*T*H], dg fp32 [B*T*H] (per channel [B*T*H*dk]); all overwritten.
+// dg is the gradient of the log decay g.
 template <typename Tin>
 static void gdn_chunk_backward(float* dq, float* dk, float* dv, int ld_d, float* dkw, int ld_dkw, float* dbeta,
                                float* dg, const Tin* dO, int ld_o, const void* saved, void* workspace,
                                const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
-                               const float* beta, int B, int T, int H, int dk_, int dv_, float scale,
+                               const float* beta, GdnDecay decay, int B, int T, int H, int dk_, int dv_, float scale,
                                cudaStream_t stream) {
     gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld_d, dkw, ld_dkw, dbeta, dg, dO, ld_o, saved, workspace, q, k, v,
-                                      ld_qkv, kw, ld_kw, beta, B, T, H, dk_, dv_, scale, stream);
+                                      ld_qkv, kw, ld_kw, beta, decay, B, T, H, dk_, dv_, scale, stream);
 }
 
 #endif // TRAIN_KLA_KERNELS_GDN_CHUNK_CUH

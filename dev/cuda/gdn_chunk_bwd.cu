@@ -125,12 +125,12 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
     const Tin* k = qkv + s.H * s.dk;
     const Tin* v = qkv + 2 * s.H * s.dk;
     if (version == 1) {
-        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     } else if (version == 2) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                                    scale, 0);
     } else {
-        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     }
 }
 
@@ -145,16 +145,16 @@ static void run_backward(int version, float* dqkv, float* dbeta, float* dg, cons
     float* dk = dqkv + s.H * s.dk;
     float* dv = dqkv + 2 * s.H * s.dk;
     if (version == 1) {
-        gdn_chunk_backward_impl<Tin, float>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta,
+        gdn_chunk_backward_impl<Tin, float>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
                                             s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
     } else if (version == 2) {
         gdn_prev_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta,
                                                g, s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
     } else if (marks) {   // the same launches as gdn_chunk_backward, with the per-kernel marks
-        gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta,
+        gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
                                           s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
     } else {
-        gdn_chunk_backward<Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta,
+        gdn_chunk_backward<Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
                                 s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     }
 }
@@ -192,7 +192,7 @@ static int validate(int version, Shape s, int kla) {
     float* d_dqkv = (float*)cuda_malloc_or_die(nqkv * sizeof(float), "dqkv");
     float* d_dbeta = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dbeta");
     float* d_dg = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dg");
-    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
     void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
 
     // two complete runs; outputs preset to NaN so that every element must be written
@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
     float* d_dqkv = (float*)cuda_malloc_or_die(nqkv * sizeof(float), "dqkv");
     float* d_dbeta = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dbeta");
     float* d_dg = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dg");
-    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
     void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
     const int warmup = 3, iters = 10;
     cudaEvent_t e0, e1;

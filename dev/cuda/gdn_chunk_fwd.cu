@@ -102,16 +102,16 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
             o, ld_o, q, k, v, ld, beta, g, s.T, s.H, s.dk, s.dv, scale);
         cudaCheckLaunch();
     } else if (version == 2) {
-        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                            marks);
     } else if (version == 3) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                               scale, 0, marks);
     } else if (marks) {   // the same launches as gdn_chunk_forward, with the per-kernel marks
-        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                          marks);
     } else {
-        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
     }
 }
 
@@ -128,7 +128,7 @@ static int validate(int version, Shape s, int kla) {
     float* d_beta = to_device_f(in.beta, rows * s.H);
     float* d_g = to_device_f(in.g, rows * s.H);
     Tin* d_o = (Tin*)cuda_malloc_or_die(no * sizeof(Tin), "o");
-    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
     void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
     cudaCheck(cudaMemset(d_o, 0xff, no * sizeof(Tin)));   // NaN: every element must be written
     run_forward<Tin>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     float* d_beta = to_device_f(in.beta, rows * s.H);
     float* d_g = to_device_f(in.g, rows * s.H);
     __nv_bfloat16* d_o = (__nv_bfloat16*)cuda_malloc_or_die(no * sizeof(__nv_bfloat16), "o");
-    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv), "saved");
+    void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
     void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
     const int warmup = 3, iters = version == 1 ? 5 : 20;
     for (int i = 0; i < warmup; i++) {

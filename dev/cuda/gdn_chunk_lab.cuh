@@ -643,7 +643,7 @@ static void gdn_prev_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* wor
     gdn_check_vec8(workspace, 8, "workspace");
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), GDN_DECAY_HEAD);
     char* sv = (char*)saved;
     float* Tm = (float*)(sv + L.Tm);
     float* G = (float*)(sv + L.G);
@@ -689,7 +689,7 @@ static void gdn_prev_chunk_backward_impl(float* grad_q, float* grad_k, float* gr
     gdn_check_vec8(workspace, 8, "workspace");
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
-    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc));
+    const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), GDN_DECAY_HEAD);
     const char* sv = (const char*)saved;
     const float* Tm = (const float*)(sv + L.Tm);
     const float* G = (const float*)(sv + L.G);

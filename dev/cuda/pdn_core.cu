@@ -9,20 +9,22 @@ nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 pdn_core.cu -o pdn_core_fp
 
 version 1 is kernels/pdn.cuh: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order
 with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory; the backward recomputes each
-64-token segment's states from the forward's checkpoints into global scratch and walks it in reverse. pkda
-trains on it. Measured on an H200 (2026-11-24, B=16 T=2048 H=6 dk=dv=128, pkda): forward 13.8 ms, backward 106.2 ms.
-version 2 is the chunkwise form of spec 3 for pdn and pgdn (a scalar decay per token and head), what the trainer
-runs for them: the preconditioner scan on 64-token chunks, one thread per (sequence, head, chunk, key channel)
-(pdn_precond_forward, spec 3.3), then kernels/gdn_chunk.cuh's chunk kernels (tensor cores in the bf16 build) along
-the write key k~ = m k; the backward is gdn_chunk_backward, which returns the read key's and k~'s gradients apart,
-then the scan's reverse walk, chunked the same way (pdn_precond_backward, spec 2.3). pkda's per-channel decay stays
-on version 1, and this version validates pkda's shapes with it (the trainer's core for each variant).
+64-token segment's states from the forward's checkpoints into global scratch and walks it in reverse. The trainer
+decodes with its forward. Measured on an H200 (2026-11-24, B=16 T=2048 H=6 dk=dv=128, pkda): forward 13.8 ms,
+backward 106.2 ms.
+version 2 is the chunkwise form of spec 3, what the trainer runs: the preconditioner scan on 64-token chunks, one
+thread per (sequence, head, chunk, key channel) (pdn_precond_forward, spec 3.3), then kernels/gdn_chunk.cuh's chunk
+kernels (tensor cores in the bf16 build) along the write key k~ = m k, with a scalar decay per token and head (pdn,
+pgdn) or pkda's per-channel decay (GDN_DECAY_CHANNEL: the intra-chunk products on 16-row blocks, spec/pdn.md 3.2);
+the backward is gdn_chunk_backward, which returns the read key's and k~'s gradients apart, then the scan's reverse
+walk, chunked the same way (pdn_precond_backward, spec 2.3).
 
 The reference is spec 2.1 (forward) and the reverse-time recurrences of 2.2-2.3 (backward) in double, with every
 state kept, fed exactly the inputs the GPU sees (floatX inputs rounded first). Inputs are shaped as in the layer:
-q, k unit vectors per head, beta, bP in (0, 1), log decays g, gP in [-1, 0] (pgdn-like: one g per head; and
-pkda-like: one per channel; pdn: 0). Checks: relative L2 error per output (version 2: dg per (token, head), the
-reference's channels summed). Tolerance 1e-4 in the fp32 build (fp32 rounding grown through recurrences of a few
+q, k unit vectors per head, beta, bP in (0, 1), log decays gP in [-1, 0] and g: pgdn-like one per head in
+[-1, 0]; pkda-like one per channel, channel d's in [-s_d, 0] with s_d log-spaced from 0.01 to 4 (in the strongest
+channels a chunk decays by about exp(-128), beyond fp32's exp range); pdn: 0. Checks: relative L2 error per output
+(pgdn: dg per (token, head), the reference's channels summed). Tolerance 1e-4 in the fp32 build (fp32 rounding grown through recurrences of a few
 hundred tokens and the preconditioner's log/exp); in the bf16 build 1e-2 for version 1, where o is stored in bf16
 (relative error up to 2^-9 per element; the backward's outputs are fp32 and see the same inputs as the reference),
 and 2e-2 for version 2, whose chunk products also round their operands (k~, Tm, W, Vn, h, ...) to bf16: the
@@ -73,7 +75,8 @@ static CoreInputs make_inputs(int B, int T, int H, int dk, int dv, int decay) {
     for (size_t e = 0; e < BT * H; e++) {
         const float gs = rand_uniform(-1.0f, 0.0f);
         for (int d = 0; d < dk; d++) {
-            in.g[e * dk + d] = decay == 0 ? 0.0f : decay == 1 ? gs : rand_uniform(-1.0f, 0.0f);
+            const float sd = 0.01f * powf(400.0f, (float)d / (float)(dk - 1));
+            in.g[e * dk + d] = decay == 0 ? 0.0f : decay == 1 ? gs : sd * rand_uniform(-1.0f, 0.0f);
         }
     }
     in.cs = random_vector(H, -3.0f, -1.0f);
@@ -223,7 +226,8 @@ static CoreDevice upload(CoreInputs& in) {
                                            "core scratch");
     d.kt = (floatX*)cuda_malloc_or_die(BT * HK * sizeof(floatX), "kt");
     d.dkt = (float*)cuda_malloc_or_die(BT * HK * sizeof(float), "dkt");
-    d.saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(in.B, in.T, H, in.dk, in.dv), "chunk saved");
+    // the per-channel layout is the larger one: it serves both decay kinds
+    d.saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(in.B, in.T, H, in.dk, in.dv, GDN_DECAY_CHANNEL), "chunk saved");
     const size_t work_bytes = gdn_chunk_workspace_bytes(in.B, in.T, H, in.dk, in.dv);
     const size_t scan_bytes = pdn_precond_scratch_bytes(in.B, in.T, H, in.dk);
     d.work = cuda_malloc_or_die(work_bytes > scan_bytes ? work_bytes : scan_bytes, "chunk workspace");
@@ -240,13 +244,14 @@ static void release(CoreDevice& d) {
 }
 
 static int version = 2;   // the version picked on the command line
-static int run_version = 2;   // the kernels a run uses: pkda's version 2 is version 1 (as in the trainer)
 
-// version 2's chunk kernels read the scalar decay of (token, head) from channel 0 of g (g_stride = dk) and write
-// dg per (token, head) into d.dg's first B*T*H floats
-static void run_forward(const CoreInputs& in, CoreDevice& d, float lnx, float eps) {
+// version 2's chunk kernels read pgdn's decay of (token, head) from channel 0 of g (g_stride = dk) and write its
+// dg per (token, head) into d.dg's first B*T*H floats; pkda's g and dg are per channel
+static GdnDecay decay_kind(int decay) { return decay == 2 ? GDN_DECAY_CHANNEL : GDN_DECAY_HEAD; }
+
+static void run_forward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps) {
     const float qscale = 1.0f / sqrtf((float)in.dk);
-    if (run_version == 1) {
+    if (version == 1) {
         pdn_core_forward(d.o, d.A, d.m, d.Sck, NULL, NULL, d.qkv, d.beta, d.g, d.gP, d.bP, d.cs, in.B, in.T, in.H,
                          in.dk, in.dv, qscale, lnx, eps, 0);
         return;
@@ -254,19 +259,19 @@ static void run_forward(const CoreInputs& in, CoreDevice& d, float lnx, float ep
     const int D = 2 * in.H * in.dk + in.H * in.dv, HK = in.H * in.dk, HV = in.H * in.dv;
     pdn_precond_forward(d.A, d.m, d.kt, d.work, d.qkv, d.gP, d.bP, d.cs, in.B, in.T, in.H, in.dk, in.dv, lnx, eps, 0);
     gdn_chunk_forward<floatX>(d.o, HV, d.saved, d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK, d.beta, d.g,
-                              in.dk, in.B, in.T, in.H, in.dk, in.dv, qscale, 0);
+                              in.dk, decay_kind(decay), in.B, in.T, in.H, in.dk, in.dv, qscale, 0);
 }
-static void run_backward(const CoreInputs& in, CoreDevice& d, float lnx, float eps) {
+static void run_backward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps) {
     const float qscale = 1.0f / sqrtf((float)in.dk);
-    if (run_version == 1) {
+    if (version == 1) {
         pdn_core_backward(d.dqkv, d.dbeta, d.dg, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.scratch, d.dO, d.Sck, d.qkv,
                           d.beta, d.g, d.gP, d.bP, d.A, d.m, d.cs, in.B, in.T, in.H, in.dk, in.dv, qscale, lnx, eps, 0);
         return;
     }
     const int D = 2 * in.H * in.dk + in.H * in.dv, HK = in.H * in.dk, HV = in.H * in.dv;
     gdn_chunk_backward<floatX>(d.dqkv, d.dqkv + HK, d.dqkv + 2 * HK, D, d.dkt, HK, d.dbeta, d.dg, d.dO, HV, d.saved,
-                               d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK, d.beta, in.B, in.T, in.H,
-                               in.dk, in.dv, qscale, 0);
+                               d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK, d.beta, decay_kind(decay), in.B,
+                               in.T, in.H, in.dk, in.dv, qscale, 0);
     pdn_precond_backward(d.dqkv, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.work, d.dkt, d.qkv, d.A, d.m, d.gP, d.bP, d.cs,
                          in.B, in.T, in.H, in.dk, in.dv, lnx, eps, 0);
 }
@@ -276,20 +281,16 @@ static void validate(int B, int T, int H, int dk, int dv, int decay) {
     const float lnx = logf(1.5f), eps = 1e-6f;
     printf("core B=%d T=%d H=%d dk=%d dv=%d, decay %s\n", B, T, H, dk, dv,
            decay == 0 ? "none (pdn)" : decay == 1 ? "per head (pgdn)" : "per channel (pkda)");
-    run_version = version == 2 && decay == 2 ? 1 : version;
-    if (run_version != version) {
-        printf("  (version 2 has no per-channel decay: pkda runs version 1, as in training)\n");
-    }
 #if !defined(ENABLE_FP32)
-    TOLERANCE = run_version == 2 ? 2e-2 : 1e-2;
+    TOLERANCE = version == 2 ? 2e-2 : 1e-2;
 #endif
     CoreInputs in = make_inputs(B, T, H, dk, dv, decay);
     CoreDevice d = upload(in);   // rounds qkv and dO to floatX first
     const CoreReference R = reference(in, lnx, eps);
     const size_t BT = (size_t)B * T;
     const int D = 2 * H * dk + H * dv, HK = H * dk, HV = H * dv;
-    run_forward(in, d, lnx, eps);
-    run_backward(in, d, lnx, eps);
+    run_forward(in, d, decay, lnx, eps);
+    run_backward(in, d, decay, lnx, eps);
     check("forward o", download_floatX(d.o, BT * HV), R.o);
     check("forward A", download_f32(d.A, BT * HK), R.A);
     check("forward m", download_f32(d.m, BT * HK), R.m);
@@ -298,8 +299,8 @@ static void validate(int B, int T, int H, int dk, int dv, int decay) {
     check("backward dk", columns(dqkv, (int)BT, D, HK, HK), R.dk);
     check("backward dv", columns(dqkv, (int)BT, D, 2 * HK, HV), R.dv);
     check("backward dbeta", download_f32(d.dbeta, BT * H), R.dbeta);
-    if (decay && run_version == 1) { check("backward dg", download_f32(d.dg, BT * HK), R.dg); }
-    if (decay && run_version == 2) {   // per (token, head): the reference's channels summed
+    if (decay == 2 || (decay && version == 1)) { check("backward dg", download_f32(d.dg, BT * HK), R.dg); }
+    if (decay == 1 && version == 2) {   // per (token, head): the reference's channels summed
         std::vector<double> dg_head(BT * H, 0.0);
         for (size_t e = 0; e < BT * H; e++) {
             for (int c = 0; c < dk; c++) { dg_head[e] += R.dg[e * dk + c]; }
@@ -312,17 +313,16 @@ static void validate(int B, int T, int H, int dk, int dv, int decay) {
     release(d);
 }
 
-// version 1 times pkda, version 2 pgdn (the issue's row: the official kernels 0.68 / 2.78 ms forward / both)
-static void benchmark(int B, int T, int H, int dk, int dv) {
+// the issue's row is pgdn (the official kernels 0.68 / 2.78 ms forward / both); version 1 is timed on pkda alone
+static void benchmark(int B, int T, int H, int dk, int dv, int decay) {
     const float lnx = logf(1.5f), eps = 1e-6f;
-    CoreInputs in = make_inputs(B, T, H, dk, dv, version == 1 ? 2 : 1);
-    run_version = version;
+    CoreInputs in = make_inputs(B, T, H, dk, dv, decay);
     CoreDevice d = upload(in);
-    const float fwd = time_ms(3, [&] { run_forward(in, d, lnx, eps); });
-    const float bwd = time_ms(3, [&] { run_backward(in, d, lnx, eps); });
+    const float fwd = time_ms(3, [&] { run_forward(in, d, decay, lnx, eps); });
+    const float bwd = time_ms(3, [&] { run_backward(in, d, decay, lnx, eps); });
     printf("timing B=%d T=%d H=%d dk=%d dv=%d, %s: forward %.3f ms, backward %.3f ms, forward+backward %.3f ms\n", B, T,
-           H, dk, dv, version == 1 ? "pkda" : "pgdn", fwd, bwd, fwd + bwd);
-    if (version == 2) {
+           H, dk, dv, decay == 2 ? "pkda" : "pgdn", fwd, bwd, fwd + bwd);
+    if (decay == 1) {
         printf("  issue 10 targets (pgdn): forward <= 0.68 ms, forward+backward <= 2.78 ms (now %.2fx and %.2fx)\n",
                fwd / 0.68, (fwd + bwd) / 2.78);
     }
@@ -340,7 +340,8 @@ int main(int argc, char** argv) {
     validate(2, 150, 2, 32, 48, 1);
     validate(1, 130, 2, 128, 128, 2);   // the benchmark's head size (dk * dv > the block's threads)
     validate(1, 130, 2, 128, 128, 1);
-    benchmark(16, 2048, 6, 128, 128);
+    if (version == 2) { benchmark(16, 2048, 6, 128, 128, 1); }
+    benchmark(16, 2048, 6, 128, 128, 2);
     if (failures) {
         printf("FAIL: %d check(s) failed\n", failures);
         return 1;

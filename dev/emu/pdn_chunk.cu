@@ -1,13 +1,16 @@
 /*
-dev/emu/pdn_chunk.cu: the chunkwise core of pdn and pgdn (kernels/pdn.cuh's preconditioner scan and its backward,
-kernels/gdn_chunk.cuh's chunk kernels with the write key k~ = m k; spec/pdn.md 3) against the recurrent core
+dev/emu/pdn_chunk.cu: the chunkwise core of pdn, pgdn and pkda (kernels/pdn.cuh's preconditioner scan and its
+backward, kernels/gdn_chunk.cuh's chunk kernels with the write key k~ = m k; spec/pdn.md 3) against the recurrent core
 (pdn_core_forward / pdn_core_backward, the version validated on GPUs against PyTorch), both run on the CPU by
 dev/emu/emu.h's emulator: the kernels' own code, CUDA-core products (the tensor-core ones need a GPU), fp32 build.
 Inputs shaped as in the layer: unit q and k, v in [-1, 1], beta and bP in (0.05, 0.95), the preconditioner's log
 decay gP in [-1, 0], c = -0.2 on one head and 0.3 on the other; pgdn: the main log decay g in [-1, 0] per (token,
-head), in [-1e-3, 0] over the middle third (gamma ~ 1, the state grows); pdn: g = 0. B = 1, H = 2, dO in [-1, 1].
-Checks, relative L2 per output: o, dq, dk (read + write + second-moment paths), dv, dbeta, dg (the recurrent
-core's per-channel dg summed over the channels), dgP, dbP, dlog_scale. Tolerance 1e-4: the two paths compute the
+head), in [-1e-3, 0] over the middle third (gamma ~ 1, the state grows); pdn: g = 0; pkda: g per channel,
+channel d's in [-s_d, 0] with s_d from 0.01 to 4 (log-spaced: some channels hardly decay, in others the chunk's
+cumulative decay reaches about exp(-128), beyond fp32's exp range, which the blocked exponents of the chunk kernels
+must survive), in [-1e-3, 0] over the middle third. B = 1, H = 2, dO in [-1, 1].
+Checks, relative L2 per output: o, dq, dk (read + write + second-moment paths), dv, dbeta, dg (pgdn: the recurrent
+core's per-channel dg summed over the channels; pkda: per channel), dgP, dbP, dlog_scale. Tolerance 1e-4: the two paths compute the
 same sums in other orders in fp32 (the chunk form is algebraically identical, spec 3.1); a wrong or missing term
 is of the order of the output itself. A second check: the same chunk kernels with the write key given as a copy
 of the read key (their split path) against gdn's fused path (kw = k, one dk): dk + dkw = dk within 1e-4.
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> N(0.0f, 1.0f);
     std::vector<float> qkv((size_t)BT * D), dO((size_t)BT * HV), beta((size_t)BT * H), gP((size_t)BT * H);
     std::vector<float> bP((size_t)BT * H), g_pgdn((size_t)BT * HK), g_pdn((size_t)BT * HK, 0.0f), cs = {-0.2f, 0.3f};
+    std::vector<float> g_pkda((size_t)BT * HK);
     for (int r = 0; r < BT; r++) for (int h = 0; h < H; h++) {
         for (int blk = 0; blk < 2; blk++) {
             std::vector<float> u(dk);
@@ -68,10 +72,16 @@ int main(int argc, char** argv) {
         gP[e] = -U(rng);
         const float gs = (t >= T / 3 && t < 2 * T / 3) ? -1e-3f * U(rng) : -U(rng);
         for (int d = 0; d < dk; d++) { g_pgdn[e * dk + d] = gs; }
+        for (int d = 0; d < dk; d++) {
+            const float sd = 0.01f * powf(400.0f, (float)d / (float)(dk - 1));
+            g_pkda[e * dk + d] = (t >= T / 3 && t < 2 * T / 3) ? -1e-3f * U(rng) : -sd * U(rng);
+        }
     }
     int ok = 1;
-    for (int variant = 0; variant < 2; variant++) {
-        const std::vector<float>& g = variant == 0 ? g_pdn : g_pgdn;
+    const char* names[3] = {"pdn", "pgdn", "pkda"};
+    for (int variant = 0; variant < 3; variant++) {
+        const std::vector<float>& g = variant == 0 ? g_pdn : variant == 1 ? g_pgdn : g_pkda;
+        const GdnDecay decay = variant == 2 ? GDN_DECAY_CHANNEL : GDN_DECAY_HEAD;
         // the recurrent core
         std::vector<float> o1((size_t)BT * HV), A1((size_t)BT * HK), m1((size_t)BT * HK);
         std::vector<float> Sck((size_t)B * H * pdn_segments(T) * dk * dv);
@@ -85,34 +95,34 @@ int main(int argc, char** argv) {
                           A1.data(), m1.data(), cs.data(), B, T, H, dk, dv, qscale, lnx, eps, 0);
         // the chunkwise core: the preconditioner scan, the chunk kernels along k~, then the scan's backward
         std::vector<float> o2((size_t)BT * HV), A2((size_t)BT * HK), m2((size_t)BT * HK), kt((size_t)BT * HK);
-        std::vector<float> saved(gdn_chunk_saved_bytes(B, T, H, dk, dv) / 4 + 64);
+        std::vector<float> saved(gdn_chunk_saved_bytes(B, T, H, dk, dv, decay) / 4 + 64);
         std::vector<float> work(gdn_chunk_workspace_bytes(B, T, H, dk, dv) / 4 + 64);
         std::vector<float> dqkv2((size_t)BT * D, NAN), dkt((size_t)BT * HK, NAN), dbeta2((size_t)BT * H);
-        std::vector<float> dg2((size_t)BT * H), dgP2((size_t)BT * H), dbP2((size_t)BT * H), dlog2(H, 0.0f);
+        std::vector<float> dg2((size_t)BT * (variant == 2 ? HK : H)), dgP2((size_t)BT * H), dbP2((size_t)BT * H), dlog2(H, 0.0f);
         std::vector<float> dcs2((size_t)B * H * pdn_precond_chunks(T));
         std::vector<float> scan(pdn_precond_scratch_bytes(B, T, H, dk) / 4);
         const float* q = qkv.data();
         pdn_precond_forward(A2.data(), m2.data(), kt.data(), scan.data(), q, gP.data(), bP.data(), cs.data(), B, T, H,
                             dk, dv, lnx, eps, 0);
         gdn_chunk_forward<float>(o2.data(), HV, saved.data(), work.data(), q, q + HK, q + 2 * HK, D, kt.data(), HK,
-                                 beta.data(), g.data(), dk, B, T, H, dk, dv, qscale, 0);
+                                 beta.data(), g.data(), dk, decay, B, T, H, dk, dv, qscale, 0);
         gdn_chunk_backward<float>(dqkv2.data(), dqkv2.data() + HK, dqkv2.data() + 2 * HK, D, dkt.data(), HK,
                                   dbeta2.data(), dg2.data(), dO.data(), HV, saved.data(), work.data(), q, q + HK,
-                                  q + 2 * HK, D, kt.data(), HK, beta.data(), B, T, H, dk, dv, qscale, 0);
+                                  q + 2 * HK, D, kt.data(), HK, beta.data(), decay, B, T, H, dk, dv, qscale, 0);
         pdn_precond_backward(dqkv2.data(), dgP2.data(), dbP2.data(), dlog2.data(), dcs2.data(), scan.data(),
                              dkt.data(), q, A2.data(), m2.data(), gP.data(), bP.data(), cs.data(), B, T, H, dk, dv, lnx,
                              eps, 0);
         // dg per (token, head): the recurrent core's channels summed
         std::vector<float> dg1s((size_t)BT * H, 0.0f);
         for (size_t e = 0; e < (size_t)BT * H; e++) for (int d = 0; d < dk; d++) { dg1s[e] += dg1[e * dk + d]; }
-        printf("%s T=%d H=%d dk=%d dv=%d: chunkwise core against the recurrent one\n", variant ? "pgdn" : "pdn", T, H,
-               dk, dv);
+        printf("%s T=%d H=%d dk=%d dv=%d: chunkwise core against the recurrent one\n", names[variant], T, H, dk, dv);
         ok &= check("o", rel(o2, o1, 0, 1, 1, o1.size()));
         ok &= check("dq", rel(dqkv2, dqkv1, 0, D, HK, BT));
         ok &= check("dk", rel(dqkv2, dqkv1, HK, D, HK, BT));
         ok &= check("dv", rel(dqkv2, dqkv1, 2 * HK, D, HV, BT));
         ok &= check("dbeta", rel(dbeta2, dbeta1, 0, 1, 1, dbeta1.size()));
         if (variant == 1) { ok &= check("dg", rel(dg2, dg1s, 0, 1, 1, dg1s.size())); }
+        if (variant == 2) { ok &= check("dg", rel(dg2, dg1, 0, 1, 1, dg1.size())); }
         ok &= check("dgP", rel(dgP2, dgP1, 0, 1, 1, dgP1.size()));
         ok &= check("dbP", rel(dbP2, dbP1, 0, 1, 1, dbP1.size()));
         ok &= check("dlog_scale", rel(dlog2, dlog1, 0, 1, 1, H));
@@ -123,21 +133,24 @@ int main(int argc, char** argv) {
             std::vector<float> dsplit((size_t)BT * D, NAN), dkw((size_t)BT * HK, NAN), dfused((size_t)BT * D, NAN);
             std::vector<float> db((size_t)BT * H), dgx((size_t)BT * H);
             gdn_chunk_forward<float>(o2.data(), HV, saved.data(), work.data(), q, q + HK, q + 2 * HK, D, kcopy.data(), HK,
-                                     beta.data(), g.data(), dk, B, T, H, dk, dv, qscale, 0);
+                                     beta.data(), g.data(), dk, GDN_DECAY_HEAD, B, T, H, dk, dv,
+                                     qscale, 0);
             gdn_chunk_backward<float>(dsplit.data(), dsplit.data() + HK, dsplit.data() + 2 * HK, D, dkw.data(), HK,
                                       db.data(), dgx.data(), dO.data(), HV, saved.data(), work.data(), q, q + HK,
-                                      q + 2 * HK, D, kcopy.data(), HK, beta.data(), B, T, H, dk, dv, qscale, 0);
+                                      q + 2 * HK, D, kcopy.data(), HK, beta.data(), GDN_DECAY_HEAD, B, T, H, dk,
+                                      dv, qscale, 0);
             gdn_chunk_forward<float>(o2.data(), HV, saved.data(), work.data(), q, q + HK, q + 2 * HK, D, q + HK, D,
-                                     beta.data(), g.data(), dk, B, T, H, dk, dv, qscale, 0);
+                                     beta.data(), g.data(), dk, GDN_DECAY_HEAD, B, T, H, dk, dv,
+                                     qscale, 0);
             gdn_chunk_backward<float>(dfused.data(), dfused.data() + HK, dfused.data() + 2 * HK, D, NULL, 0, db.data(),
                                       dgx.data(), dO.data(), HV, saved.data(), work.data(), q, q + HK, q + 2 * HK, D,
-                                      q + HK, D, beta.data(), B, T, H, dk, dv, qscale, 0);
+                                      q + HK, D, beta.data(), GDN_DECAY_HEAD, B, T, H, dk, dv, qscale, 0);
             for (int r = 0; r < BT; r++) for (int j = 0; j < HK; j++) { dsplit[(size_t)r * D + HK + j] += dkw[(size_t)r * HK + j]; }
             printf("gdn T=%d H=%d dk=%d dv=%d: the split path with kw = a copy of k against the fused one\n", T, H, dk, dv);
             ok &= check("dk + dkw", rel(dsplit, dfused, HK, D, HK, BT));
         }
     }
-    printf("%s chunkwise pdn / pgdn core = recurrent core within %.0e (T=%d dk=%d dv=%d)\n", ok ? "PASS" : "FAIL",
+    printf("%s chunkwise pdn / pgdn / pkda core = recurrent core within %.0e (T=%d dk=%d dv=%d)\n", ok ? "PASS" : "FAIL",
            TOLERANCE, T, dk, dv);
     return ok ? 0 : 1;
 }

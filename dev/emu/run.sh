@@ -4,9 +4,10 @@
 #   gka_backward.cu: gka's chunked backward against its recurrent remainder on the lab's shapes (dk, dv = 16, 24
 #     and 32, 48 at T = 150; EMU_FULL=1 adds 128, 128 at T = 130, about 10 minutes on 2 cores); negative control:
 #     the same kernels with Zend^T left out of pass 3a's cross-chunk term must fail;
-#   pdn_chunk.cu: the chunkwise pdn / pgdn core (preconditioner scan + gdn_chunk kernels along k~) against the
-#     recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
-#     (dkw += Z1^T K), and the preconditioner backward without the carries of the later chunks, must fail;
+#   pdn_chunk.cu: the chunkwise pdn / pgdn / pkda core (preconditioner scan + gdn_chunk kernels along k~) against
+#     the recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
+#     (dkw += Z1^T K), the preconditioner backward without the carries of the later chunks, pkda's dg without the
+#     chunk-end state terms, and the per-channel decayed products without their off-diagonal blocks, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
 #     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
@@ -62,6 +63,10 @@ negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \
     "the later chunks' carries in the preconditioner backward" pdn_chunk
+negative gdn_chunk.cuh 's/float s = sm.ce\[k0 + cc\];/float s = 0.0f;/' \
+    "the chunk-end state terms of pkda's per-channel dg" pdn_chunk
+negative gdn_chunk.cuh 's/for (int I = 1; I < GDN_NSUB; I++) {/for (int I = GDN_NSUB; I < GDN_NSUB; I++) {/' \
+    "the off-diagonal 16-row blocks of the per-channel decayed products" pdn_chunk
 negative kalman_scan.cuh 's/kalman_lane_step(lam, eta, a, a2, pb, ch.x, ch.y, kq\[i \* G + p\].x);//' \
     "the first half's steps before the backward's second half" kalman_filter "2 150 20 32"
 negative kalman_scan.cuh 's/if (PASS == KALMAN_PASS_OUTPUT \&\& s > 0) { eta = /if (0) { eta = /' \

@@ -68,7 +68,7 @@ static void gdn_layout_acts(void* acts, const void* settings, const Config* c, c
     a->beta = carve_f(base, cur, BT * s->H);
     a->g = carve_f(base, cur, BT * s->H);
     a->rstd = carve_f(base, cur, BT * s->H);
-    a->chunk_saved = carve(base, cur, gdn_chunk_saved_bytes(B, T, s->H, s->dk, s->dv));
+    a->chunk_saved = carve(base, cur, gdn_chunk_saved_bytes(B, T, s->H, s->dk, s->dv, GDN_DECAY_HEAD));
 }
 
 // the backward's own scratch, carved in this order from MixerContext.own
@@ -124,7 +124,7 @@ static void gdn_forward(const MixerContext* mc, const void* settings, const Laye
     const floatX* q = a->gqkv;
     const floatX* k = q + s->H * s->dk;   // also the write key
     gdn_chunk_forward<floatX>(a->o, HV, a->chunk_saved, mc->work, q, k, q + 2 * s->H * s->dk, s->D, k, s->D, a->beta,
-                              a->g, 1, B, T, s->H, s->dk, s->dv, 1.0f / sqrtf((float)s->dk), st);
+                              a->g, 1, GDN_DECAY_HEAD, B, T, s->H, s->dk, s->dv, 1.0f / sqrtf((float)s->dk), st);
     profile_mark("fwd gdn chunk core");
     // step 8: gated RMSNorm with the z block, then the output projection
     gated_rmsnorm_forward(a->y, a->rstd, a->o, a->proj + s->D, s->ldP, p->onorm_w, BT, s->H, s->dv, c->onorm_eps, st);
@@ -155,8 +155,8 @@ static void gdn_backward(const MixerContext* mc, const void* settings, const Lay
     // the chunkwise core backward (spec 3.4), dS_T = 0: fp32 dq | dk | dv, dbeta, dg
     const floatX* q = a->gqkv;
     gdn_chunk_backward<floatX>(s.dgqkv, s.dgqkv + Hdk, s.dgqkv + 2 * Hdk, sh->D, NULL, 0, s.dbeta, s.dg, s.dout_o, HV,
-                               a->chunk_saved, mc->work, q, q + Hdk, q + 2 * Hdk, sh->D, q + Hdk, sh->D, a->beta, B,
-                               T, sh->H, sh->dk, sh->dv, 1.0f / sqrtf((float)sh->dk), st);
+                               a->chunk_saved, mc->work, q, q + Hdk, q + 2 * Hdk, sh->D, q + Hdk, sh->D, a->beta,
+                               GDN_DECAY_HEAD, B, T, sh->H, sh->dk, sh->dv, 1.0f / sqrtf((float)sh->dk), st);
     profile_mark("bwd gdn chunk core");
     // l2 norms, the kaczmarz beta chain, sigmoid and gate: dL/d(SiLU out) in place, da | db into dproj
     gdn_features_backward(s.dgqkv, s.dproj, gr->A_log, gr->b_bias, gr->dt_bias, mc->reduce, s.dbeta, s.dg, a->gqkv,

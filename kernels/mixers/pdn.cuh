@@ -7,16 +7,14 @@ sigmoid output gate); the settings say which variant (spec/pdn.md 1). The layer,
     pkda: fpre = f1 f2^T, gate = g1 g2^T + g2_b        kernels/matmul.cuh
     q|k|v = SiLU(causal conv(proj[q|k|v]))             kernels/shortconv.cuh
     q, k normalised, beta, gP, bP, g (fp32)            kernels/pdn.cuh (features)
-    o = the preconditioned delta rule (spec 2.1), S_0 = 0, A_0 = 0:
-        pdn, pgdn: chunkwise (spec 3): the preconditioner scan      kernels/pdn.cuh (pdn_precond_forward)
-                   then the delta rule with the write key k~ = m k  kernels/gdn_chunk.cuh
-        pkda:      recurrent, one CTA per (sequence, head)           kernels/pdn.cuh (pdn_core_forward)
+    o = the preconditioned delta rule (spec 2.1), S_0 = 0, A_0 = 0, chunkwise (spec 3):
+        the preconditioner scan                               kernels/pdn.cuh (pdn_precond_forward)
+        then the delta rule with the write key k~ = m k      kernels/gdn_chunk.cuh (pkda: GDN_DECAY_CHANNEL)
     out = W_o RMSNorm(o) (* sigmoid(gate) for pkda)    kernels/gated_norm.cuh (gate modes NONE, SIGMOID)
 
-Backward: spec 2.4 around the core's: pdn and pgdn spec 3.4 (gdn_chunk_backward, which returns the read and the
-write key's gradients apart) then 2.3's preconditioner backward; pkda the exact reverse-time backward of 2.2-2.3
-from states checkpointed every 64 tokens. Decode: spec 4 (conv cache, S and A), the recurrent core for every variant.
-pkda's per-channel decay is not on the chunk kernels yet (they take a scalar decay per token and head).
+Backward: spec 2.4 around the core's: spec 3.4 (gdn_chunk_backward, which returns the read and the write key's
+gradients apart) then 2.3's preconditioner backward. Decode: spec 4 (conv cache, S and A), the recurrent core
+(kernels/pdn.cuh's pdn_core_forward) for every variant.
 */
 #ifndef TRAIN_KLA_KERNELS_MIXERS_PDN_CUH
 #define TRAIN_KLA_KERNELS_MIXERS_PDN_CUH
@@ -35,7 +33,6 @@ typedef struct {
     int D;         // 2*H*dk + H*dv: the conv'ed channels q | k | v
     int P;         // the in_proj rows: D + 3H (pdn), + H (pgdn), + 2*dv (pkda)
     int ldP;       // P rounded up to a multiple of 8: the row stride of proj and dproj
-    int chunked;   // the core trains chunkwise (pdn, pgdn: a scalar decay per token and head)
 } PDNShape;
 
 // what the forward saves for the backward
@@ -43,9 +40,8 @@ typedef struct {
     floatX *proj, *qkv, *o, *y;              // (B,T,ldP), (B,T,D), (B,T,H*dv) x2
     float *qn, *kn, *beta, *gP, *bP, *rstd;  // (B,T,H) each
     float *g, *A, *m;                        // (B,T,H*dk) each: main log decay, preconditioner state, multiplier
-    float* Sck;                              // recurrent core: (B,H,NT,dk,dv) segment-start states
-    floatX* kt;                              // chunkwise core: (B,T,H*dk) the write key k~ = m k
-    void* chunk_saved;                       // chunkwise core: what gdn_chunk_forward saves for its backward
+    floatX* kt;                              // (B,T,H*dk) the write key k~ = m k
+    void* chunk_saved;                       // what gdn_chunk_forward saves for its backward
     floatX *f1, *g1, *fpre, *gate;           // pkda: (B,T,dv) x2, (B,T,H*dk), (B,T,H*dv); else NULL
 } PDNActs;
 
@@ -67,8 +63,10 @@ static void pdn_build(void* settings, const Config* c, int layer) {
     s->D = 2 * s->H * s->dk + s->H * s->dv;
     s->P = s->D + 3 * s->H + (s->variant == 1 ? s->H : s->variant == 2 ? 2 * s->dv : 0);
     s->ldP = (s->P + 7) / 8 * 8;
-    s->chunked = s->variant != 2;
 }
+
+// the chunk kernels' decay kind: pkda's is per channel, pgdn's per head (pdn's 0), read from g's first channel
+static GdnDecay pdn_decay(const PDNShape* s) { return s->variant == 2 ? GDN_DECAY_CHANNEL : GDN_DECAY_HEAD; }
 
 static void pdn_layout_acts(void* acts, const void* settings, const Config* c, char* base, size_t* cur, int B, int T) {
     (void)c;
@@ -88,15 +86,8 @@ static void pdn_layout_acts(void* acts, const void* settings, const Config* c, c
     a->g = carve_f(base, cur, BT * HK);
     a->A = carve_f(base, cur, BT * HK);
     a->m = carve_f(base, cur, BT * HK);
-    a->Sck = NULL;
-    a->kt = NULL;
-    a->chunk_saved = NULL;
-    if (s->chunked) {
-        a->kt = carve_x(base, cur, BT * HK);
-        a->chunk_saved = carve(base, cur, gdn_chunk_saved_bytes(B, T, s->H, s->dk, s->dv));
-    } else {
-        a->Sck = carve_f(base, cur, (size_t)B * s->H * pdn_segments(T) * s->dk * s->dv);
-    }
+    a->kt = carve_x(base, cur, BT * HK);
+    a->chunk_saved = carve(base, cur, gdn_chunk_saved_bytes(B, T, s->H, s->dk, s->dv, pdn_decay(s)));
     a->f1 = a->g1 = a->fpre = a->gate = NULL;
     if (s->variant == 2) {
         a->f1 = carve_x(base, cur, BT * s->dv);
@@ -109,10 +100,9 @@ static void pdn_layout_acts(void* acts, const void* settings, const Config* c, c
 // the backward's own scratch, carved in this order from MixerContext.own
 typedef struct {
     floatX *dproj, *dy, *dout_o;             // (B,T,ldP), (B,T,H*dv) x2
-    float *dqkv, *dbeta, *dgP, *dbP, *dg;    // (B,T,D), (B,T,H) x3, dg: (B,T,H) chunkwise, (B,T,H*dk) recurrent
-    float *dcs, *core;                       // dL/dc partials: (B*H*NT) chunkwise, (B*H) recurrent; recurrent core:
-                                             // its backward's segment states
-    float* dkt;                              // chunkwise core: (B,T,H*dk) dL/dk~
+    float *dqkv, *dbeta, *dgP, *dbP, *dg;    // (B,T,D), (B,T,H) x3, dg: (B,T,H) (pkda (B,T,H*dk))
+    float* dcs;                              // dL/dc partials (B*H*NT)
+    float* dkt;                              // (B,T,H*dk) dL/dk~
     floatX *dfpre, *dgate, *df1, *dg1;       // pkda: (B,T,H*dk), (B,T,H*dv), (B,T,dv) x2
 } PDNScratch;
 
@@ -125,10 +115,9 @@ static void pdn_layout_scratch(PDNScratch* g, const PDNShape* s, char* base, siz
     g->dbeta = carve_f(base, cur, BT * s->H);
     g->dgP = carve_f(base, cur, BT * s->H);
     g->dbP = carve_f(base, cur, BT * s->H);
-    g->dg = carve_f(base, cur, s->chunked ? BT * s->H : BT * HK);
-    g->dcs = carve_f(base, cur, (size_t)B * s->H * (s->chunked ? pdn_precond_chunks(T) : 1));
-    g->core = s->chunked ? NULL : carve_f(base, cur, pdn_core_backward_scratch_floats(B, s->H, s->dk, s->dv));
-    g->dkt = s->chunked ? carve_f(base, cur, BT * HK) : NULL;
+    g->dg = carve_f(base, cur, s->variant == 2 ? BT * HK : BT * s->H);
+    g->dcs = carve_f(base, cur, (size_t)B * s->H * pdn_precond_chunks(T));
+    g->dkt = carve_f(base, cur, BT * HK);
     g->dfpre = g->dgate = g->df1 = g->dg1 = NULL;
     if (s->variant == 2) {
         g->dfpre = carve_x(base, cur, BT * HK);
@@ -153,13 +142,10 @@ static void pdn_scratch_bytes(const void* settings, const Config* c, int B, int 
                              matmul_backward_scratch_bytes(BT, s->H * s->dv)};   // the last: pkda's g2_b
     *reduce = 0;
     for (int i = 0; i < 4; i++) { if (needs[i] > *reduce) { *reduce = needs[i]; } }
-    // the chunkwise core: gdn_chunk's workspace, and the preconditioner scans' (used before or after gdn_chunk's)
-    *work = 0;
-    if (s->chunked) {
-        const size_t chunk = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv);
-        const size_t scan = pdn_precond_scratch_bytes(B, T, s->H, s->dk);
-        *work = chunk > scan ? chunk : scan;
-    }
+    // gdn_chunk's workspace, and the preconditioner scans' (used before or after gdn_chunk's)
+    const size_t chunk = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv);
+    const size_t scan = pdn_precond_scratch_bytes(B, T, s->H, s->dk);
+    *work = chunk > scan ? chunk : scan;
 }
 
 static float pdn_qscale(const PDNShape* s) { return 1.0f / sqrtf((float)s->dk); }
@@ -194,18 +180,14 @@ static void pdn_forward(const MixerContext* mc, const void* settings, const Laye
     pdn_features_forward(a->qkv, a->qn, a->kn, a->beta, a->gP, a->bP, a->g, a->proj, s->ldP, a->fpre, p->A_log,
                          p->dt_bias, p->A_log_P, p->dt_bias_P, BT, s->H, s->dk, s->dv, s->variant, c->l2norm_eps, st);
     profile_mark("fwd pdn conv + features");
-    if (s->chunked) {   // the backward's workspace is free now
+    {   // the backward's workspace is free now
         const int HK = s->H * s->dk;
         const floatX* q = a->qkv;
         pdn_precond_forward(a->A, a->m, a->kt, mc->work, a->qkv, a->gP, a->bP, p->log_scale, B, T, s->H, s->dk, s->dv,
                             logf(c->precond_x), c->precond_eps, st);
         gdn_chunk_forward<floatX>(a->o, HV, a->chunk_saved, mc->work, q, q + HK, q + 2 * HK, s->D, a->kt, HK, a->beta,
-                                  a->g, s->dk, B, T, s->H, s->dk, s->dv, pdn_qscale(s), st);
+                                  a->g, s->dk, pdn_decay(s), B, T, s->H, s->dk, s->dv, pdn_qscale(s), st);
         profile_mark("fwd pdn chunk core");
-    } else {
-        pdn_core_forward(a->o, a->A, a->m, a->Sck, NULL, NULL, a->qkv, a->beta, a->g, a->gP, a->bP, p->log_scale, B,
-                         T, s->H, s->dk, s->dv, pdn_qscale(s), logf(c->precond_x), c->precond_eps, st);
-        profile_mark("fwd pdn recurrent core");
     }
     gated_rmsnorm_forward_mode(a->y, a->rstd, a->o, a->gate, HV, p->onorm_w, BT, s->H, s->dv, c->precond_onorm_eps,
                                s->variant == 2 ? NORM_GATE_SIGMOID : NORM_GATE_NONE, st);
@@ -235,24 +217,19 @@ static void pdn_backward(const MixerContext* mc, const void* settings, const Lay
                                 st);
     profile_mark("bwd pdn out_proj + out norm");
     // the recurrence and the preconditioner (spec 2.2, 2.3), dS_T = 0, dA_T = 0
-    if (sh->chunked) {   // spec 3.4: dq, the read key's dk, dv, dk~, dbeta, dg; then 2.3 maps dk~ into dk
+    {   // spec 3.4: dq, the read key's dk, dv, dk~, dbeta, dg; then 2.3 maps dk~ into dk
         const floatX* q = a->qkv;
         gdn_chunk_backward<floatX>(s.dqkv, s.dqkv + HK, s.dqkv + 2 * HK, sh->D, s.dkt, HK, s.dbeta, s.dg, s.dout_o, HV,
-                                   a->chunk_saved, mc->work, q, q + HK, q + 2 * HK, sh->D, a->kt, HK, a->beta, B, T,
-                                   sh->H, sh->dk, sh->dv, pdn_qscale(sh), st);
+                                   a->chunk_saved, mc->work, q, q + HK, q + 2 * HK, sh->D, a->kt, HK, a->beta,
+                                   pdn_decay(sh), B, T, sh->H, sh->dk, sh->dv, pdn_qscale(sh), st);
         pdn_precond_backward(s.dqkv, s.dgP, s.dbP, gr->log_scale, s.dcs, mc->work, s.dkt, a->qkv, a->A, a->m, a->gP,
                              a->bP, p->log_scale, B, T, sh->H, sh->dk, sh->dv, logf(c->precond_x), c->precond_eps,
                              st);
         profile_mark("bwd pdn chunk core");
-    } else {
-        pdn_core_backward(s.dqkv, s.dbeta, s.dg, s.dgP, s.dbP, gr->log_scale, s.dcs, s.core, s.dout_o, a->Sck,
-                          a->qkv, a->beta, a->g, a->gP, a->bP, a->A, a->m, p->log_scale, B, T, sh->H, sh->dk, sh->dv,
-                          pdn_qscale(sh), logf(c->precond_x), c->precond_eps, st);
-        profile_mark("bwd pdn recurrent core");
     }
     // l2 norms, gains and decays (spec 2.4): dL/d(SiLU out) in place, the b | aP | bP (| a) columns of dproj
     pdn_features_backward(s.dqkv, s.dproj, sh->ldP, s.dfpre, gr->A_log, gr->dt_bias, gr->A_log_P, gr->dt_bias_P,
-                          mc->reduce, s.dbeta, s.dgP, s.dbP, s.dg, sh->chunked ? 1 : sh->dk, a->qkv, a->qn, a->kn,
+                          mc->reduce, s.dbeta, s.dgP, s.dbP, s.dg, sh->variant == 2 ? sh->dk : 1, a->qkv, a->qn, a->kn,
                           a->beta, a->gP, a->bP, a->g, a->proj, a->fpre, p->A_log, p->dt_bias, p->A_log_P,
                           p->dt_bias_P, BT, sh->H, sh->dk, sh->dv, sh->variant, st);
     // pkda's low-rank projections: df1, dg1 into the f1 | g1 columns of dproj
