@@ -45,6 +45,8 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 
 #define GDN_CHUNK 64            // BT, the chunk length of the CUDA kernels
 #define GDN_THREADS 256         // threads of the per-chunk kernels
+#define GDN_CH_THREADS 512      // threads of the per-chunk forward kernels with a per-channel decay: their shared
+                                // memory allows one CTA per SM, which gets twice the warps
 #define GDN_BWD_THREADS 512     // threads of the fused backward chunk kernel (one CTA per SM: more warps in flight)
 #define GDN_STATE_THREADS 256   // threads of the sequential state kernels
 #define GDN_STATE_BV 32         // dv columns of the state per CTA of the state kernels
@@ -228,6 +230,11 @@ __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
 #define GDN_NSUB (GDN_CHUNK / GDN_SUB)
 #define GDN_STACK_ROWS 96   // 16 + 32 + 48: the stacked rows of the three off-diagonal row (or column) blocks
 
+// exp(x) for the exponents x <= 0 of the per-channel decay: the hardware exponential, within 2 + 1.173 |x| ulp
+// (CUDA's bound) against expf's 1 ulp: below the products' fp32 rounding where the factor is not negligible (a
+// relative error of 1.5e-6 at x = -20, on a factor of 2e-9), and several times faster
+__device__ __forceinline__ float gdn_decay_exp(float x) { return __expf(x); }
+
 __host__ __device__ constexpr int gdn_before_off(int I) { return 8 * I * (I - 1); }   // block I's rows s < 16 I
 __host__ __device__ constexpr int gdn_after_off(int J) { return 8 * J * (7 - J); }    // block J's rows r > 16 J + 15
 
@@ -236,7 +243,7 @@ template <typename Tc>
 __device__ void gdn_decay_refer_rows(Tc* Xr, const Tc* X, int ldt, const float* G, int ldg, int ws) {
     cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
         const int f = r & ~(GDN_SUB - 1);
-        Xr[r * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * expf(G[r * ldg + c] - G[f * ldg + c]));
+        Xr[r * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * gdn_decay_exp(G[r * ldg + c] - G[f * ldg + c]));
     });
 }
 
@@ -245,7 +252,7 @@ template <typename Tc>
 __device__ void gdn_decay_stack_before(Tc* Sb, const Tc* Y, int ldt, const float* G, int ldg, int ws) {
     cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
         const int I = i < gdn_before_off(2) ? 1 : i < gdn_before_off(3) ? 2 : 3, s = i - gdn_before_off(I);
-        Sb[i * ldt + c] = from_float<Tc>(to_float(Y[s * ldt + c]) * expf(G[GDN_SUB * I * ldg + c] - G[s * ldg + c]));
+        Sb[i * ldt + c] = from_float<Tc>(to_float(Y[s * ldt + c]) * gdn_decay_exp(G[GDN_SUB * I * ldg + c] - G[s * ldg + c]));
     });
 }
 
@@ -255,7 +262,7 @@ __device__ void gdn_decay_stack_after(Tc* Sa, const Tc* X, int ldt, const float*
     cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
         const int J = i < gdn_after_off(1) ? 0 : i < gdn_after_off(2) ? 1 : 2;
         const int r = i - gdn_after_off(J) + GDN_SUB * (J + 1), e = GDN_SUB * J + GDN_SUB - 1;
-        Sa[i * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * expf(G[r * ldg + c] - G[e * ldg + c]));
+        Sa[i * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * gdn_decay_exp(G[r * ldg + c] - G[e * ldg + c]));
     });
 }
 
@@ -274,7 +281,7 @@ __device__ void gdn_decay_product(float* P, int ldp, const Tc* X, const Tc* Y, c
         if (DIAG ? s > r : s >= r) { continue; }
         float sum = acc ? P[r * ldp + s] : 0.0f;
         for (int c = 0; c < ws; c++) {
-            sum = fmaf(to_float(X[r * ldt + c]) * to_float(Y[s * ldt + c]), expf(G[r * ldg + c] - G[s * ldg + c]), sum);
+            sum = fmaf(to_float(X[r * ldt + c]) * to_float(Y[s * ldt + c]), gdn_decay_exp(G[r * ldg + c] - G[s * ldg + c]), sum);
         }
         P[r * ldp + s] = sum;
     }
@@ -294,9 +301,9 @@ __device__ void gdn_decay_rows(float* R, int ldr, const Tc* D, int ldd, const Tc
     cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
         const int f = r & ~(GDN_SUB - 1);
         const float Gr = G[r * ldg + c];
-        float sum = f > 0 ? R[r * ldr + c] * expf(Gr - G[f * ldg + c]) : 0.0f;
+        float sum = f > 0 ? R[r * ldr + c] * gdn_decay_exp(Gr - G[f * ldg + c]) : 0.0f;
         for (int s = f; s <= r; s++) {
-            sum = fmaf(to_float(D[r * ldd + s]) * to_float(Y[s * ldt + c]), expf(Gr - G[s * ldg + c]), sum);
+            sum = fmaf(to_float(D[r * ldd + s]) * to_float(Y[s * ldt + c]), gdn_decay_exp(Gr - G[s * ldg + c]), sum);
         }
         R[r * ldr + c] = sum;
     });
@@ -314,9 +321,9 @@ __device__ void gdn_decay_cols(float* C, int ldc, const Tc* D, int ldd, const Tc
     cta_for_each(GDN_CHUNK, ws, [&](int s, int c) {
         const int e = s | (GDN_SUB - 1);
         const float Gs = G[s * ldg + c];
-        float sum = e < GDN_CHUNK - 1 ? C[s * ldc + c] * expf(G[e * ldg + c] - Gs) : 0.0f;
+        float sum = e < GDN_CHUNK - 1 ? C[s * ldc + c] * gdn_decay_exp(G[e * ldg + c] - Gs) : 0.0f;
         for (int r = s; r <= e; r++) {
-            sum = fmaf(to_float(D[r * ldd + s]) * to_float(X[r * ldt + c]), expf(G[r * ldg + c] - Gs), sum);
+            sum = fmaf(to_float(D[r * ldd + s]) * to_float(X[r * ldt + c]), gdn_decay_exp(G[r * ldg + c] - Gs), sum);
         }
         C[s * ldc + c] = sum;
     });
@@ -337,7 +344,7 @@ template <typename Tc> struct GdnIntraSmem {
         SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
-        X = cv.take<float>(3 * 256);
+        X = cv.take<float>(3 * 256);   // the solve's scratch; per channel first G's block totals (3 x dk)
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(ch ? (size_t)GDN_CHUNK * (dkp + 4) : GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
@@ -354,8 +361,13 @@ template <typename Tc> struct GdnIntraSmem {
 // per head, g_stride is the distance between the log decays of consecutive (token, head) pairs (1 for a [BT, H] g;
 // dk for the pdn family's per-channel [BT, H*dk] g, whose scalar decay is every channel's); per channel, g is
 // [BT, H*dk]. Per channel the kernel also saves A0, Qg and Kwe (see the saved layout), and needs q and scale.
+// threads of the per-chunk forward kernels
+__host__ __device__ constexpr int gdn_fwd_threads(GdnDecay decay) {
+    return decay == GDN_DECAY_CHANNEL ? GDN_CH_THREADS : GDN_THREADS;
+}
+
 template <typename Tin, typename Tc, GdnDecay DECAY>
-__global__ void __launch_bounds__(GDN_THREADS)
+__global__ void __launch_bounds__(gdn_fwd_threads(DECAY))
 gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, float* A0_saved, Tc* Qg_saved,
                      Tc* Kwe_saved, const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                      const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv,
@@ -369,27 +381,41 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     GdnIntraSmem<Tc> sm((size_t)gdn_smem, DECAY, dkp);
 
     // beta and g (0 on padded rows and channels), then G = the cumulative sum of g from the chunk start (spec 3.1),
-    // in place, in a fixed order: one thread (per channel)
+    // in place, in a fixed order: per head one thread; per channel each 16-row block's sums, then the totals of
+    // the blocks before it added (sm.X holds those totals)
     if constexpr (CH) {
-        cta_for_each(BT, dkp, [&](int r, int d) {
-            sm.G[r * ldg + d] = r < p.L && d < dk ? g[((p.row0 + r) * H + p.h) * dk + d] : 0.0f;
-        });
+        tile_load<2>(gdn_in_tile(sm.G, ldg, dkp, g, H * dk, p, dk, 0));
+        for (int i = threadIdx.x; i < GDN_NSUB * dkp; i += blockDim.x) {
+            const int d = i % dkp, f = (i / dkp) * GDN_SUB;
+            float acc = 0.0f;
+            for (int r = f; r < f + GDN_SUB; r++) {
+                acc += sm.G[r * ldg + d];
+                sm.G[r * ldg + d] = acc;
+            }
+            if (i < (GDN_NSUB - 1) * dkp) { sm.X[i] = acc; }   // block i / dkp's total of channel d
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < (GDN_NSUB - 1) * dkp; i += blockDim.x) {
+            const int d = i % dkp, I = i / dkp + 1;
+            float base = 0.0f;
+            for (int J = 0; J < I; J++) { base += sm.X[J * dkp + d]; }
+            for (int r = GDN_SUB * I; r < GDN_SUB * (I + 1); r++) { sm.G[r * ldg + d] += base; }
+        }
+        gdn_load_beta(sm.beta, beta, p, H);
+        cta_for_each(BT, dk, [&](int r, int d) { G_saved[(p.c * BT + r) * dk + d] = sm.G[r * ldg + d]; });
     } else {
         for (int r = threadIdx.x; r < BT; r += blockDim.x) {
             sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
         }
-    }
-    gdn_load_beta(sm.beta, beta, p, H);
-    for (int d = threadIdx.x; d < (CH ? dkp : 1); d += blockDim.x) {
-        float acc = 0.0f;
-        for (int r = 0; r < BT; r++) {
-            acc += sm.G[r * (CH ? ldg : 1) + d];
-            sm.G[r * (CH ? ldg : 1) + d] = acc;
+        gdn_load_beta(sm.beta, beta, p, H);
+        if (threadIdx.x == 0) {
+            float acc = 0.0f;
+            for (int r = 0; r < BT; r++) {
+                acc += sm.G[r];
+                sm.G[r] = acc;
+            }
         }
-    }
-    __syncthreads();
-    if constexpr (CH) {
-        cta_for_each(BT, dk, [&](int r, int d) { G_saved[(p.c * BT + r) * dk + d] = sm.G[r * ldg + d]; });
+        __syncthreads();
     }
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {
         if (!CH) { G_saved[p.c * BT + r] = sm.G[r]; }
@@ -445,13 +471,13 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
                          gdn_in_tile(sm.slab_x, TL::LDT, ws, q, ld_qkv, p, dk, s0));
             kbg = sm.Sb;
             cta_for_each(BT, ws, [&](int r, int c) {
-                const float G = sm.G[r * ldg + s0 + c], e = expf(G);
+                const float G = sm.G[r * ldg + s0 + c], e = gdn_decay_exp(G);
                 kbg[r * TL::LDT + c] = from_float<Tc>(sm.beta[r] * to_float(sm.slab[r * TL::LDT + c]) * e);
                 if (s0 + c < dk) {
                     const size_t off = (p.c * BT + r) * dk + s0 + c;
                     Qg_saved[off] = from_float<Tc>(scale * to_float(sm.slab_x[r * TL::LDT + c]) * e);
                     Kwe_saved[off] = from_float<Tc>(to_float(sm.slab_w[r * TL::LDT + c]) *
-                                                    expf(sm.G[(BT - 1) * ldg + s0 + c] - G));
+                                                    gdn_decay_exp(sm.G[(BT - 1) * ldg + s0 + c] - G));
                 }
             });
         } else {
@@ -603,14 +629,15 @@ template <typename Tc> struct GdnOutputSmem {
     }
 };
 
+// per head two CTAs per SM (registers and shared memory); per channel one of twice the threads
 template <typename Tin, typename Tc, GdnDecay DECAY>
-__global__ void __launch_bounds__(GDN_THREADS, 2)   // two CTAs per SM (registers and shared memory)
+__global__ void __launch_bounds__(gdn_fwd_threads(DECAY), DECAY == GDN_DECAY_CHANNEL ? 1 : 2)
 gdn_fwd_output_kernel(Tin* o, int ld_o, Tc* Aqk_saved, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
                       const float* G_saved, const Tc* h_saved, const Tc* Vn_saved, const Tc* Qg_saved, int T, int H,
                       int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, VO = TL::VO;
-    constexpr int N = GDN_CHUNK * VO / 8 / GDN_THREADS;   // groups of 8 per thread of a BT x VO tile
+    constexpr int N = GDN_CHUNK * VO / 8 / gdn_fwd_threads(DECAY);   // groups of 8 per thread of a BT x VO tile
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnOutputSmem<Tc> sm((size_t)gdn_smem, DECAY);
@@ -1252,9 +1279,9 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         // the state's parts of dQ and dKw, dW = -(dVn h^T) and kbg as operands
         const float* Gl = sm.Gs + (BT - 1) * LDF;
         cta_for_each(BT, wk, [&](int r, int cc) {
-            const float G = sm.Gs[r * LDF + cc], e = expf(G);
+            const float G = sm.Gs[r * LDF + cc], e = gdn_decay_exp(G);
             sm.F0[r * LDF + cc] *= scale * e;
-            sm.F1[r * LDF + cc] *= expf(Gl[cc] - G);
+            sm.F1[r * LDF + cc] *= gdn_decay_exp(Gl[cc] - G);
             sm.S4[r * LDT + cc] = from_float<Tc>(-sm.F2[r * LDF + cc]);
             sm.Skb[r * LDT + cc] = from_float<Tc>(sm.beta[r] * to_float(sm.Sk[r * LDT + cc]) * e);
         });
@@ -1262,7 +1289,7 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         for (int cc = tid; cc < wk; cc += blockDim.x) {
             float s = 0.0f;
             for (int r = 0; r < BT; r++) { s = fmaf(to_float(sm.Skw[r * LDT + cc]), sm.F1[r * LDF + cc], s); }
-            sm.ce[k0 + cc] = expf(Gl[cc]) * sm.ce[k0 + cc] + s;
+            sm.ce[k0 + cc] = gdn_decay_exp(Gl[cc]) * sm.ce[k0 + cc] + s;
         }
         gdn_decay_stack_before(sm.Sb, sm.Skw, LDT, sm.Gs, LDF, wk);
         gdn_decay_stack_after(sm.Sa, sm.Sq, LDT, sm.Gs, LDF, wk);
@@ -1275,7 +1302,7 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         cta_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S4, LDT, BT, wk, BT, false);             // dkbg = Tm^T dW
         cta_rows<1>(p.L, cols, [&](int r, int cc, float* acc) {
             const float qv = to_float(sm.Sq[r * LDT + cc]), kv = to_float(sm.Sk[r * LDT + cc]);
-            const float kwv = to_float(sm.Skw[r * LDT + cc]), e = expf(sm.Gs[r * LDF + cc]);
+            const float kwv = to_float(sm.Skw[r * LDT + cc]), e = gdn_decay_exp(sm.Gs[r * LDF + cc]);
             const float dq = sm.F0[r * LDF + cc], dkwa = sm.F1[r * LDF + cc], dkbg = sm.F2[r * LDF + cc];
             const float dkb = sm.beta[r] * e * dkbg;
             acc[0] = fmaf(kv * e, dkbg, acc[0]);
@@ -1402,7 +1429,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
 
     const size_t s1 = GdnIntraSmem<Tc>(0, DECAY, dkp).bytes;
     gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
-    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, GDN_THREADS, s1, stream>>>(
+    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_fwd_threads(DECAY), s1, stream>>>(
         Tm, G, W, U, A0, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
@@ -1414,7 +1441,8 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 1, stream);
     const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
     gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc, DECAY>, s3);
-    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
+    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), gdn_fwd_threads(DECAY), s3,
+                                           stream>>>(
         o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);

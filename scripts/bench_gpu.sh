@@ -36,7 +36,8 @@ MAX_SEQ_LEN=4096         # position-embedding rows of the attn model, the same i
 FLA_GDN_TOKS=242000      # DESIGN.md's figure for FLA's GDN layers (one H200, T=1024), not measured here
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-300}
 LAB_DIR=dev/cuda
-declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [kalman]=kalman_scan)   # the lab of each core
+declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [kalman]=kalman_scan [pdn]=pdn_core [pgdn]=pdn_core
+                   [pkda]=pdn_core)   # the lab of each core
 LABS=()   # the models' labs, each once, in the models' order
 for M in "${MODELS[@]}"; do
     lab=${MODEL_LAB[$M]:-}

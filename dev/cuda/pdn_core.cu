@@ -6,6 +6,7 @@ Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. pdn_core.cu -o pdn_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 pdn_core.cu -o pdn_core_fp32_bin
 ./pdn_core_bin 2        (the argument picks the version that is checked and timed; default 2)
+./pdn_core_bin 2 pkda   (times pkda alone, without the checks: for profilers such as ncu)
 
 version 1 is kernels/pdn.cuh: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order
 with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory; the backward recomputes each
@@ -32,8 +33,10 @@ bound of the gdn chunk labs (dev/cuda/gdn_chunk_bwd.cu says why). Exit status 1 
 */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <vector>
 #include "../../kernels/pdn.cuh"
+#include "pdn_recurrent_backward.cuh"
 
 #include "../../kernels/gdn_chunk.cuh"
 
@@ -249,7 +252,9 @@ static int version = 2;   // the version picked on the command line
 // dg per (token, head) into d.dg's first B*T*H floats; pkda's g and dg are per channel
 static GdnDecay decay_kind(int decay) { return decay == 2 ? GDN_DECAY_CHANNEL : GDN_DECAY_HEAD; }
 
-static void run_forward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps) {
+// marks (version 2, optional): events recorded after the preconditioner scan and after each chunk kernel
+static void run_forward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps,
+                        cudaEvent_t* marks = nullptr) {
     const float qscale = 1.0f / sqrtf((float)in.dk);
     if (version == 1) {
         pdn_core_forward(d.o, d.A, d.m, d.Sck, NULL, NULL, d.qkv, d.beta, d.g, d.gP, d.bP, d.cs, in.B, in.T, in.H,
@@ -258,10 +263,14 @@ static void run_forward(const CoreInputs& in, CoreDevice& d, int decay, float ln
     }
     const int D = 2 * in.H * in.dk + in.H * in.dv, HK = in.H * in.dk, HV = in.H * in.dv;
     pdn_precond_forward(d.A, d.m, d.kt, d.work, d.qkv, d.gP, d.bP, d.cs, in.B, in.T, in.H, in.dk, in.dv, lnx, eps, 0);
-    gdn_chunk_forward<floatX>(d.o, HV, d.saved, d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK, d.beta, d.g,
-                              in.dk, decay_kind(decay), in.B, in.T, in.H, in.dk, in.dv, qscale, 0);
+    if (marks) { cudaCheck(cudaEventRecord(marks[0])); }
+    gdn_chunk_forward_impl<floatX, floatX>(d.o, HV, d.saved, d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK,
+                                           d.beta, d.g, in.dk, decay_kind(decay), in.B, in.T, in.H, in.dk, in.dv,
+                                           qscale, 0, marks ? marks + 1 : nullptr);
 }
-static void run_backward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps) {
+// marks (version 2, optional): events recorded after each chunk kernel and after the preconditioner's backward
+static void run_backward(const CoreInputs& in, CoreDevice& d, int decay, float lnx, float eps,
+                         cudaEvent_t* marks = nullptr) {
     const float qscale = 1.0f / sqrtf((float)in.dk);
     if (version == 1) {
         pdn_core_backward(d.dqkv, d.dbeta, d.dg, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.scratch, d.dO, d.Sck, d.qkv,
@@ -269,11 +278,34 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, int decay, float l
         return;
     }
     const int D = 2 * in.H * in.dk + in.H * in.dv, HK = in.H * in.dk, HV = in.H * in.dv;
-    gdn_chunk_backward<floatX>(d.dqkv, d.dqkv + HK, d.dqkv + 2 * HK, D, d.dkt, HK, d.dbeta, d.dg, d.dO, HV, d.saved,
-                               d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK, d.beta, decay_kind(decay), in.B,
-                               in.T, in.H, in.dk, in.dv, qscale, 0);
+    gdn_chunk_backward_impl<floatX, floatX>(d.dqkv, d.dqkv + HK, d.dqkv + 2 * HK, D, d.dkt, HK, d.dbeta, d.dg, d.dO,
+                                            HV, d.saved, d.work, d.qkv, d.qkv + HK, d.qkv + 2 * HK, D, d.kt, HK,
+                                            d.beta, decay_kind(decay), in.B, in.T, in.H, in.dk, in.dv, qscale, 0,
+                                            marks);
     pdn_precond_backward(d.dqkv, d.dgP, d.dbP, d.dlog_scale, d.dcs, d.work, d.dkt, d.qkv, d.A, d.m, d.gP, d.bP, d.cs,
                          in.B, in.T, in.H, in.dk, in.dv, lnx, eps, 0);
+    if (marks) { cudaCheck(cudaEventRecord(marks[3])); }
+}
+
+// version 2's kernels one by one: the mean time between the marks over iters runs of f(marks)
+template <typename F>
+static void print_kernel_times(const char* what, const char* const names[4], int iters, F f) {
+    cudaEvent_t ev[5];
+    for (int i = 0; i < 5; i++) { cudaCheck(cudaEventCreate(&ev[i])); }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int it = 0; it < iters; it++) {
+        cudaCheck(cudaEventRecord(ev[0]));
+        f(ev + 1);
+        cudaCheck(cudaEventSynchronize(ev[4]));
+        for (int i = 0; i < 4; i++) {
+            float ms = 0.0f;
+            cudaCheck(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            acc[i] += ms / iters;
+        }
+    }
+    printf("  %s per kernel: %s %.3f, %s %.3f, %s %.3f, %s %.3f ms\n", what, names[0], acc[0], names[1], acc[1],
+           names[2], acc[2], names[3], acc[3]);
+    for (int i = 0; i < 5; i++) { cudaCheck(cudaEventDestroy(ev[i])); }
 }
 
 
@@ -322,6 +354,12 @@ static void benchmark(int B, int T, int H, int dk, int dv, int decay) {
     const float bwd = time_ms(3, [&] { run_backward(in, d, decay, lnx, eps); });
     printf("timing B=%d T=%d H=%d dk=%d dv=%d, %s: forward %.3f ms, backward %.3f ms, forward+backward %.3f ms\n", B, T,
            H, dk, dv, decay == 2 ? "pkda" : "pgdn", fwd, bwd, fwd + bwd);
+    if (version == 2) {
+        const char* const fwd_names[4] = {"precond scan", "intra", "state", "output"};
+        const char* const bwd_names[4] = {"dvlocal", "state", "chunk", "precond scan"};
+        print_kernel_times("forward", fwd_names, 5, [&](cudaEvent_t* m) { run_forward(in, d, decay, lnx, eps, m); });
+        print_kernel_times("backward", bwd_names, 5, [&](cudaEvent_t* m) { run_backward(in, d, decay, lnx, eps, m); });
+    }
     if (decay == 1) {
         printf("  issue 10 targets (pgdn): forward <= 0.68 ms, forward+backward <= 2.78 ms (now %.2fx and %.2fx)\n",
                fwd / 0.68, (fwd + bwd) / 2.78);
@@ -331,7 +369,14 @@ static void benchmark(int B, int T, int H, int dk, int dv, int decay) {
 
 int main(int argc, char** argv) {
     version = argc > 1 ? atoi(argv[1]) : 2;
-    if (version != 1 && version != 2) { die("usage: %s [version 1 or 2, default 2]", argv[0]); }
+    const bool time_pkda = argc > 2 && strcmp(argv[2], "pkda") == 0;   // pkda's timing alone (for profilers)
+    if ((version != 1 && version != 2) || (argc > 2 && !time_pkda)) {
+        die("usage: %s [version 1 or 2, default 2] [pkda: time pkda only, no checks]", argv[0]);
+    }
+    if (time_pkda) {
+        benchmark(16, 2048, 6, 128, 128, 2);
+        return 0;
+    }
     printf("version %d, precision %s, tolerance %.0e (relative L2; bf16: 1e-2 for version 1's kernels, 2e-2 for "
            "version 2's)\n", version, PRECISION_NAME, TOLERANCE);
     validate(2, 150, 2, 16, 24, 0);     // T not a multiple of the 64-token segments, dk != dv

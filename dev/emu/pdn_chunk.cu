@@ -1,7 +1,8 @@
 /*
 dev/emu/pdn_chunk.cu: the chunkwise core of pdn, pgdn and pkda (kernels/pdn.cuh's preconditioner scan and its
 backward, kernels/gdn_chunk.cuh's chunk kernels with the write key k~ = m k; spec/pdn.md 3) against the recurrent core
-(pdn_core_forward / pdn_core_backward, the version validated on GPUs against PyTorch), both run on the CPU by
+(pdn_core_forward and dev/cuda/pdn_recurrent_backward.cuh's pdn_core_backward, the version validated on GPUs
+against PyTorch), both run on the CPU by
 dev/emu/emu.h's emulator: the kernels' own code, CUDA-core products (the tensor-core ones need a GPU), fp32 build.
 Inputs shaped as in the layer: unit q and k, v in [-1, 1], beta and bP in (0.05, 0.95), the preconditioner's log
 decay gP in [-1, 0], c = -0.2 on one head and 0.3 on the other; pgdn: the main log decay g in [-1, 0] per (token,
@@ -23,6 +24,7 @@ memory with NaN, so a read of an unwritten element shows).
 #undef cudaCheckLaunch
 #define cudaCheckLaunch() do {} while (0)
 #include "kernels/pdn.cuh"
+#include "kernels/pdn_recurrent_backward.cuh"
 #include "kernels/gdn_chunk.cuh"
 #include <random>
 

@@ -23,7 +23,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src" "$tmp/ok/kernels" "$tmp/neg"
 cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/gka.cuh kernels/pdn.cuh \
-    kernels/gdn_chunk.cuh kernels/kalman_scan.cuh "$tmp/src/"
+    kernels/gdn_chunk.cuh kernels/kalman_scan.cuh dev/cuda/pdn_recurrent_backward.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1
 cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \

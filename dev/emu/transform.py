@@ -21,7 +21,7 @@ for root, _, files in os.walk(src):
                 a = s.index('// bf16 operands: tensor cores'); b = s.index('#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH')
                 s = s[:a] + 'template <bool A_T, bool B_T> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]
             s = s.replace('__shared__', 'static')
-            s = re.sub(r'__launch_bounds__\([^)]*\)', '', s)
+            s = re.sub(r'__launch_bounds__\((?:[^()]|\([^()]*\))*\)', '', s)   # arguments may hold one level of calls
             s = re.sub(r'\b__global__\b', '', s)
             s = re.sub(r'\b__device__\b', '', s)
             s = re.sub(r'\b__host__\b', '', s)
