@@ -178,6 +178,18 @@ __device__ __forceinline__ void cta_for_each(int rows, int cols, F f) {
     __syncthreads();
 }
 
+// f(r, c) for every element of a rows x cols range with cols <= COLS, COLS a power of two dividing blockDim.x:
+// thread t takes column t % COLS and the rows t / COLS, t / COLS + blockDim.x / COLS, ... (cta_for_each divides
+// each index by a column count unknown at compile time, some 20 instructions per element)
+template <int COLS, typename F>
+__device__ __forceinline__ void cta_for_each_slab(int rows, int cols, F f) {
+    const int c = threadIdx.x % COLS;
+    if (c < cols) {
+        for (int r = threadIdx.x / COLS; r < rows; r += blockDim.x / COLS) { f(r, c); }
+    }
+    __syncthreads();
+}
+
 // C[M x N] = (acc ? C : 0) + op(A) op(B); C fp32 with row stride ldc; op(A) is M x K: A[m*lda + k], or with
 // A_T the stored A is K x M and op(A) = A^T: A[k*lda + m]; op(B) is K x N: B[k*ldb + n], or with B_T the
 // stored B is N x K: B[n*ldb + k]. M, N, K are multiples of 16. With sync = false the closing __syncthreads()

@@ -241,7 +241,7 @@ __host__ __device__ constexpr int gdn_after_off(int J) { return 8 * J * (7 - J);
 // Xr[r][c] = X[r][c] exp(G[r][c] - G[f][c]), f the first row of r's block
 template <typename Tc>
 __device__ void gdn_decay_refer_rows(Tc* Xr, const Tc* X, int ldt, const float* G, int ldg, int ws) {
-    cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
+    cta_for_each_slab<GdnTile<Tc>::SL>(GDN_CHUNK, ws, [&](int r, int c) {
         const int f = r & ~(GDN_SUB - 1);
         Xr[r * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * gdn_decay_exp(G[r * ldg + c] - G[f * ldg + c]));
     });
@@ -250,7 +250,7 @@ __device__ void gdn_decay_refer_rows(Tc* Xr, const Tc* X, int ldt, const float* 
 // Sb[before_off(I) + s][c] = Y[s][c] exp(G[16 I][c] - G[s][c]) for s < 16 I, I = 1 .. 3
 template <typename Tc>
 __device__ void gdn_decay_stack_before(Tc* Sb, const Tc* Y, int ldt, const float* G, int ldg, int ws) {
-    cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
+    cta_for_each_slab<GdnTile<Tc>::SL>(GDN_STACK_ROWS, ws, [&](int i, int c) {
         const int I = i < gdn_before_off(2) ? 1 : i < gdn_before_off(3) ? 2 : 3, s = i - gdn_before_off(I);
         Sb[i * ldt + c] = from_float<Tc>(to_float(Y[s * ldt + c]) * gdn_decay_exp(G[GDN_SUB * I * ldg + c] - G[s * ldg + c]));
     });
@@ -259,7 +259,7 @@ __device__ void gdn_decay_stack_before(Tc* Sb, const Tc* Y, int ldt, const float
 // Sa[after_off(J) + r - 16 (J + 1)][c] = X[r][c] exp(G[r][c] - G[16 J + 15][c]) for r > 16 J + 15, J = 0 .. 2
 template <typename Tc>
 __device__ void gdn_decay_stack_after(Tc* Sa, const Tc* X, int ldt, const float* G, int ldg, int ws) {
-    cta_for_each(GDN_STACK_ROWS, ws, [&](int i, int c) {
+    cta_for_each_slab<GdnTile<Tc>::SL>(GDN_STACK_ROWS, ws, [&](int i, int c) {
         const int J = i < gdn_after_off(1) ? 0 : i < gdn_after_off(2) ? 1 : 2;
         const int r = i - gdn_after_off(J) + GDN_SUB * (J + 1), e = GDN_SUB * J + GDN_SUB - 1;
         Sa[i * ldt + c] = from_float<Tc>(to_float(X[r * ldt + c]) * gdn_decay_exp(G[r * ldg + c] - G[e * ldg + c]));
@@ -298,7 +298,7 @@ __device__ void gdn_decay_rows(float* R, int ldr, const Tc* D, int ldd, const Tc
                              ldt, GDN_SUB, ws, GDN_SUB * I, false, false);
     }
     __syncthreads();
-    cta_for_each(GDN_CHUNK, ws, [&](int r, int c) {
+    cta_for_each_slab<GdnTile<Tc>::SL>(GDN_CHUNK, ws, [&](int r, int c) {
         const int f = r & ~(GDN_SUB - 1);
         const float Gr = G[r * ldg + c];
         float sum = f > 0 ? R[r * ldr + c] * gdn_decay_exp(Gr - G[f * ldg + c]) : 0.0f;
@@ -318,7 +318,7 @@ __device__ void gdn_decay_cols(float* C, int ldc, const Tc* D, int ldd, const Tc
                             Sa + gdn_after_off(J) * ldt, ldt, GDN_SUB, ws, GDN_SUB * (GDN_NSUB - 1 - J), false, false);
     }
     __syncthreads();
-    cta_for_each(GDN_CHUNK, ws, [&](int s, int c) {
+    cta_for_each_slab<GdnTile<Tc>::SL>(GDN_CHUNK, ws, [&](int s, int c) {
         const int e = s | (GDN_SUB - 1);
         const float Gs = G[s * ldg + c];
         float sum = e < GDN_CHUNK - 1 ? C[s * ldc + c] * gdn_decay_exp(G[e * ldg + c] - Gs) : 0.0f;
@@ -332,21 +332,44 @@ __device__ void gdn_decay_cols(float* C, int ldc, const Tc* D, int ldd, const Tc
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
 
+// G = the cumulative sum over the chunk of the per-channel log decays g, for a slab of ws channels (stride ldg),
+// in place and in a fixed order: each 16-row block's running sums, then the totals of the blocks before it added
+// (X: 3 ws floats of scratch for those totals)
+__device__ void gdn_chunk_cumsum_channels(float* G, int ldg, int ws, float* X) {
+    for (int i = threadIdx.x; i < GDN_NSUB * ws; i += blockDim.x) {
+        const int d = i % ws, f = (i / ws) * GDN_SUB;
+        float acc = 0.0f;
+        for (int r = f; r < f + GDN_SUB; r++) {
+            acc += G[r * ldg + d];
+            G[r * ldg + d] = acc;
+        }
+        if (i < (GDN_NSUB - 1) * ws) { X[i] = acc; }   // block i / ws's total of channel d
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < (GDN_NSUB - 1) * ws; i += blockDim.x) {
+        const int d = i % ws, I = i / ws + 1;
+        float base = 0.0f;
+        for (int J = 0; J < I; J++) { base += X[J * ws + d]; }
+        for (int r = GDN_SUB * I; r < GDN_SUB * (I + 1); r++) { G[r * ldg + d] += base; }
+    }
+    __syncthreads();
+}
+
 template <typename Tc> struct GdnIntraSmem {
     float *A, *Tm, *X, *C, *G, *beta, *bg;
     Tc *Tm_op, *slab, *slab_w;   // slab_w: the write key's slab where it differs from the read key's
     Tc *slab_x, *Sb;             // per-channel decay: a third raw slab, and the stacked rows (gdn_decay_stack_before)
     size_t bytes;
-    // G: [BT] per head, [BT][dkp + 4] (stride gdn_intra_ldg) per channel
-    __host__ __device__ GdnIntraSmem(size_t base, GdnDecay decay, int dkp) {
+    // G: [BT] per head; per channel the slab's [BT][LDF]
+    __host__ __device__ GdnIntraSmem(size_t base, GdnDecay decay) {
         typedef GdnTile<Tc> TL;
         const bool ch = decay == GDN_DECAY_CHANNEL;
         SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        C = A;   // the products of W and U replace A, which the solve leaves dead
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
-        X = cv.take<float>(3 * 256);   // the solve's scratch; per channel first G's block totals (3 x dk)
-        C = cv.take<float>(GDN_CHUNK * TL::LDF);
-        G = cv.take<float>(ch ? (size_t)GDN_CHUNK * (dkp + 4) : GDN_CHUNK);
+        X = cv.take<float>(3 * 256);   // the solve's scratch; per channel first G's block totals (3 x SL)
+        G = cv.take<float>(ch ? GDN_CHUNK * TL::LDF : GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
         bg = cv.take<float>(GDN_CHUNK);
         Tm_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
@@ -366,8 +389,9 @@ __host__ __device__ constexpr int gdn_fwd_threads(GdnDecay decay) {
     return decay == GDN_DECAY_CHANNEL ? GDN_CH_THREADS : GDN_THREADS;
 }
 
+// per channel two CTAs of 512 threads per SM (at most 64 registers)
 template <typename Tin, typename Tc, GdnDecay DECAY>
-__global__ void __launch_bounds__(gdn_fwd_threads(DECAY))
+__global__ void __launch_bounds__(gdn_fwd_threads(DECAY), DECAY == GDN_DECAY_CHANNEL ? 2 : 1)
 gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, float* A0_saved, Tc* Qg_saved,
                      Tc* Kwe_saved, const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                      const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv,
@@ -377,32 +401,13 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkp = round16_dev(dk), dvp = round16_dev(dv), ldg = dkp + 4;
-    GdnIntraSmem<Tc> sm((size_t)gdn_smem, DECAY, dkp);
+    const int dkp = round16_dev(dk), dvp = round16_dev(dv), LDF = TL::LDF;
+    GdnIntraSmem<Tc> sm((size_t)gdn_smem, DECAY);
 
-    // beta and g (0 on padded rows and channels), then G = the cumulative sum of g from the chunk start (spec 3.1),
-    // in place, in a fixed order: per head one thread; per channel each 16-row block's sums, then the totals of
-    // the blocks before it added (sm.X holds those totals)
+    // beta and g (0 on padded rows), then G = the cumulative sum of g from the chunk start (spec 3.1), in place, in
+    // a fixed order: per head one thread here; per channel slab by slab in the loop below (and saved there)
     if constexpr (CH) {
-        tile_load<2>(gdn_in_tile(sm.G, ldg, dkp, g, H * dk, p, dk, 0));
-        for (int i = threadIdx.x; i < GDN_NSUB * dkp; i += blockDim.x) {
-            const int d = i % dkp, f = (i / dkp) * GDN_SUB;
-            float acc = 0.0f;
-            for (int r = f; r < f + GDN_SUB; r++) {
-                acc += sm.G[r * ldg + d];
-                sm.G[r * ldg + d] = acc;
-            }
-            if (i < (GDN_NSUB - 1) * dkp) { sm.X[i] = acc; }   // block i / dkp's total of channel d
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < (GDN_NSUB - 1) * dkp; i += blockDim.x) {
-            const int d = i % dkp, I = i / dkp + 1;
-            float base = 0.0f;
-            for (int J = 0; J < I; J++) { base += sm.X[J * dkp + d]; }
-            for (int r = GDN_SUB * I; r < GDN_SUB * (I + 1); r++) { sm.G[r * ldg + d] += base; }
-        }
         gdn_load_beta(sm.beta, beta, p, H);
-        cta_for_each(BT, dk, [&](int r, int d) { G_saved[(p.c * BT + r) * dk + d] = sm.G[r * ldg + d]; });
     } else {
         for (int r = threadIdx.x; r < BT; r += blockDim.x) {
             sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
@@ -422,23 +427,29 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
         sm.bg[r] = CH ? sm.beta[r] : sm.beta[r] * expf(sm.G[r]);   // per channel the exp(G) goes per element
     }
 
-    // K Kw^T over dk slabs: per head one GEMM, the decay applied below; per channel the blocked decayed product
+    // K Kw^T over dk slabs: per head one GEMM, the decay applied below; per channel (always with a write key of
+    // its own) the slab's G first, then the blocked decayed product
     const bool split = kw != k;
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
         const auto k_tile = gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0);
-        if (split) {
-            tile_load<2>(k_tile, gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0));
-        } else {
-            tile_load<2>(k_tile);
-        }
+        const auto kw_tile = gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0);
         const Tc* Kw = split ? sm.slab_w : sm.slab;
         if constexpr (CH) {
-            gdn_decay_refer_rows(sm.slab_x, sm.slab, TL::LDT, sm.G + s0, ldg, ws);
-            gdn_decay_stack_before(sm.Sb, Kw, TL::LDT, sm.G + s0, ldg, ws);
-            gdn_decay_product<false>(sm.A, TL::LDF_BT, sm.slab, Kw, sm.slab_x, sm.Sb, TL::LDT, sm.G + s0, ldg, ws,
-                                     s0 > 0);
+            tile_load<2>(k_tile, kw_tile, gdn_in_tile(sm.G, LDF, ws, g, H * dk, p, dk, s0));
+            gdn_chunk_cumsum_channels(sm.G, LDF, ws, sm.X);
+            cta_for_each_slab<SL>(BT, min(ws, dk - s0), [&](int r, int d) {
+                G_saved[(p.c * BT + r) * dk + s0 + d] = sm.G[r * LDF + d];
+            });
+            gdn_decay_refer_rows(sm.slab_x, sm.slab, TL::LDT, sm.G, LDF, ws);
+            gdn_decay_stack_before(sm.Sb, Kw, TL::LDT, sm.G, LDF, ws);
+            gdn_decay_product<false>(sm.A, TL::LDF_BT, sm.slab, Kw, sm.slab_x, sm.Sb, TL::LDT, sm.G, LDF, ws, s0 > 0);
         } else {
+            if (split) {
+                tile_load<2>(k_tile, kw_tile);
+            } else {
+                tile_load<2>(k_tile);
+            }
             cta_mm<false, true>(sm.A, TL::LDF_BT, sm.slab, TL::LDT, Kw, TL::LDT, BT, BT, ws, s0 > 0);
         }
     }
@@ -461,30 +472,32 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
         sm.Tm_op[i * TL::LDT_BT + j] = from_float<Tc>(t);
     });
     // W = Tm diag(beta gam) K, slab by slab of dk (per channel Tm diag(beta) (K (.) exp(G)), and the operands
-    // Qg = scale Q (.) exp(G) and Kwe = Kw (.) exp(G_BT - G) of the state and output kernels are saved)
+    // Qg = scale Q (.) exp(G) and Kwe = Kw (.) exp(G_BT - G) of the state and output kernels are saved; the slab's G
+    // comes back from G_saved, this CTA's own writes)
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
         Tc* kbg = sm.slab;
         if constexpr (CH) {
             tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0),
                          gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0),
-                         gdn_in_tile(sm.slab_x, TL::LDT, ws, q, ld_qkv, p, dk, s0));
+                         gdn_in_tile(sm.slab_x, TL::LDT, ws, q, ld_qkv, p, dk, s0),
+                         gdn_mat_tile(sm.G, LDF, BT, ws, G_saved + p.c * BT * dk, BT, dk, 0, s0));
             kbg = sm.Sb;
-            cta_for_each(BT, ws, [&](int r, int c) {
-                const float G = sm.G[r * ldg + s0 + c], e = gdn_decay_exp(G);
+            cta_for_each_slab<SL>(BT, ws, [&](int r, int c) {
+                const float G = sm.G[r * LDF + c], e = gdn_decay_exp(G);
                 kbg[r * TL::LDT + c] = from_float<Tc>(sm.beta[r] * to_float(sm.slab[r * TL::LDT + c]) * e);
                 if (s0 + c < dk) {
                     const size_t off = (p.c * BT + r) * dk + s0 + c;
                     Qg_saved[off] = from_float<Tc>(scale * to_float(sm.slab_x[r * TL::LDT + c]) * e);
                     Kwe_saved[off] = from_float<Tc>(to_float(sm.slab_w[r * TL::LDT + c]) *
-                                                    gdn_decay_exp(sm.G[(BT - 1) * ldg + s0 + c] - G));
+                                                    gdn_decay_exp(sm.G[(BT - 1) * LDF + c] - G));
                 }
             });
         } else {
             tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, k, ld_qkv, p, dk, s0, sm.bg));
         }
         cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, kbg, TL::LDT, BT, ws, BT, false);
-        cta_for_each(BT, ws, [&](int r, int c) {
+        cta_for_each_slab<SL>(BT, ws, [&](int r, int c) {
             if (s0 + c < dk) { W_saved[(p.c * BT + r) * dk + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
@@ -493,7 +506,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
         const int ws = min(SL, dvp - s0);
         tile_load<2>(gdn_in_tile(sm.slab, TL::LDT, ws, v, ld_qkv, p, dv, s0, sm.beta));
         cta_mm<false, false>(sm.C, TL::LDF, sm.Tm_op, TL::LDT_BT, sm.slab, TL::LDT, BT, ws, BT, false);
-        cta_for_each(BT, ws, [&](int r, int c) {
+        cta_for_each_slab<SL>(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { U_work[(p.c * BT + r) * dv + s0 + c] = from_float<Tc>(sm.C[r * TL::LDF + c]); }
         });
     }
@@ -687,11 +700,11 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, Tc* Aqk_saved, const Tin* q, int ld_qkv,
         cta_for_each(BT, BT, [&](int i, int j) {
             sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
         });
-        cta_for_each(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
+        cta_for_each_slab<VO>(BT, wv, [&](int i, int j) { sm.O[i * TL::LDF_VO + j] *= expf(sm.G[i]); });
     }
     cta_mm<false, false>(sm.O, TL::LDF_VO, sm.P_op, TL::LDT_BT, sm.Vn, TL::LDT_VO, BT, wv, BT, true);
     const float out_scale = CH ? 1.0f : scale;   // per channel the scale is in Qg and Aqk
-    cta_for_each(p.L, wv, [&](int r, int j) {
+    cta_for_each_slab<VO>(p.L, wv, [&](int r, int j) {
         if (v0 + j < dv) {
             o[(p.row0 + r) * ld_o + (size_t)p.h * dv + v0 + j] = from_float<Tin>(out_scale * sm.O[r * TL::LDF_VO + j]);
         }
@@ -749,7 +762,7 @@ gdn_bwd_dvlocal_kernel(float* dVn_work, const Tin* dO, int ld_o, const Tin* q, i
         const int ws = min(SL, dvp - s0);
         tile_load<2>(gdn_in_tile(sm.Q, TL::LDT, ws, dO, ld_o, p, dv, s0));
         cta_mm<CH, false>(sm.C, TL::LDF, sm.P_op, TL::LDT_BT, sm.Q, TL::LDT, BT, ws, BT, false);
-        cta_for_each(BT, ws, [&](int r, int c) {
+        cta_for_each_slab<SL>(BT, ws, [&](int r, int c) {
             if (s0 + c < dv) { dVn_work[(p.c * BT + r) * dv + s0 + c] = sm.C[r * TL::LDF + c]; }
         });
     }
@@ -1278,7 +1291,7 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         }
         // the state's parts of dQ and dKw, dW = -(dVn h^T) and kbg as operands
         const float* Gl = sm.Gs + (BT - 1) * LDF;
-        cta_for_each(BT, wk, [&](int r, int cc) {
+        cta_for_each_slab<SL>(BT, wk, [&](int r, int cc) {
             const float G = sm.Gs[r * LDF + cc], e = gdn_decay_exp(G);
             sm.F0[r * LDF + cc] *= scale * e;
             sm.F1[r * LDF + cc] *= gdn_decay_exp(Gl[cc] - G);
@@ -1295,9 +1308,9 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         gdn_decay_stack_after(sm.Sa, sm.Sq, LDT, sm.Gs, LDF, wk);
         // dQ += rows(dAqk, Kw); dKw_a = dKw_st + cols(dAqk, Q) (F2 holds each product in turn)
         gdn_decay_rows(sm.F2, LDF, sm.P_op, LDTB, sm.Skw, sm.Sb, LDT, sm.Gs, LDF, wk);
-        cta_for_each(BT, wk, [&](int r, int cc) { sm.F0[r * LDF + cc] += sm.F2[r * LDF + cc]; });
+        cta_for_each_slab<SL>(BT, wk, [&](int r, int cc) { sm.F0[r * LDF + cc] += sm.F2[r * LDF + cc]; });
         gdn_decay_cols(sm.F2, LDF, sm.P_op, LDTB, sm.Sq, sm.Sa, LDT, sm.Gs, LDF, wk);
-        cta_for_each(BT, wk, [&](int r, int cc) { sm.F1[r * LDF + cc] += sm.F2[r * LDF + cc]; });
+        cta_for_each_slab<SL>(BT, wk, [&](int r, int cc) { sm.F1[r * LDF + cc] += sm.F2[r * LDF + cc]; });
         cta_mm<false, true>(sm.dT, LDFB, sm.S4, LDT, sm.Skb, LDT, BT, BT, wk, true, false);         // dT += dW kbg^T
         cta_mm<true, false>(sm.F2, LDF, sm.Tm_op, LDTB, sm.S4, LDT, BT, wk, BT, false);             // dkbg = Tm^T dW
         cta_rows<1>(p.L, cols, [&](int r, int cc, float* acc) {
@@ -1427,7 +1440,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     Tc* Kwe = (Tc*)(sv + L.Kwe);
     Tc* U = (Tc*)workspace;
 
-    const size_t s1 = GdnIntraSmem<Tc>(0, DECAY, dkp).bytes;
+    const size_t s1 = GdnIntraSmem<Tc>(0, DECAY).bytes;
     gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
     gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_fwd_threads(DECAY), s1, stream>>>(
         Tm, G, W, U, A0, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
