@@ -1,7 +1,7 @@
 /*
-kernels/chunk_tiles.cuh: the CTA-level building blocks of the chunked kernels (the gdn/kaczmarz chunk kernels of
-kernels/gdn_chunk.cuh; the pdn family's are to share them): shared-memory carving, batched register-staged tile
-loads from global memory, row reductions, and the tile products on tensor cores (bf16 operands, fp32
+kernels/chunk_tiles.cuh: the CTA-level building blocks of the chunked kernels (kernels/gdn_chunk.cuh's, which serve
+gdn, kaczmarz and the pdn family, and kernels/gka.cuh's): shared-memory carving, batched register-staged tile
+loads from global memory, element and row loops, and the tile products on tensor cores (bf16 operands, fp32
 accumulation, wmma 16 x 16 x 16) or, for fp32 operands, on CUDA cores with a fixed summation order. Each block
 ends with __syncthreads() unless it says otherwise, so its results are visible to the whole CTA.
 */

@@ -1,7 +1,10 @@
 /*
-kernels/gdn_chunk.cuh: the Gated DeltaNet core (gdn, kaczmarz, and pdn / pgdn with a write key of their own),
+kernels/gdn_chunk.cuh: the Gated DeltaNet core (gdn, kaczmarz, and the pdn family with a write key of its own),
 chunkwise-parallel, forward and backward
 (spec/gdn_kaczmarz.md 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
+The decay kind is a template parameter (GdnDecay): one log decay per token and head (gdn, kaczmarz, pdn, pgdn), or
+one per token, head and key channel (pkda, spec/pdn.md 3.2), whose intra-chunk products are formed on 16-row
+blocks (gdn_decay_product / _rows / _cols below) and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel.
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
     Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + kw_t u^T;  o_t = S^T (scale q_t)
@@ -23,7 +26,8 @@ Kernels (one CTA per chunk unless said otherwise):
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
-  The forward saves Tm, G, h, Vn and W, so the backward needs neither Kernel 0 nor Kernel 1.
+  The forward saves Tm, G, h, Vn and W (per channel also A0, Aqk, Qg and Kwe), so the backward needs neither
+  Kernel 0 nor Kernel 1.
 
 Numerics (spec 5): G, beta, every exp factor, the running state S and its gradient dE, and every accumulator
 are fp32; Gam_ij = exp(G_i - G_j) is only evaluated for i >= j. The matrix products run on operands of type Tc:
