@@ -1,14 +1,15 @@
 """
-pkda_chunk_check.py: the planned chunkwise core of pkda (spec/pdn.md 3.1 and 3.4 with a per-channel decay, and the
-16-row sub-block rule of spec 5), written as the CUDA kernels are to compute it, in numpy float64, against the
+pkda_chunk_check.py: the chunkwise core of pkda (spec/pdn.md 3.1 and 3.4 with a per-channel decay, and the
+16-row sub-block rule of spec 5), written as the CUDA kernels compute it, in numpy float64, against the
 sequential recurrence and its reverse-time backward (spec 2.1-2.2) on a small problem: T = 150 (two full chunks of 64
 and a partial one), dk = 8, dv = 6, per-channel log decays g in [-1, 0] with a near-0 stretch, read key k and write
 key kt apart (kt = m k, m in [1/1.5, 1.5] as the preconditioner makes it).
 What it checks is the algorithm, not CUDA: the intra-chunk products with exp(G[r,d] - G[s,d]) inside the sum over d,
 formed as GEMMs on 16-row blocks whose exponents are taken against the block's first row (both factors <= 1, so
 no overflow in fp32), the diagonal blocks per element, the chunk states with per-channel decay, the backward of
-spec 3.4 in the same blocked form, and the decay gradient by the compact identity of 3.4 step 7. The kernels will be
-checked against the recurrent core on dev/emu and on the GPU (issue 10).
+spec 3.4 in the same blocked form, and the decay gradient by the compact identity of 3.4 step 7. The kernels
+(kernels/gdn_chunk.cuh with GDN_DECAY_CHANNEL) are checked against the recurrent core on dev/emu (dev/emu/pdn_chunk.cu)
+and on the GPU (dev/cuda/pdn_core.cu, test_klacu).
 A second run takes strong decays (g in [-4, 0]: within a chunk G reaches about -100, where exp(-G) overflows fp32)
 and computes the chunked form in float32: every output must be finite and within 1e-4 of the float64 sequential
 result (fp32 round-off over 150 steps), which the blocked exponents make possible.
