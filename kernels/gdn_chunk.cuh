@@ -49,8 +49,7 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 
 #define GDN_CHUNK 64            // BT, the chunk length of the CUDA kernels
 #define GDN_THREADS 256         // threads of the per-chunk kernels
-#define GDN_CH_THREADS 512      // threads of the per-chunk forward kernels with a per-channel decay: their shared
-                                // memory allows one CTA per SM, which gets twice the warps
+#define GDN_CH_THREADS 512      // threads of the intra kernel with a per-channel decay (two CTAs per SM)
 #define GDN_BWD_THREADS 512     // threads of the fused backward chunk kernel (one CTA per SM: more warps in flight)
 #define GDN_STATE_THREADS 256   // threads of the sequential state kernels
 #define GDN_STATE_BV 32         // dv columns of the state per CTA of the state kernels
@@ -387,17 +386,19 @@ template <typename Tc> struct GdnIntraSmem {
 
 // per head, g_stride is the distance between the log decays of consecutive (token, head) pairs (1 for a [BT, H] g;
 // dk for the pdn family's per-channel [BT, H*dk] g, whose scalar decay is every channel's); per channel, g is
-// [BT, H*dk]. Per channel the kernel also saves A0, Qg and Kwe (see the saved layout), and needs q and scale.
-// threads of the per-chunk forward kernels
-__host__ __device__ constexpr int gdn_fwd_threads(GdnDecay decay) {
+// [BT, H*dk]. Per channel the kernel also saves A0, Aqk, Qg and Kwe (see the saved layout), and needs q and scale.
+// Aqk's decayed product uses the stack of Kw that A's builds, its operand rows of Q go where Tm_op will be and its
+// fp32 sums where Tm will be: both are free until the solve, and Aqk is saved before it.
+// threads of the intra kernel
+__host__ __device__ constexpr int gdn_intra_threads(GdnDecay decay) {
     return decay == GDN_DECAY_CHANNEL ? GDN_CH_THREADS : GDN_THREADS;
 }
 
 // per channel two CTAs of 512 threads per SM (at most 64 registers)
 template <typename Tin, typename Tc, GdnDecay DECAY>
-__global__ void __launch_bounds__(gdn_fwd_threads(DECAY), DECAY == GDN_DECAY_CHANNEL ? 2 : 1)
-gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, float* A0_saved, Tc* Qg_saved,
-                     Tc* Kwe_saved, const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
+__global__ void __launch_bounds__(gdn_intra_threads(DECAY), DECAY == GDN_DECAY_CHANNEL ? 2 : 1)
+gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, float* A0_saved, Tc* Aqk_saved,
+                     Tc* Qg_saved, Tc* Kwe_saved, const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                      const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv,
                      float scale) {
     typedef GdnTile<Tc> TL;
@@ -432,7 +433,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     }
 
     // K Kw^T over dk slabs: per head one GEMM, the decay applied below; per channel (always with a write key of
-    // its own) the slab's G first, then the blocked decayed product
+    // its own) the slab's G first, then the blocked decayed products K Kw^T into A and Q Kw^T into Tm's memory
     const bool split = kw != k;
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
@@ -440,14 +441,18 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
         const auto kw_tile = gdn_in_tile(sm.slab_w, TL::LDT, ws, kw, ld_kw, p, dk, s0);
         const Tc* Kw = split ? sm.slab_w : sm.slab;
         if constexpr (CH) {
-            tile_load<2>(k_tile, kw_tile, gdn_in_tile(sm.G, LDF, ws, g, H * dk, p, dk, s0));
+            Tc* const Xr = sm.Tm_op;   // the referred rows of K, then of Q (stride LDT)
+            tile_load<2>(k_tile, kw_tile, gdn_in_tile(sm.slab_x, TL::LDT, ws, q, ld_qkv, p, dk, s0),
+                         gdn_in_tile(sm.G, LDF, ws, g, H * dk, p, dk, s0));
             gdn_chunk_cumsum_channels(sm.G, LDF, ws, sm.X);
             cta_for_each_slab<SL>(BT, min(ws, dk - s0), [&](int r, int d) {
                 G_saved[(p.c * BT + r) * dk + s0 + d] = sm.G[r * LDF + d];
             });
-            gdn_decay_refer_rows(sm.slab_x, sm.slab, TL::LDT, sm.G, LDF, ws);
+            gdn_decay_refer_rows(Xr, sm.slab, TL::LDT, sm.G, LDF, ws);
             gdn_decay_stack_before(sm.Sb, Kw, TL::LDT, sm.G, LDF, ws);
-            gdn_decay_product<false>(sm.A, TL::LDF_BT, sm.slab, Kw, sm.slab_x, sm.Sb, TL::LDT, sm.G, LDF, ws, s0 > 0);
+            gdn_decay_product<false>(sm.A, TL::LDF_BT, sm.slab, Kw, Xr, sm.Sb, TL::LDT, sm.G, LDF, ws, s0 > 0);
+            gdn_decay_refer_rows(Xr, sm.slab_x, TL::LDT, sm.G, LDF, ws);
+            gdn_decay_product<true>(sm.Tm, TL::LDF_BT, sm.slab_x, Kw, Xr, sm.Sb, TL::LDT, sm.G, LDF, ws, s0 > 0);
         } else {
             if (split) {
                 tile_load<2>(k_tile, kw_tile);
@@ -458,13 +463,14 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
         }
     }
     // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0 (per head the exp only for i > j, spec 5); per
-    // channel A0 = A without beta is saved for dbeta
+    // channel A0 = A without beta is saved for dbeta, and Aqk = scale tril(the decayed Q Kw^T) for the output
     cta_for_each(BT, BT, [&](int i, int j) {
         float* a = sm.A + i * TL::LDF_BT + j;
         if constexpr (CH) {
             const float a0 = i > j ? *a : 0.0f;
             A0_saved[(p.c * BT + i) * BT + j] = a0;
             *a = sm.beta[i] * a0;
+            Aqk_saved[(p.c * BT + i) * BT + j] = from_float<Tc>(i >= j ? scale * sm.Tm[i * TL::LDF_BT + j] : 0.0f);
         } else {
             *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
         }
@@ -618,43 +624,36 @@ gdn_fwd_state_kernel(Tc* h_saved, Tc* Vn_saved, const float* G_saved, const Tc* 
 // forward kernel 3 (spec 3.3 step 4): O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per
 // (chunk, VO = 2 SL columns of dv); M_ij = exp(G_i - G_j) for i >= j, else 0. The dv tile is twice the slab
 // width so that Q Kw^T, and the loads of Q and Kw, are not repeated per dv tile at dv <= VO.
-// Per channel (spec/pdn.md 3.2): O = Qg h_n + Aqk Vn with the saved Qg = scale Q (.) exp(G) and Aqk = scale times
-// the decayed Q Kw^T (gdn_decay_product with its diagonal), which the first dv tile's CTA saves for the backward.
+// Per channel (spec/pdn.md 3.2): O = Qg h_n + Aqk Vn with the intra kernel's Qg = scale Q (.) exp(G) and Aqk.
 
 template <typename Tc> struct GdnOutputSmem {
-    float *P, *O, *G, *Gs;       // Gs: per channel, the dk slab's G
-    Tc *Q, *K, *Hs, *P_op, *Vn;
-    Tc *Qg, *Xr, *Sb;            // per channel: the slab of Qg, and gdn_decay_product's operands
+    float *P, *O, *G;            // P, G: per head
+    Tc *Q, *K, *Hs, *P_op, *Vn;  // Q: per head Q, per channel Qg; K: per head
     size_t bytes;
     __host__ __device__ GdnOutputSmem(size_t base, GdnDecay decay) {
         typedef GdnTile<Tc> TL;
-        const bool ch = decay == GDN_DECAY_CHANNEL;
+        const bool head = decay == GDN_DECAY_HEAD;
         SmemCarver cv(base);
-        P = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
+        P = cv.take<float>(head ? GDN_CHUNK * TL::LDF_BT : 0);
         O = cv.take<float>(GDN_CHUNK * TL::LDF_VO);
-        G = cv.take<float>(GDN_CHUNK);
-        Gs = cv.take<float>(ch ? GDN_CHUNK * TL::LDF : 0);
+        G = cv.take<float>(head ? GDN_CHUNK : 0);
         Q = cv.take<Tc>(GDN_CHUNK * TL::LDT);
         K = cv.take<Tc>(GDN_CHUNK * (TL::LDT > TL::LDT_BT ? TL::LDT : TL::LDT_BT));
-        P_op = K;   // the masked P replaces the K slab once the dk loop is done
+        P_op = K;   // the masked P (per channel the loaded Aqk) replaces the K slab once the dk loop is done
         Hs = cv.take<Tc>(TL::SL * TL::LDT_VO);
         Vn = cv.take<Tc>(GDN_CHUNK * TL::LDT_VO);
-        Qg = cv.take<Tc>(ch ? GDN_CHUNK * TL::LDT : 0);
-        Xr = cv.take<Tc>(ch ? GDN_CHUNK * TL::LDT : 0);
-        Sb = cv.take<Tc>(ch ? GDN_STACK_ROWS * TL::LDT : 0);
         bytes = cv.off;
     }
 };
 
-// per head two CTAs per SM (registers and shared memory); per channel one of twice the threads
 template <typename Tin, typename Tc, GdnDecay DECAY>
-__global__ void __launch_bounds__(gdn_fwd_threads(DECAY), DECAY == GDN_DECAY_CHANNEL ? 1 : 2)
-gdn_fwd_output_kernel(Tin* o, int ld_o, Tc* Aqk_saved, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
+__global__ void __launch_bounds__(GDN_THREADS, 2)   // two CTAs per SM (registers and shared memory)
+gdn_fwd_output_kernel(Tin* o, int ld_o, const Tc* Aqk_saved, const Tin* q, int ld_qkv, const Tin* kw, int ld_kw,
                       const float* G_saved, const Tc* h_saved, const Tc* Vn_saved, const Tc* Qg_saved, int T, int H,
                       int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, VO = TL::VO;
-    constexpr int N = GDN_CHUNK * VO / 8 / gdn_fwd_threads(DECAY);   // groups of 8 per thread of a BT x VO tile
+    constexpr int N = GDN_CHUNK * VO / 8 / GDN_THREADS;   // groups of 8 per thread of a BT x VO tile
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     GdnOutputSmem<Tc> sm((size_t)gdn_smem, DECAY);
@@ -662,44 +661,33 @@ gdn_fwd_output_kernel(Tin* o, int ld_o, Tc* Aqk_saved, const Tin* q, int ld_qkv,
     const int dkp = round16_dev(dk), dvp = round16_dev(dv);
     const int v0 = blockIdx.y * VO, wv = min(VO, dvp - v0);
 
-    // Q Kw^T and Q h_n (per channel Qg h_n and the decayed Q Kw^T), contracting over dk slab by slab; G (per head)
-    // and the Vn tile come with the first slab
+    // per head Q Kw^T and Q h_n, per channel Qg h_n, contracting over dk slab by slab; G and the Vn tile come
+    // with the first slab
     for (int s0 = 0; s0 < dkp; s0 += SL) {
         const int ws = min(SL, dkp - s0);
-        const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
-        const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0);
         const auto h_tile = gdn_mat_tile(sm.Hs, TL::LDT_VO, ws, wv, h_saved + p.c * dk * dv, dk, dv, s0, v0);
+        const auto vn_tile = gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0);
         if constexpr (CH) {
-            const auto qg_tile = gdn_mat_tile(sm.Qg, TL::LDT, BT, ws, Qg_saved + p.c * BT * dk, BT, dk, 0, s0);
-            const auto g_tile = gdn_mat_tile(sm.Gs, TL::LDF, BT, ws, G_saved + p.c * BT * dk, BT, dk, 0, s0);
+            const auto qg_tile = gdn_mat_tile(sm.Q, TL::LDT, BT, ws, Qg_saved + p.c * BT * dk, BT, dk, 0, s0);
             if (s0 == 0) {
-                tile_load<N>(q_tile, k_tile, h_tile, qg_tile, g_tile,
-                             gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0));
+                tile_load<N>(qg_tile, h_tile, vn_tile);
             } else {
-                tile_load<N>(q_tile, k_tile, h_tile, qg_tile, g_tile);
+                tile_load<N>(qg_tile, h_tile);
             }
-            cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Qg, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0, false);
-            gdn_decay_refer_rows(sm.Xr, sm.Q, TL::LDT, sm.Gs, TL::LDF, ws);
-            gdn_decay_stack_before(sm.Sb, sm.K, TL::LDT, sm.Gs, TL::LDF, ws);
-            gdn_decay_product<true>(sm.P, TL::LDF_BT, sm.Q, sm.K, sm.Xr, sm.Sb, TL::LDT, sm.Gs, TL::LDF, ws, s0 > 0);
         } else {
+            const auto q_tile = gdn_in_tile(sm.Q, TL::LDT, ws, q, ld_qkv, p, dk, s0);
+            const auto k_tile = gdn_in_tile(sm.K, TL::LDT, ws, kw, ld_kw, p, dk, s0);
             if (s0 == 0) {
-                tile_load<N>(q_tile, k_tile, h_tile,
-                            gdn_mat_tile(sm.Vn, TL::LDT_VO, BT, wv, Vn_saved + p.c * BT * dv, BT, dv, 0, v0),
-                            gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
+                tile_load<N>(q_tile, k_tile, h_tile, vn_tile, gdn_mat_tile(sm.G, BT, 1, BT, G_saved + p.c * BT, 1, BT, 0, 0));
             } else {
                 tile_load<N>(q_tile, k_tile, h_tile);
             }
             cta_mm<false, true>(sm.P, TL::LDF_BT, sm.Q, TL::LDT, sm.K, TL::LDT, BT, BT, ws, s0 > 0, false);
-            cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
         }
+        cta_mm<false, false>(sm.O, TL::LDF_VO, sm.Q, TL::LDT, sm.Hs, TL::LDT_VO, BT, wv, ws, s0 > 0);
     }
     if constexpr (CH) {
-        cta_for_each(BT, BT, [&](int i, int j) {
-            const Tc x = from_float<Tc>(i >= j ? scale * sm.P[i * TL::LDF_BT + j] : 0.0f);
-            sm.P_op[i * TL::LDT_BT + j] = x;
-            if (blockIdx.y == 0) { Aqk_saved[(p.c * BT + i) * BT + j] = x; }
-        });
+        tile_load<N>(gdn_mat_tile(sm.P_op, TL::LDT_BT, BT, BT, Aqk_saved + p.c * BT * BT, BT, BT, 0, 0));
     } else {
         cta_for_each(BT, BT, [&](int i, int j) {
             sm.P_op[i * TL::LDT_BT + j] = from_float<Tc>(i >= j ? sm.P[i * TL::LDF_BT + j] * expf(sm.G[i] - sm.G[j]) : 0.0f);
@@ -1446,8 +1434,8 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
 
     const size_t s1 = GdnIntraSmem<Tc>(0, DECAY).bytes;
     gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
-    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_fwd_threads(DECAY), s1, stream>>>(
-        Tm, G, W, U, A0, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
+    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_intra_threads(DECAY), s1, stream>>>(
+        Tm, G, W, U, A0, Aqk, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
     const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
@@ -1458,8 +1446,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 1, stream);
     const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
     gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc, DECAY>, s3);
-    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), gdn_fwd_threads(DECAY), s3,
-                                           stream>>>(
+    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
         o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);
