@@ -84,7 +84,8 @@ typedef enum { GDN_DECAY_HEAD, GDN_DECAY_CHANNEL } GdnDecay;
 //              K Kw^T without beta, strictly lower), Aqk Tc [c][BT][BT] (scale times the decayed Q Kw^T, lower),
 //              Qg Tc [c][BT][dk] (scale Q (.) exp(G)) and Kwe Tc [c][BT][dk] (Kw (.) exp(G_BT - G))
 //   workspace: forward U Tc [c][BT][dv]; backward dVl/dVn fp32 [c][BT][dv] (dVn overwrites dVl in place),
-//              dE Tc [c][dk][dv]
+//              dE Tc [c][dk][dv]; per channel also Z1 Tc [c][BT][BT] and the chunk-end terms of dG fp32 [c][dk],
+//              from the backward chunk kernel to the key kernel
 // The byte counts are for Tc = float (an upper bound; bf16 uses less of the same buffers).
 
 typedef struct { size_t Tm, G, h, Vn, W, A0, Aqk, Qg, Kwe, total; } GdnSavedLayout;
@@ -112,10 +113,24 @@ static size_t gdn_chunk_saved_bytes(int B, int T, int H, int dk, int dv, GdnDeca
     return gdn_saved_layout(B, T, H, dk, dv, sizeof(float), decay).total;
 }
 
-static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv) {
+typedef struct { size_t dVn, dE, Z, ce, total; } GdnWorkLayout;   // the backward's use of the workspace
+
+static GdnWorkLayout gdn_work_layout(int B, int T, int H, int dk, int dv, size_t tc_bytes, GdnDecay decay) {
+    const size_t BT = GDN_CHUNK, nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
+    const int ch = decay == GDN_DECAY_CHANNEL;
+    GdnWorkLayout l;
+    l.dVn = 0;
+    l.dE = l.dVn + gdn_align256(nchunks * BT * dv * sizeof(float));
+    l.Z = l.dE + gdn_align256(nchunks * dk * dv * tc_bytes);
+    l.ce = l.Z + ch * gdn_align256(nchunks * BT * BT * tc_bytes);
+    l.total = l.ce + ch * gdn_align256(nchunks * dk * sizeof(float));
+    return l;
+}
+
+static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv, GdnDecay decay) {
     const size_t nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
     const size_t fwd = gdn_align256(nchunks * GDN_CHUNK * dv * sizeof(float));
-    const size_t bwd = fwd + gdn_align256(nchunks * dk * dv * sizeof(float));
+    const size_t bwd = gdn_work_layout(B, T, H, dk, dv, sizeof(float), decay).total;
     return fwd > bwd ? fwd : bwd;
 }
 
@@ -1169,10 +1184,11 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
 //                       dK_b = diag(beta) e (.) dkbg;  dbeta_b += (k (.) e).dkbg
 //                       dG (partial, into grad_g) = q dQ + k dK_b - kw dKw_a
 //                       ce = gam_BT (.) rowsum(h (.) dE) + colsum(kw (.) dKw_st)   (the chunk-end terms, per channel)
-//   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T);  dbeta_c_i = sum_j dA_ij A0_ij
-//   phase 4 (dk slabs)  dk = dK_b + rows(Z1, Kw);  dkw = dKw_a + cols(Z1, K);  dG += k rows(..) - kw cols(..),
+//   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T);  dbeta_c_i = sum_j dA_ij A0_ij;
+//                       dbeta; Z1 and ce to the workspace
+//   then gdn_bwd_keys_channel_kernel, per chunk with less shared memory (two CTAs per SM):
+//                       dk = dK_b + rows(Z1, Kw);  dkw = dKw_a + cols(Z1, K);  dG += k rows(..) - kw cols(..),
 //                       dG[BT-1] += ce;  dg = the reverse cumulative sum of dG over the chunk, per channel
-//   phase 5             dbeta
 // The decay gradient is spec 3.4 step 7's identity: the gradient of a channel's cumulative log decay G[r] is
 // q dq + k dk - kw dkw at row r (every product's exponent G_r - G_s pairs a row with a column), plus the chunk-end
 // state's terms at the last row.
@@ -1223,8 +1239,8 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
                              float* grad_beta, float* grad_g, const Tin* dO, int ld_o, const Tin* q, const Tin* k,
                              const Tin* v, int ld_qkv, const Tin* kw, int ld_kw, const float* beta,
                              const float* Tm_saved, const float* G_saved, const Tc* h_saved, const Tc* Vn_saved,
-                             const float* A0_saved, const float* dVn_work, const Tc* dE_work,
-                             int T, int H, int NT, int dk, int dv, float scale) {
+                             const float* A0_saved, const float* dVn_work, const Tc* dE_work, Tc* Z_work,
+                             float* ce_work, int T, int H, int NT, int dk, int dv, float scale) {
     typedef GdnTile<Tc> TL;
     constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
     static_assert(GDN_BWD_THREADS * 8 >= BT * BT, "one round trip per tile load (tile_load<1>)");
@@ -1320,7 +1336,7 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
     }
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT) (dT holds -dA); A0 into P;
-    // dbeta_c; Z1 = diag(beta) dA
+    // dbeta_c; dbeta; Z1 = diag(beta) dA and the chunk-end terms to the workspace
     tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
     cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
     tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
@@ -1329,40 +1345,85 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
     cta_rows<1>(BT, BT, [&](int i, int j, float* acc) {
         if (j < i) { acc[0] = fmaf(-sm.dT[i * LDFB + j], sm.P[i * LDFB + j], acc[0]); }
     }, [&](int i, const float* acc) { sm.dbeta[i] += acc[0]; });
-    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? -sm.beta[i] * sm.dT[i * LDFB + j] : 0.0f; });
+    cta_for_each(BT, BT, [&](int i, int j) {
+        Z_work[(c * BT + i) * BT + j] = from_float<Tc>(i > j ? -sm.beta[i] * sm.dT[i * LDFB + j] : 0.0f);
+    });
+    for (int d = tid; d < dk; d += blockDim.x) { ce_work[c * dk + d] = sm.ce[d]; }
+    for (int r = tid; r < p.L; r += blockDim.x) { grad_beta[(p.row0 + r) * H + p.h] = sm.dbeta[r]; }
+}
 
-    // phase 4, over dk slabs: dk += rows(Z1, Kw), dkw += cols(Z1, K), dG, and dg. Phase 2's rows are read back
-    // into registers before the slab loads and the products, so that their round trip overlaps those.
-    constexpr int NK = BT * SL / GDN_BWD_THREADS;
-    static_assert(NK * GDN_BWD_THREADS == BT * SL, "phase 4: a dk slab of the chunk in NK elements per thread");
+// the per-channel backward's key gradients from Z1 (the last step of gdn_bwd_chunk_channel_kernel's list), one CTA
+// per chunk, two per SM; they add to the partial dk, dkw and dG that the chunk kernel wrote.
+#define GDN_KEYS_THREADS 256
+
+template <typename Tc> struct GdnBwdKeysSmem {
+    float *F0, *F1, *Gs, *ce;           // BT x SL fp32 (Gs: the slab's G); ce: [256]
+    float* F2;                          // BT x SL fp32: dG, in the stacks' memory once the products are done
+    Tc *Z_op, *Sk, *Skw, *Sb, *Sa;      // Z1, the slab's k and kw, the stacks of gdn_decay_rows and _cols
+    size_t bytes;
+    __host__ __device__ explicit GdnBwdKeysSmem(size_t base) {
+        typedef GdnTile<Tc> TL;
+        SmemCarver cv(base);
+        F0 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        F1 = cv.take<float>(GDN_CHUNK * TL::LDF);
+        Gs = cv.take<float>(GDN_CHUNK * TL::LDF);
+        ce = cv.take<float>(256);
+        Z_op = cv.take<Tc>(GDN_CHUNK * TL::LDT_BT);
+        Sk = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        Skw = cv.take<Tc>(GDN_CHUNK * TL::LDT);
+        const size_t stacks = 2 * GDN_STACK_ROWS * TL::LDT * sizeof(Tc), dG = GDN_CHUNK * TL::LDF * sizeof(float);
+        unsigned char* region = cv.take<unsigned char>(stacks > dG ? stacks : dG);
+        Sb = (Tc*)region;
+        Sa = Sb + GDN_STACK_ROWS * TL::LDT;
+        F2 = (float*)region;
+        bytes = cv.off;
+    }
+};
+
+template <typename Tin, typename Tc>
+__global__ void __launch_bounds__(GDN_KEYS_THREADS, 2)
+gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw, float* grad_g, const Tin* k,
+                            int ld_qkv, const Tin* kw, int ld_kw, const float* G_saved, const Tc* Z_work,
+                            const float* ce_work, int T, int H, int NT, int dk) {
+    typedef GdnTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, SL = TL::SL, LDT = TL::LDT, LDF = TL::LDF, LDTB = TL::LDT_BT;
+    constexpr int NK = BT * SL / GDN_KEYS_THREADS;
+    static_assert(NK * GDN_KEYS_THREADS == BT * SL, "a dk slab of the chunk in NK elements per thread");
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    GdnBwdKeysSmem<Tc> sm((size_t)gdn_smem);
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk);
+    const size_t c = p.c, HK = (size_t)H * dk;
+    const int tid = threadIdx.x;
+    const float* G_c = G_saved + c * BT * dk;
+    for (int d = tid; d < dk; d += blockDim.x) { sm.ce[d] = ce_work[c * dk + d]; }
+
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0), n = p.L * cols;
-        float dk_b[NK], dkw_a[NK], dg_a[NK];
-        #pragma unroll
-        for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
-            const size_t row = p.row0 + r, col = (size_t)p.h * dk + k0 + cc;
-            dk_b[u] = idx < n ? grad_k[row * ld_d + col] : 0.0f;
-            dkw_a[u] = idx < n ? grad_kw[row * ld_dkw + col] : 0.0f;
-            dg_a[u] = idx < n ? grad_g[row * HK + col] : 0.0f;
+        const auto k_tile = gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0);
+        const auto kw_tile = gdn_in_tile(sm.Skw, LDT, wk, kw, ld_kw, p, dk, k0);
+        const auto g_tile = gdn_mat_tile(sm.Gs, LDF, BT, wk, G_c, BT, dk, 0, k0);
+        if (k0 == 0) {
+            tile_load<2>(k_tile, kw_tile, g_tile, gdn_mat_tile(sm.Z_op, LDTB, BT, BT, Z_work + c * BT * BT, BT, BT, 0, 0));
+        } else {
+            tile_load<2>(k_tile, kw_tile, g_tile);
         }
-        tile_load<1>(gdn_in_tile(sm.Sk, LDT, wk, k, ld_qkv, p, dk, k0), gdn_in_tile(sm.Skw, LDT, wk, kw, ld_kw, p, dk, k0),
-                     gdn_mat_tile(sm.Gs, LDF, BT, wk, G_c, BT, dk, 0, k0));
         gdn_decay_stack_before(sm.Sb, sm.Skw, LDT, sm.Gs, LDF, wk);
         gdn_decay_stack_after(sm.Sa, sm.Sk, LDT, sm.Gs, LDF, wk);
         gdn_decay_rows(sm.F0, LDF, sm.Z_op, LDTB, sm.Skw, sm.Sb, LDT, sm.Gs, LDF, wk);
         gdn_decay_cols(sm.F1, LDF, sm.Z_op, LDTB, sm.Sk, sm.Sa, LDT, sm.Gs, LDF, wk);
         #pragma unroll
         for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            const int idx = tid + u * GDN_KEYS_THREADS, r = idx / cols, cc = idx - r * cols;
             if (idx < BT * cols) {
                 float dG = 0.0f;
                 if (idx < n) {
                     const size_t row = p.row0 + r, col = (size_t)p.h * dk + k0 + cc;
                     const float dkc = sm.F0[r * LDF + cc], dkwc = sm.F1[r * LDF + cc];
-                    grad_k[row * ld_d + col] = dk_b[u] + dkc;
-                    grad_kw[row * ld_dkw + col] = dkw_a[u] + dkwc;
-                    dG = dg_a[u] + to_float(sm.Sk[r * LDT + cc]) * dkc - to_float(sm.Skw[r * LDT + cc]) * dkwc;
+                    grad_k[row * ld_d + col] += dkc;
+                    grad_kw[row * ld_dkw + col] += dkwc;
+                    dG = grad_g[row * HK + col] + to_float(sm.Sk[r * LDT + cc]) * dkc
+                         - to_float(sm.Skw[r * LDT + cc]) * dkwc;
                 }
                 sm.F2[r * LDF + cc] = dG;
             }
@@ -1378,9 +1439,6 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
         }
         __syncthreads();
     }
-
-    // phase 5: dbeta
-    for (int r = tid; r < p.L; r += blockDim.x) { grad_beta[(p.row0 + r) * H + p.h] = sm.dbeta[r]; }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -1495,8 +1553,12 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
     const Tc* Aqk = (const Tc*)(sv + L.Aqk);
     const Tc* Qg = (const Tc*)(sv + L.Qg);
     const Tc* Kwe = (const Tc*)(sv + L.Kwe);
-    float* dVn = (float*)workspace;
-    Tc* dE = (Tc*)((char*)workspace + gdn_align256((size_t)nchunks * GDN_CHUNK * dv * sizeof(float)));
+    const GdnWorkLayout WL = gdn_work_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
+    char* wk = (char*)workspace;
+    float* dVn = (float*)(wk + WL.dVn);
+    Tc* dE = (Tc*)(wk + WL.dE);
+    Tc* Z = (Tc*)(wk + WL.Z);
+    float* ce = (float*)(wk + WL.ce);
 
     const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
     gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY>, s2);
@@ -1515,7 +1577,12 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         gdn_set_smem(gdn_bwd_chunk_channel_kernel<Tin, Tc>, s4);
         gdn_bwd_chunk_channel_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
             grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
-            beta, Tm, G, h, Vn, A0, dVn, dE, T, H, NT, dk, dv, scale);
+            beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
+        cudaCheckLaunch();
+        const size_t s5 = GdnBwdKeysSmem<Tc>(0).bytes;
+        gdn_set_smem(gdn_bwd_keys_channel_kernel<Tin, Tc>, s5);
+        gdn_bwd_keys_channel_kernel<Tin, Tc><<<nchunks, GDN_KEYS_THREADS, s5, stream>>>(
+            grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
     } else {
         const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
         gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);

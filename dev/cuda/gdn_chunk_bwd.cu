@@ -193,7 +193,7 @@ static int validate(int version, Shape s, int kla) {
     float* d_dbeta = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dbeta");
     float* d_dg = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dg");
     void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
-    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "workspace");
 
     // two complete runs; outputs preset to NaN so that every element must be written
     float* o_h = (float*)malloc_or_die(no * sizeof(float));
@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
     float* d_dbeta = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dbeta");
     float* d_dg = (float*)cuda_malloc_or_die(nbh * sizeof(float), "dg");
     void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
-    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "workspace");
     const int warmup = 3, iters = 10;
     cudaEvent_t e0, e1;
     cudaCheck(cudaEventCreate(&e0));

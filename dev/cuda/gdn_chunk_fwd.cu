@@ -129,7 +129,7 @@ static int validate(int version, Shape s, int kla) {
     float* d_g = to_device_f(in.g, rows * s.H);
     Tin* d_o = (Tin*)cuda_malloc_or_die(no * sizeof(Tin), "o");
     void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
-    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "workspace");
     cudaCheck(cudaMemset(d_o, 0xff, no * sizeof(Tin)));   // NaN: every element must be written
     run_forward<Tin>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
     cudaCheck(cudaDeviceSynchronize());
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     float* d_g = to_device_f(in.g, rows * s.H);
     __nv_bfloat16* d_o = (__nv_bfloat16*)cuda_malloc_or_die(no * sizeof(__nv_bfloat16), "o");
     void* saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "saved");
-    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv), "workspace");
+    void* work = cuda_malloc_or_die(gdn_chunk_workspace_bytes(s.B, s.T, s.H, s.dk, s.dv, GDN_DECAY_HEAD), "workspace");
     const int warmup = 3, iters = version == 1 ? 5 : 20;
     for (int i = 0; i < warmup; i++) {
         run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);

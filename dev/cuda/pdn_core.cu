@@ -231,7 +231,7 @@ static CoreDevice upload(CoreInputs& in) {
     d.dkt = (float*)cuda_malloc_or_die(BT * HK * sizeof(float), "dkt");
     // the per-channel layout is the larger one: it serves both decay kinds
     d.saved = cuda_malloc_or_die(gdn_chunk_saved_bytes(in.B, in.T, H, in.dk, in.dv, GDN_DECAY_CHANNEL), "chunk saved");
-    const size_t work_bytes = gdn_chunk_workspace_bytes(in.B, in.T, H, in.dk, in.dv);
+    const size_t work_bytes = gdn_chunk_workspace_bytes(in.B, in.T, H, in.dk, in.dv, GDN_DECAY_CHANNEL);
     const size_t scan_bytes = pdn_precond_scratch_bytes(in.B, in.T, H, in.dk);
     d.work = cuda_malloc_or_die(work_bytes > scan_bytes ? work_bytes : scan_bytes, "chunk workspace");
     cudaCheck(cudaMemset(d.dlog_scale, 0, H * sizeof(float)));

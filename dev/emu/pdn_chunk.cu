@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
         // the chunkwise core: the preconditioner scan, the chunk kernels along k~, then the scan's backward
         std::vector<float> o2((size_t)BT * HV), A2((size_t)BT * HK), m2((size_t)BT * HK), kt((size_t)BT * HK);
         std::vector<float> saved(gdn_chunk_saved_bytes(B, T, H, dk, dv, decay) / 4 + 64);
-        std::vector<float> work(gdn_chunk_workspace_bytes(B, T, H, dk, dv) / 4 + 64);
+        std::vector<float> work(gdn_chunk_workspace_bytes(B, T, H, dk, dv, decay) / 4 + 64);
         std::vector<float> dqkv2((size_t)BT * D, NAN), dkt((size_t)BT * HK, NAN), dbeta2((size_t)BT * H);
         std::vector<float> dg2((size_t)BT * (variant == 2 ? HK : H)), dgP2((size_t)BT * H), dbP2((size_t)BT * H), dlog2(H, 0.0f);
         std::vector<float> dcs2((size_t)B * H * pdn_precond_chunks(T));

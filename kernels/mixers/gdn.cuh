@@ -100,7 +100,7 @@ static void gdn_scratch_bytes(const void* settings, const Config* c, int B, int 
     if (gdn_features_backward_scratch_bytes(BT, s->H) > r) { r = gdn_features_backward_scratch_bytes(BT, s->H); }
     if (gated_rmsnorm_backward_scratch_bytes(BT, s->H, s->dv) > r) { r = gated_rmsnorm_backward_scratch_bytes(BT, s->H, s->dv); }
     *reduce = r;
-    *work = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv);
+    *work = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv, GDN_DECAY_HEAD);
 }
 
 // spec/gdn_kaczmarz.md 1.2: out = W_o gated_rmsnorm(core(features(SiLU(conv(W_in x)))))

@@ -143,7 +143,7 @@ static void pdn_scratch_bytes(const void* settings, const Config* c, int B, int 
     *reduce = 0;
     for (int i = 0; i < 4; i++) { if (needs[i] > *reduce) { *reduce = needs[i]; } }
     // gdn_chunk's workspace, and the preconditioner scans' (used before or after gdn_chunk's)
-    const size_t chunk = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv);
+    const size_t chunk = gdn_chunk_workspace_bytes(B, T, s->H, s->dk, s->dv, pdn_decay(s));
     const size_t scan = pdn_precond_scratch_bytes(B, T, s->H, s->dk);
     *work = chunk > scan ? chunk : scan;
 }
