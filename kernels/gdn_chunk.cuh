@@ -4,7 +4,8 @@ chunkwise-parallel, forward and backward
 (spec/gdn_kaczmarz.md 3.1-3.4; the math is the spec's, the kernel order is the spec's 3.3 / 3.4).
 The decay kind is a template parameter (GdnDecay): one log decay per token and head (gdn, kaczmarz, pdn, pgdn), or
 one per token, head and key channel (pkda, spec/pdn.md 3.2), whose intra-chunk products are formed on 16-row
-blocks (gdn_decay_product / _rows / _cols below) and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel.
+blocks (gdn_decay_product / _rows / _cols below), whose intra kernel also forms the decayed Q Kw^T for the output
+kernel, and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel with gdn_bwd_keys_channel_kernel after it.
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
     Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + kw_t u^T;  o_t = S^T (scale q_t)
