@@ -935,6 +935,19 @@ __device__ void gdn_bwd_phase1(Smem& sm, float* grad_v, int ld_d, const Tin* dO,
     }
 }
 
+// phase 3 of both backward chunk kernels: dT <- Tm^T strictly_lower(dT) Tm^T, whose strictly lower part is -dA
+// (spec 3.4 Kernel 4: dA = -strictly_lower(Tm^T dT Tm^T); only dT's strictly lower part reaches it); P and Z_op
+// are scratch
+template <typename Tc, typename Smem>
+__device__ void gdn_bwd_phase3_dA(Smem& sm) {
+    typedef GdnTile<Tc> TL;
+    constexpr int BT = GDN_CHUNK, LDTB = TL::LDT_BT, LDFB = TL::LDF_BT;
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
+    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
+    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
+    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+}
+
 template <typename Tc> struct GdnBwdChunkSmem {
     float *P, *dT, *KK;                 // BT x BT fp32
     float *F0, *F1, *F2;                // BT x SL fp32 (F2: dVn h^T, then dkbg)
@@ -1095,10 +1108,7 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     }
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT)
-    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
-    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
-    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
-    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    gdn_bwd_phase3_dA<Tc>(sm);
     // dAG = dA (.) Gam, kept in P (strictly lower)
     cta_for_each(BT, BT, [&](int i, int j) {
         sm.P[i * LDFB + j] = i > j ? -sm.dT[i * LDFB + j] * expf(sm.G[i] - sm.G[j]) : 0.0f;
@@ -1338,10 +1348,7 @@ gdn_bwd_chunk_channel_kernel(float* grad_q, float* grad_k, float* grad_v, int ld
 
     // phase 3: dA = -strictly_lower(Tm^T dT' Tm^T) with dT' = strictly_lower(dT) (dT holds -dA); A0 into P;
     // dbeta_c; dbeta; Z1 = diag(beta) dA and the chunk-end terms to the workspace
-    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return i > j ? sm.dT[i * LDFB + j] : 0.0f; });
-    cta_mm<true, false>(sm.P, LDFB, sm.Tm_op, LDTB, sm.Z_op, LDTB, BT, BT, BT, false);
-    tile_fill(sm.Z_op, LDTB, BT, BT, [&](int i, int j) { return sm.P[i * LDFB + j]; });
-    cta_mm<false, true>(sm.dT, LDFB, sm.Z_op, LDTB, sm.Tm_op, LDTB, BT, BT, BT, false);
+    gdn_bwd_phase3_dA<Tc>(sm);
     tile_load<1>(gdn_mat_tile(sm.P, LDFB, BT, BT, A0_saved + c * BT * BT, BT, BT, 0, 0));
     cta_rows<1>(BT, BT, [&](int i, int j, float* acc) {
         if (j < i) { acc[0] = fmaf(-sm.dT[i * LDFB + j], sm.P[i * LDFB + j], acc[0]); }
