@@ -33,6 +33,7 @@ Two implementations:
 #include <math.h>
 #include <stdint.h>
 #include "common.cuh"
+#include "mma.cuh"
 
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
@@ -308,15 +309,9 @@ static void attention_backward_simt(floatX* dqkv, float* Dsum, const floatX* dou
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// tensor-core kernels (BF16 build)
-//
-// mma.sync m16n8k16 fragments (lane = 4 * g + t4):
-//   A (16x16, row-major): a[0] = A[g][2t4..+1], a[1] = A[g+8][2t4..+1], a[2] = A[g][2t4+8..+9], a[3] = A[g+8][2t4+8..+9]
-//   B (16x8, k x n):      b[0] = B[2t4..+1][g], b[1] = B[2t4+8..+9][g]
-//   C (16x8, fp32):       c[0..1] = C[g][2t4..+1], c[2..3] = C[g+8][2t4..+1]
-// so the C fragments of two adjacent n-tiles (cols 0-7 and 8-15) hold exactly the A fragment of the 16x16 block.
-// Shared-memory tiles are [rows][HS + 8] bf16: the 16-byte row padding puts the 8 rows that one ldmatrix phase
-// reads into distinct bank groups.
+// tensor-core kernels (BF16 build), on kernels/mma.cuh's fragments (its header gives their layout). Shared-memory
+// tiles are [rows][HS + 8] bf16: the 16-byte row padding puts the 8 rows that one ldmatrix phase reads into
+// distinct bank groups.
 #if defined(ENABLE_BF16)
 
 #define ATT_MMA_WARPS 4
@@ -325,55 +320,20 @@ static void attention_backward_simt(floatX* dqkv, float* Dsum, const floatX* dou
 #define ATT_MMA_TILE 64  // rows of the streamed K/V tiles (forward, dq)
 
 __device__ __forceinline__ int att_ceil_div(int a, int b) { return (a + b - 1) / b; }
-__device__ __forceinline__ uint32_t att_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // 16-byte global -> shared copy; zero-fills the destination when !valid
 __device__ __forceinline__ void att_cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(att_smem_addr(dst)), "l"(src),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(valid ? 16 : 0));
 }
 // 4-byte variant (lse and D rows are not 16-byte aligned)
 __device__ __forceinline__ void att_cp_async4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(att_smem_addr(dst)), "l"(src),
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void att_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void att_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, r[i] receives matrix i
-__device__ __forceinline__ void att_ldsm_x4(uint32_t r[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(att_smem_addr(p)));
-}
-__device__ __forceinline__ void att_ldsm_x4_trans(uint32_t r[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(att_smem_addr(p)));
-}
-
-// c += a * b (m16n8k16, bf16 inputs, fp32 accumulation)
-__device__ __forceinline__ void att_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t att_pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo -> low 16 bits (the lower column)
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// the A fragment (16 rows x 16 cols kc*16..) of fp32 C fragments c[2kc], c[2kc+1], rounded to bf16
-__device__ __forceinline__ void att_c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
-    a[0] = att_pack_bf16(c0[0], c0[1]);
-    a[1] = att_pack_bf16(c0[2], c0[3]);
-    a[2] = att_pack_bf16(c1[0], c1[1]);
-    a[3] = att_pack_bf16(c1[2], c1[3]);
 }
 
 // ROWS x HS bf16 rows r0.. of a global matrix (row stride ld elements) -> shared [ROWS][HS+8]; rows >= T zero
@@ -392,7 +352,7 @@ template <int HS>
 __device__ __forceinline__ void att_load_a(uint32_t a[HS / 16][4], const __nv_bfloat16* s, int row0, int lane) {
 #pragma unroll
     for (int kc = 0; kc < HS / 16; kc++) {
-        att_ldsm_x4(a[kc], s + (row0 + (lane & 15)) * (HS + 8) + kc * 16 + (lane >> 4) * 8);
+        ldsm_x4(a[kc], s + (row0 + (lane & 15)) * (HS + 8) + kc * 16 + (lane >> 4) * 8);
     }
 }
 
@@ -407,9 +367,9 @@ __device__ __forceinline__ void att_mma_abt(float c[NROWS / 8][4], const uint32_
         for (int np = 0; np < NROWS / 16; np++) {
             // matrices: rows np*16+0..7 / +8..15 of X, columns kc*16+0..7 / +8..15 -> b of n-tiles 2np, 2np+1
             uint32_t r[4];
-            att_ldsm_x4(r, x + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * (HS + 8) + kc * 16 + ((lane >> 3) & 1) * 8);
-            att_mma(c[2 * np], a[kc], r[0], r[1]);
-            att_mma(c[2 * np + 1], a[kc], r[2], r[3]);
+            ldsm_x4(r, x + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * (HS + 8) + kc * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(c[2 * np], a[kc], r[0], r[1]);
+            mma_bf16(c[2 * np + 1], a[kc], r[2], r[3]);
         }
     }
 }
@@ -423,14 +383,14 @@ __device__ __forceinline__ void att_mma_px(float acc[HS / 8][4], const float p[K
 #pragma unroll
     for (int kc = 0; kc < KROWS / 16; kc++) {
         uint32_t a[4];
-        att_c_to_a(a, p[2 * kc], p[2 * kc + 1]);
+        c_frags_to_a(a, p[2 * kc], p[2 * kc + 1]);
 #pragma unroll
         for (int dp = 0; dp < HS / 16; dp++) {
             // matrices: rows kc*16+0..7 / +8..15, columns dp*16+0..7 -> b[0], b[1] of n-tile 2dp; columns +8.. -> 2dp+1
             uint32_t r[4];
-            att_ldsm_x4_trans(r, x + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HS + 8) + dp * 16 + (lane >> 4) * 8);
-            att_mma(acc[2 * dp], a, r[0], r[1]);
-            att_mma(acc[2 * dp + 1], a, r[2], r[3]);
+            ldsm_x4_trans(r, x + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HS + 8) + dp * 16 + (lane >> 4) * 8);
+            mma_bf16(acc[2 * dp], a, r[0], r[1]);
+            mma_bf16(acc[2 * dp + 1], a, r[2], r[3]);
         }
     }
 }
@@ -445,11 +405,11 @@ __device__ __forceinline__ void att_store_rows(__nv_bfloat16* dst, size_t ld, co
     for (int dt = 0; dt < HS / 8; dt++) {
         if (row0 < T) {
             *reinterpret_cast<uint32_t*>(dst + (size_t)row0 * ld + dt * 8 + 2 * t4) =
-                att_pack_bf16(acc[dt][0] * mul0, acc[dt][1] * mul0);
+                pack_bf16(acc[dt][0] * mul0, acc[dt][1] * mul0);
         }
         if (row0 + 8 < T) {
             *reinterpret_cast<uint32_t*>(dst + (size_t)(row0 + 8) * ld + dt * 8 + 2 * t4) =
-                att_pack_bf16(acc[dt][2] * mul1, acc[dt][3] * mul1);
+                pack_bf16(acc[dt][2] * mul1, acc[dt][3] * mul1);
         }
     }
 }

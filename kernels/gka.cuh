@@ -30,6 +30,7 @@ reproducible.
 #include "common.cuh"
 #include "column_sum.cuh"
 #include "chunk_tiles.cuh"
+#include "mma.cuh"
 
 #define GKA_TOKEN_WARPS 8        // warps per block of the per-(row, head) kernels
 #define GKA_CORE_THREADS 512     // threads of a core CTA (one (sequence, head)); four per row of H
@@ -502,39 +503,56 @@ __device__ void gka_load_state(float* s, int lds, const float* m, int rows, int 
 // ---- forward 1: the chunk states (spec 5.1(a)), sequential over chunks. Grid (B*H, column blocks of the
 // concatenated [H | U] state, GKA_STATE_COLS each), block GKA_STATE_THREADS. Writes Hck/Uck[bh, n] = the states
 // before chunk n, then H0 <- zeta_BT H0 + K^T diag(e) K, U0 <- zeta_BT U0 + K^T diag(e) V.
+// Each thread keeps a 4 x 4 block of its CTA's 128 x 32 part of the state (gka_state_block); every element sums its
+// chunk's 64 terms in token order.
+
+#define GKA_STATE_LDR 132                    // row stride of the [BT][128] row operand (16-byte rows)
+#define GKA_STATE_LDC (GKA_STATE_COLS + 4)   // row stride of the [BT][32] column operand
+static_assert(GKA_STATE_THREADS == (128 / 4) * (GKA_STATE_COLS / 4), "a state CTA's threads tile 128 x 32 by 4 x 4");
+
+// the thread's 4 x 4 block of rows 4 ri .. and columns 4 ci .. of sum_c R[c][i] Src[c][j], c = 0 .. BT-1 in order
+__device__ __forceinline__ void gka_state_block(float acc[4][4], const float* R, const float* Src, int ri, int ci) {
+    #pragma unroll
+    for (int a = 0; a < 4; a++) { acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f; }
+    #pragma unroll 4
+    for (int c = 0; c < GKA_CHECKPOINT; c++) {
+        const float4 r = *reinterpret_cast<const float4*>(R + c * GKA_STATE_LDR + 4 * ri);
+        const float4 v = *reinterpret_cast<const float4*>(Src + c * GKA_STATE_LDC + 4 * ci);
+        const float rr[4] = {r.x, r.y, r.z, r.w}, vv[4] = {v.x, v.y, v.z, v.w};
+        #pragma unroll
+        for (int a = 0; a < 4; a++) {
+            #pragma unroll
+            for (int q = 0; q < 4; q++) { acc[a][q] += rr[a] * vv[q]; }
+        }
+    }
+}
 
 __global__ void __launch_bounds__(GKA_STATE_THREADS)
 gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk, int dv) {
-    constexpr int NRG = GKA_STATE_THREADS / GKA_STATE_COLS;   // row groups: thread rows rg, rg + NRG, ...
-    __shared__ float Ks[GKA_CHECKPOINT][129], Src[GKA_CHECKPOINT][GKA_STATE_COLS + 1], e[GKA_CHECKPOINT + 1];
+    __shared__ __align__(16) float Ks[GKA_CHECKPOINT * GKA_STATE_LDR];
+    __shared__ __align__(16) float Src[GKA_CHECKPOINT * GKA_STATE_LDC];
+    __shared__ float e[GKA_CHECKPOINT + 1];
     const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
-    const int cc = tid % GKA_STATE_COLS, rg = tid / GKA_STATE_COLS;
-    const int col = blockIdx.y * GKA_STATE_COLS + cc;   // this thread's column of [H | U]
+    const int ri = tid / (GKA_STATE_COLS / 4), ci = tid % (GKA_STATE_COLS / 4);   // rows 4 ri .., columns 4 ci ..
+    const int col0 = blockIdx.y * GKA_STATE_COLS + 4 * ci;   // this thread's first column of [H | U]
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
-    float S[128 / NRG];
-    for (int m = 0; m < 128 / NRG; m++) { S[m] = 0.0f; }
+    float S[4][4] = {};
     for (int n = 0; n < NT; n++) {
-        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
-            if (col < dk) {
-                Hck[((size_t)bh * NT + n) * dkdk + (size_t)i * dk + col] = S[m];
-            } else if (col < dk + dv) {
-                Uck[((size_t)bh * NT + n) * dkdv + (size_t)i * dv + col - dk] = S[m];
+        for (int a = 0; a < 4; a++) {
+            const int i = 4 * ri + a;
+            for (int q = 0; q < 4 && i < dk; q++) {
+                const int col = col0 + q;
+                if (col < dk) {
+                    Hck[((size_t)bh * NT + n) * dkdk + (size_t)i * dk + col] = S[a][q];
+                } else if (col < dk + dv) {
+                    Uck[((size_t)bh * NT + n) * dkdv + (size_t)i * dv + col - dk] = S[a][q];
+                }
             }
         }
         if (n == NT - 1) { break; }   // every chunk before the last is full
         const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT;
         __syncthreads();   // the previous chunk's tiles are consumed
-        for (int idx = tid; idx < GKA_CHECKPOINT * dk; idx += blockDim.x) {
-            const int c = idx / dk, j = idx % dk;
-            Ks[c][j] = to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]);
-        }
-        for (int idx = tid; idx < GKA_CHECKPOINT * GKA_STATE_COLS; idx += blockDim.x) {
-            const int c = idx / GKA_STATE_COLS, j = blockIdx.y * GKA_STATE_COLS + idx % GKA_STATE_COLS;
-            const floatX* row = qkv + (r0 + c) * DE;
-            Src[c][idx % GKA_STATE_COLS] = j < dk ? to_float(row[H * dk + hh * dk + j])
-                                         : j < dk + dv ? to_float(row[2 * H * dk + hh * dv + j - dk]) : 0.0f;
-        }
         if (tid == 0) {   // e_c = exp(gl_BT - gl_c); e[BT] = zeta_BT = exp(gl_BT)
             float acc = 0.0f;
             for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += g[(r0 + c) * H + hh]; e[c] = acc; }
@@ -542,10 +560,21 @@ gka_chunk_states_kernel(float* Hck, float* Uck, const floatX* qkv, const float* 
             e[GKA_CHECKPOINT] = expf(acc);
         }
         __syncthreads();
-        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
-            float acc = 0.0f;
-            for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += e[c] * Ks[c][i] * Src[c][cc]; }
-            S[m] = e[GKA_CHECKPOINT] * S[m] + acc;
+        for (int idx = tid; idx < GKA_CHECKPOINT * 128; idx += blockDim.x) {   // the row operand diag(e) K
+            const int c = idx / 128, j = idx % 128;
+            Ks[c * GKA_STATE_LDR + j] = j < dk ? e[c] * to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]) : 0.0f;
+        }
+        for (int idx = tid; idx < GKA_CHECKPOINT * GKA_STATE_COLS; idx += blockDim.x) {
+            const int c = idx / GKA_STATE_COLS, j = blockIdx.y * GKA_STATE_COLS + idx % GKA_STATE_COLS;
+            const floatX* row = qkv + (r0 + c) * DE;
+            Src[c * GKA_STATE_LDC + idx % GKA_STATE_COLS] = j < dk ? to_float(row[H * dk + hh * dk + j])
+                                                          : j < dk + dv ? to_float(row[2 * H * dk + hh * dv + j - dk]) : 0.0f;
+        }
+        __syncthreads();
+        float acc[4][4];
+        gka_state_block(acc, Ks, Src, ri, ci);
+        for (int a = 0; a < 4; a++) {
+            for (int q = 0; q < 4; q++) { S[a][q] = e[GKA_CHECKPOINT] * S[a][q] + acc[a][q]; }
         }
     }
 }
@@ -690,6 +719,330 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
     }
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = fr[tid]; }
 }
+
+// ---- the solve on register tiles (dev/cuda/gka_core.cu version 5; what the bf16 trainer runs): the same CHEB of
+// the chunk's BT = 64 tokens as gka_chunk_solve_kernel, with the iterate x [64][128] (dk padded to 128 with zeros)
+// held in mma.sync C fragments (kernels/mma.cuh) across all r iterations. Eight warps; warp w owns rows
+// 16 (w/2) .. +15, and the warp pair (w, w^1) of those rows shares everything an iteration needs, so the pairs
+// meet at named barriers of 64 threads, never the whole CTA:
+//   1. each warp stores its 16 x 64 part of x into Xs (columns 64 (w%2) ..);
+//   2. S = (X K^T) (.) M for its 16 rows x 32 columns 32 (w%2) .. of the chunk's keys, into Ss;
+//   3. HY = diag(zeta) X H0 + S K for its 16 rows x 64 columns, in registers (spec 5.1(c)), and the update of
+//      x in place: x <- omega x - tau omega (HY + a f x - b) - (omega - 1) x_prev (spec 3.1).
+// The right-hand side b (fp32) waits in shared memory in the lanes' own fragment order (no barrier guards it).
+// f (compute_f) comes from the same products once: quad_c = k_c^T H0 k_c from K H0, the Gram matrix from K K^T,
+// and then, per token, the recurrence ||H_c||^2 = gamma_c^2 ||H_{c-1}||^2 + 2 gamma_c k_c^T H_{c-1} k_c + |k_c|^4
+// with gamma_c k_c^T H_{c-1} k_c = zeta_c quad_c + sum_{j<c} M[c][j] (k_c.k_j)^2 (spec 5.1(b) row by row).
+// Operands: bf16 pieces, hi = bf16(v) and lo = bf16(v - hi), for x, H0 and S (the keys are bf16 already), each
+// product a.hi b.hi + a.lo b.hi + a.hi b.lo (16 of fp32's 24 bits). Why: early or low-beta tokens have a large x
+// along directions no key spans (|x| up to 1/(a f), spec 8). The readout s U^T x cancels that part, and the
+// backward's dk multiplies it, so a rounding error of size 2^-9 |x| in x, or of 2^-9 H0 x, reaches o and dk
+// magnified. Simulated in float64 on the lab's inputs (T = 256, D = 128; o and x relative L2 against the exact
+// CHEB): everything in one piece o 7.9e-2, x 1.1e-3 (the lab measured o 9e-2 on an H200); x in two pieces o 2.9e-3,
+// x 1.4e-4 (measured: o passes, dk 3e-2 .. 1.7e-1 fails the lab's 1e-2); x and H0 o 1.8e-3, x 1.2e-5; x, H0 and S
+// o 1.1e-4, x 1.5e-6. The right-hand side in bf16 (measured: dq 2e-2, as the adjoint's dQt lies where A^-1 is
+// small and its rounding does not) is kept fp32. One CTA per SM (172 KB of shared memory).
+// The fp32 build keeps gka_chunk_solve_kernel's 3xTF32: bf16 pieces reach fp32's accuracy only with three of every
+// operand, 270 KB of shared memory.
+
+#if defined(ENABLE_BF16)
+
+#define GKA_SOLVE_WARPS 8
+#define GKA_SOLVE_THREADS (GKA_SOLVE_WARPS * 32)
+#define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
+#define GKA_SOLVE_LDK (GKA_SOLVE_DK + 8)     // bf16 row stride of the [*][dk] tiles (16-byte padding)
+#define GKA_SOLVE_LDS (GKA_CHECKPOINT + 8)   // bf16 row stride of S [BT][BT]
+
+// a bf16 tile, hi = bf16(v), and a second piece lo = bf16(v - hi) (lo == nullptr: one piece, the keys)
+struct GkaTile {
+    __nv_bfloat16* hi;
+    __nv_bfloat16* lo;
+    __device__ void set(int idx, float v) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[idx] = h;
+        if (lo) { lo[idx] = __float2bfloat16_rn(v - __bfloat162float(h)); }
+    }
+    __device__ void set2(int idx, float v0, float v1) {   // idx even: two adjacent columns
+        const uint32_t h = pack_bf16(v0, v1);
+        *reinterpret_cast<uint32_t*>(hi + idx) = h;
+        if (lo) {
+            const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
+            *reinterpret_cast<uint32_t*>(lo + idx) = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+        }
+    }
+};
+
+struct GkaSolveSmem {
+    double* tau;     // [BT]
+    float *gl, *zeta, *fr, *lam, *red, *quad, *gram;   // [BT] each; red [32]; quad, gram [BT][2] (per column half)
+    GkaTile H0, K, X, S;   // [128][LDK], [BT][LDK], [BT][LDK], [BT][LDS]; two pieces but K
+    float2* b;       // [warps][16 fragment element pairs][32 lanes]
+    double* om;      // [iters] the omegas
+    __host__ __device__ GkaSolveSmem(size_t base, int iters, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT;
+        SmemCarver c(base);
+        tau = c.take<double>(BT);
+        gl = c.take<float>(BT);
+        zeta = c.take<float>(BT);
+        fr = c.take<float>(BT);
+        lam = c.take<float>(BT);
+        red = c.take<float>(32);
+        quad = c.take<float>(2 * BT);
+        gram = c.take<float>(2 * BT);
+        H0.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        H0.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        X.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        X.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        b = c.take<float2>((size_t)GKA_SOLVE_WARPS * 16 * 32);
+        om = c.take<double>(iters);   // last: the other offsets are compile-time constants
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_chunk_solve_mma_smem(int iters) {
+    size_t bytes = 0;
+    GkaSolveSmem sm(0, iters, &bytes);
+    return bytes;
+}
+
+// c += a b over the pieces: a.hi b.hi, then a.lo b.hi (A_LO), then a.hi b.lo (B_LO)
+template <bool A_LO, bool B_LO>
+__device__ __forceinline__ void gka_mma_pieces(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
+                                               uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16(c, ah, bh0, bh1);
+    if (A_LO) { mma_bf16(c, al, bh0, bh1); }
+    if (B_LO) { mma_bf16(c, ah, bl0, bl1); }
+}
+
+// acc[NT] += A[row0 .. row0 + 15][0 .. KD) B[0 .. KD)[n0 .. n0 + 8 NT) (A row stride lda). B is stored [n][k] (B
+// = the stored tile transposed: the rows n0 .. of a [rows][k] tile, as the keys in X K^T), or with B_KN [k][n] (read
+// through ldmatrix.trans: H0, and the keys in S K); row stride ldb. With the second pieces A_LO and B_LO:
+// + A.lo B.hi, + A.hi B.lo after each A.hi B.hi (A.lo B.lo is below fp32's rounding of the sum).
+template <int NT, int KD, bool B_KN, bool A_LO, bool B_LO>
+__device__ __forceinline__ void gka_warp_mma(float acc[NT][4], const GkaTile& A, int lda, int row0, const GkaTile& Bm,
+                                             int ldb, int n0, int lane) {
+    #pragma unroll 2
+    for (int kc = 0; kc < KD / 16; kc++) {
+        const int ao = (row0 + (lane & 15)) * lda + kc * 16 + (lane >> 4) * 8;
+        uint32_t ah[4], al[4];
+        ldsm_x4(ah, A.hi + ao);
+        if (A_LO) { ldsm_x4(al, A.lo + ao); }
+        #pragma unroll
+        for (int p = 0; p < NT / 2; p++) {   // n-tiles 2p and 2p + 1
+            const int bo = B_KN ? (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + p * 16 + (lane >> 4) * 8
+                                : (n0 + p * 16 + (lane & 7) + ((lane >> 4) << 3)) * ldb + kc * 16 + ((lane >> 3) & 1) * 8;
+            uint32_t bf[4], bl[4];
+            if (B_KN) { ldsm_x4_trans(bf, Bm.hi + bo); } else { ldsm_x4(bf, Bm.hi + bo); }
+            if (B_LO) {
+                if (B_KN) { ldsm_x4_trans(bl, Bm.lo + bo); } else { ldsm_x4(bl, Bm.lo + bo); }
+            }
+            gka_mma_pieces<A_LO, B_LO>(acc[2 * p], ah, al, bf[0], bf[1], bl[0], bl[1]);
+            gka_mma_pieces<A_LO, B_LO>(acc[2 * p + 1], ah, al, bf[2], bf[3], bl[2], bl[3]);
+        }
+    }
+}
+
+template <int NT> __device__ __forceinline__ void gka_frags_zero(float acc[NT][4]) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) { acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f; }
+}
+
+// S = (X K^T) (.) M of the warp's rows r0 + g (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into sm.S
+__device__ __forceinline__ void gka_solve_masked_s(GkaSolveSmem& sm, int r0, int n0, int lane) {
+    float s[4][4];
+    gka_frags_zero<4>(s);
+    gka_warp_mma<4, GKA_SOLVE_DK, false, true, false>(s, sm.X, GKA_SOLVE_LDK, r0, sm.K, GKA_SOLVE_LDK, n0, lane);
+    const int g = lane >> 2, t4 = lane & 3;
+    #pragma unroll
+    for (int t = 0; t < 4; t++) {
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int c = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
+            const float m0 = j <= c ? __expf(sm.gl[c] - sm.gl[j]) : 0.0f;
+            const float m1 = j + 1 <= c ? __expf(sm.gl[c] - sm.gl[j + 1]) : 0.0f;
+            sm.S.set2(c * GKA_SOLVE_LDS + j, s[t][2 * h] * m0, s[t][2 * h + 1] * m1);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
+gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
+                           const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk, int dv, int iters,
+                           float ridge) {
+    extern __shared__ __align__(128) unsigned char gka_smem_solve_mma[];
+    GkaSolveSmem sm((size_t)gka_smem_solve_mma, iters, NULL);
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32, pair = warp / 2, half = warp % 2;
+    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * pair;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv, LDK = GKA_SOLVE_LDK;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+    gka_omegas(sm.om, iters, ridge);
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    // H0 and K as bf16 tiles (zero padding), ||H0||^2 in fp32
+    const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
+    float h0sq = 0.0f;
+    for (int idx = tid; idx < GKA_SOLVE_DK * GKA_SOLVE_DK; idx += blockDim.x) {
+        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        const float v = i < dk && j < dk ? H0g[(size_t)i * dk + j] : 0.0f;
+        h0sq += v * v;
+        sm.H0.set(i * LDK + j, v);
+    }
+    for (int idx = tid; idx < BT * GKA_SOLVE_DK; idx += blockDim.x) {
+        const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        sm.K.hi[c * LDK + j] = c < L && j < dk ? qkv[(row0 + c) * DE + H * dk + hh * dk + j] : __float2bfloat16_rn(0.0f);
+    }
+    // b of this lane's fragment elements (rows r0 + gq (+ 8), columns 64 half + 8 t + 2 t4 (+ 1)), in pairs
+    float2* bl = sm.b + (size_t)warp * 16 * 32 + lane;
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = r0 + gq + 8 * h;
+        const size_t e = e0 + (size_t)c * H;
+        const float al = rhs && c < L ? alpha[e] : 0.0f;
+        #pragma unroll
+        for (int t = 0; t < 8; t++) {
+            float v[2] = {0.0f, 0.0f};
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = 64 * half + 8 * t + 2 * t4 + u;
+                if (c < L && j < dk) { v[u] = rhs ? al * rhs[e * dk + j] : to_float(qkv[(row0 + c) * DE + hh * dk + j]); }
+            }
+            bl[(t * 2 + h) * 32] = make_float2(v[0], v[1]);
+        }
+    }
+    const float h0f2 = gka_block_sum(h0sq, sm.red);   // its barriers publish the tiles too
+    if (compute_f) {
+        // quad_c = k_c^T H0 k_c: this warp's part of K H0, times K, summed over its 64 columns
+        float acc[8][4];
+        gka_frags_zero<8>(acc);
+        gka_warp_mma<8, GKA_SOLVE_DK, true, false, true>(acc, sm.K, LDK, r0, sm.H0, LDK, 64 * half, lane);
+        // (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4 term), 0 above: this warp's 32 columns
+        float s[4][4];
+        gka_frags_zero<4>(s);
+        gka_warp_mma<4, GKA_SOLVE_DK, false, false, false>(s, sm.K, LDK, r0, sm.K, LDK, 32 * half, lane);
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int c = r0 + gq + 8 * h;
+            float q = 0.0f, w = 0.0f;
+            #pragma unroll
+            for (int t = 0; t < 8; t++) {
+                #pragma unroll
+                for (int u = 0; u < 2; u++) { q += acc[t][2 * h + u] * __bfloat162float(sm.K.hi[c * LDK + 64 * half + 8 * t + 2 * t4 + u]); }
+            }
+            #pragma unroll
+            for (int t = 0; t < 4; t++) {
+                #pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int j = 32 * half + 8 * t + 2 * t4 + u;
+                    const float gm = s[t][2 * h + u];
+                    if (j <= c) { w += (j < c ? 2.0f : 1.0f) * __expf(sm.gl[c] - sm.gl[j]) * gm * gm; }
+                }
+            }
+            q += __shfl_xor_sync(0xffffffffu, q, 1);
+            q += __shfl_xor_sync(0xffffffffu, q, 2);
+            w += __shfl_xor_sync(0xffffffffu, w, 1);
+            w += __shfl_xor_sync(0xffffffffu, w, 2);
+            if (t4 == 0) {
+                sm.quad[2 * c + half] = q;
+                sm.gram[2 * c + half] = w;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {   // f_c^2 = gamma_c^2 f_{c-1}^2 + 2 zeta_c quad_c + sum_{j <= c} (1 or 2) M[c][j] (k_c.k_j)^2
+            float f2 = h0f2, prev = 0.0f;
+            for (int c = 0; c < BT; c++) {
+                const float gam = __expf(sm.gl[c] - prev);
+                prev = sm.gl[c];
+                f2 = gam * gam * f2 + 2.0f * sm.zeta[c] * (sm.quad[2 * c] + sm.quad[2 * c + 1])
+                     + (sm.gram[2 * c] + sm.gram[2 * c + 1]);
+                sm.fr[c] = sqrtf(fmaxf(f2, 0.0f));
+            }
+        }
+    } else if (tid < BT) {
+        sm.fr[tid] = tid < L ? f[e0 + (size_t)tid * H] : 1.0f;
+    }
+    __syncthreads();
+    if (tid < BT) {
+        sm.tau[tid] = sm.fr[tid] > 0.0f ? 2.0 / ((double)sm.fr[tid] * (1.0 + 2.0 * (double)ridge)) : 0.0;
+        sm.lam[tid] = ridge * sm.fr[tid];
+    }
+    __syncthreads();
+    // this lane's rows: their tau, a f and zeta
+    const int ca = r0 + gq, cb = ca + 8;
+    const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
+    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;   // f = 0 (all keys zero): x = 0, not 0/0
+    float x[8][4], xp[8][4];
+    #pragma unroll
+    for (int t = 0; t < 8; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 bb = bl[(t * 2 + i / 2) * 32];
+            x[t][i] = (float)sm.tau[i < 2 ? ca : cb] * (i % 2 ? bb.y : bb.x);
+            xp[t][i] = 0.0f;
+        }
+    }
+    for (int it = 0; it < iters; it++) {
+        #pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int j = 64 * half + 8 * t + 2 * t4;
+            sm.X.set2(ca * LDK + j, x[t][0], x[t][1]);
+            sm.X.set2(cb * LDK + j, x[t][2], x[t][3]);
+        }
+        named_barrier_sync(1 + pair, 64);
+        gka_solve_masked_s(sm, r0, 32 * half, lane);
+        named_barrier_sync(1 + pair, 64);
+        const double om = sm.om[it];
+        const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
+        const float c3 = (float)(om - 1.0);
+        #pragma unroll
+        for (int q = 0; q < 2; q++) {   // the warp's 64 columns as two quarters of 32 (fewer live registers)
+            float hy[4][4];
+            const int n0 = 64 * half + 32 * q;
+            gka_frags_zero<4>(hy);
+            gka_warp_mma<4, GKA_SOLVE_DK, true, true, true>(hy, sm.X, LDK, r0, sm.H0, LDK, n0, lane);   // X H0
+            #pragma unroll
+            for (int t = 0; t < 4; t++) {
+                hy[t][0] *= zeta_a;
+                hy[t][1] *= zeta_a;
+                hy[t][2] *= zeta_b;
+                hy[t][3] *= zeta_b;
+            }
+            gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(hy, sm.S, GKA_SOLVE_LDS, r0, sm.K, LDK, n0, lane);  // + S K
+            #pragma unroll
+            for (int t = 0; t < 4; t++) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float c1 = i < 2 ? c1a : c1b, lam = i < 2 ? lam_a : lam_b;
+                    const float2 bb = bl[((4 * q + t) * 2 + i / 2) * 32];
+                    const float bv = i % 2 ? bb.y : bb.x;
+                    float& xv = x[4 * q + t][i];
+                    float& pv = xp[4 * q + t][i];
+                    const float xn = c2 * xv - c1 * (hy[t][i] + lam * xv - bv) - c3 * pv;
+                    pv = xv;
+                    xv = (i < 2 ? live_a : live_b) ? xn : 0.0f;
+                }
+            }
+        }
+        named_barrier_sync(1 + pair, 64);   // the pair is done with Xs before it is written again
+    }
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = h ? cb : ca;
+        if (c >= L) { continue; }
+        float* dst = sol + (e0 + (size_t)c * H) * dk;
+        #pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int j = 64 * half + 8 * t + 2 * t4;
+            if (j < dk) { dst[j] = x[t][2 * h]; }
+            if (j + 1 < dk) { dst[j + 1] = x[t][2 * h + 1]; }
+        }
+    }
+    if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+#endif // ENABLE_BF16
 
 // ---- the readout (spec 5.1(e, f)) and the backward's dQt (5.2 pass 1), one CTA of GKA_CHUNK_THREADS per
 // (chunk, b*H + h). Both are P = diag(zeta) A Ust + ((A Bt^T) (.) M) Ct for row tiles A, Bt, Ct of the chunk and a
@@ -910,7 +1263,7 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
 //   dg_t = sum_{s >= t} dG_s over the whole sequence (a reverse scan per (b, head)).
 // The adjoint states of pass 2 are kept per chunk: adj [B*H, NT, 2 dk^2 + dk dv] = [Zend | Bend | DUend].
 
-#define GKA_ADJ_THREADS 256
+#define GKA_ADJ_THREADS GKA_STATE_THREADS   // the same 4 x 4 blocks as the forward's chunk states
 
 // w_t for every (token, head) row e: one thread per row, the dot in a fixed order
 __global__ void gka_w_kernel(float* w, const float* x, const float* Z, const float* f, int rows, int dk, float ridge) {
@@ -949,31 +1302,35 @@ __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, floa
 }
 
 // ---- pass 2, grid (B*H, column blocks), block GKA_ADJ_THREADS. The column blocks are those of Zend (ceil(dk/32)),
-// then of Bend (ceil(dk/32)), then of DUend (ceil(dv/32)); a thread keeps one column of its matrix, rows rg,
-// rg + NRG, ... Stores adj[bh, n] (the state from the chunks after n), then adds chunk n's part, n = NT-1 .. 1.
+// then of Bend (ceil(dk/32)), then of DUend (ceil(dv/32)); a thread keeps a 4 x 4 block of its matrix, as the
+// forward's chunk states. Stores adj[bh, n] (the state from the chunks after n), then adds chunk n's part,
+// n = NT-1 .. 1.
 __global__ void __launch_bounds__(GKA_ADJ_THREADS)
 gka_chunk_adjoint_states_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
                                 const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T, int H,
                                 int dk, int dv, float scale) {
-    constexpr int NRG = GKA_ADJ_THREADS / GKA_STATE_COLS;
-    __shared__ float Rs[GKA_CHECKPOINT][129], Src[GKA_CHECKPOINT][GKA_STATE_COLS + 1];
+    __shared__ __align__(16) float Rs[GKA_CHECKPOINT * GKA_STATE_LDR];
+    __shared__ __align__(16) float Src[GKA_CHECKPOINT * GKA_STATE_LDC];
     __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], ws[GKA_CHECKPOINT], e[GKA_CHECKPOINT + 1],
         bsum[GKA_CHECKPOINT + 1], Wsum[GKA_CHECKPOINT];
     const int bh = blockIdx.x, b = bh / H, hh = bh % H, tid = threadIdx.x;
-    const int cc = tid % GKA_STATE_COLS, rg = tid / GKA_STATE_COLS;
+    const int ri = tid / (GKA_STATE_COLS / 4), ci = tid % (GKA_STATE_COLS / 4);   // rows 4 ri .., columns 4 ci ..
     const int nbk = (dk + GKA_STATE_COLS - 1) / GKA_STATE_COLS;
     const int which = blockIdx.y < nbk ? 0 : blockIdx.y < 2 * nbk ? 1 : 2;   // Zend, Bend, DUend
-    const int col = (blockIdx.y - which * nbk) * GKA_STATE_COLS + cc;        // this thread's column of it
+    const int cb0 = (blockIdx.y - which * nbk) * GKA_STATE_COLS;             // the block's first column of it
+    const int col0 = cb0 + 4 * ci;                                           // this thread's first column
     const int ncols = which == 2 ? dv : dk;
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
     const size_t dkdk = (size_t)dk * dk, per_chunk = 2 * dkdk + (size_t)dk * dv;
     const size_t offset = which == 0 ? 0 : which == 1 ? dkdk : 2 * dkdk;
-    float S[128 / NRG];
-    for (int m = 0; m < 128 / NRG; m++) { S[m] = 0.0f; }
+    float S[4][4] = {};
     for (int n = NT - 1; n >= 0; n--) {
         float* out = adj + ((size_t)bh * NT + n) * per_chunk + offset;
-        if (col < ncols) {
-            for (int m = 0, i = rg; i < dk; m++, i += NRG) { out[(size_t)i * ncols + col] = S[m]; }
+        for (int a = 0; a < 4; a++) {
+            const int i = 4 * ri + a;
+            for (int q = 0; q < 4 && i < dk; q++) {
+                if (col0 + q < ncols) { out[(size_t)i * ncols + col0 + q] = S[a][q]; }
+            }
         }
         if (n == 0) { break; }
         const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT, e0 = r0 * H + hh;
@@ -982,11 +1339,11 @@ gka_chunk_adjoint_states_kernel(float* adj, const float* Z, const float* x, cons
         gka_chunk_decays(gl, zeta, g, e0, H, L);
         gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
         // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col]
-        for (int idx = tid; idx < GKA_CHECKPOINT * dk; idx += blockDim.x) {
-            const int c = idx / dk, i = idx % dk;
+        for (int idx = tid; idx < GKA_CHECKPOINT * 128; idx += blockDim.x) {
+            const int c = idx / 128, i = idx % 128;
             const size_t ec = e0 + (size_t)c * H;
             float v = 0.0f;
-            if (c < L) {
+            if (c < L && i < dk) {
                 if (which == 0) { v = zeta[c] * Z[ec * dk + i]; }
                 else if (which == 1) { v = bsum[c] * to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + i]); }
                 else {
@@ -994,10 +1351,10 @@ gka_chunk_adjoint_states_kernel(float* adj, const float* Z, const float* x, cons
                     v = scale * zeta[c] * (q + alpha[ec] * (x[ec * dk + i] - q));
                 }
             }
-            Rs[c][i] = v;
+            Rs[c * GKA_STATE_LDR + i] = v;
         }
         for (int idx = tid; idx < GKA_CHECKPOINT * GKA_STATE_COLS; idx += blockDim.x) {
-            const int c = idx / GKA_STATE_COLS, j = (blockIdx.y - which * nbk) * GKA_STATE_COLS + idx % GKA_STATE_COLS;
+            const int c = idx / GKA_STATE_COLS, j = cb0 + idx % GKA_STATE_COLS;
             const size_t ec = e0 + (size_t)c * H;
             float v = 0.0f;
             if (c < L && j < ncols) {
@@ -1005,15 +1362,19 @@ gka_chunk_adjoint_states_kernel(float* adj, const float* Z, const float* x, cons
                 else if (which == 1) { v = to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]); }
                 else { v = to_float(dO[(r0 + c) * H * dv + hh * dv + j]); }
             }
-            Src[c][idx % GKA_STATE_COLS] = v;
+            Src[c * GKA_STATE_LDC + idx % GKA_STATE_COLS] = v;
         }
         __syncthreads();
+        float acc[4][4];
+        gka_state_block(acc, Rs, Src, ri, ci);
         const float* H0 = Hck + ((size_t)bh * NT + n) * dkdk;
-        for (int m = 0, i = rg; i < dk; m++, i += NRG) {
-            float acc = 0.0f;
-            for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += Rs[c][i] * Src[c][cc]; }
-            if (which == 1 && col < dk) { acc += bsum[GKA_CHECKPOINT] * H0[(size_t)i * dk + col]; }
-            S[m] = e[GKA_CHECKPOINT] * S[m] + acc;
+        for (int a = 0; a < 4; a++) {
+            const int i = 4 * ri + a;
+            for (int q = 0; q < 4; q++) {
+                const int col = col0 + q;
+                if (which == 1 && i < dk && col < dk) { acc[a][q] += bsum[GKA_CHECKPOINT] * H0[(size_t)i * dk + col]; }
+                S[a][q] = e[GKA_CHECKPOINT] * S[a][q] + acc[a][q];
+            }
         }
     }
 }
@@ -1242,19 +1603,43 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
-// what the trainer runs: the solve's products on tensor cores (3xTF32; dev/cuda/gka_core.cu version 3)
-#define GKA_TENSOR_CORES true
+// the chunk kernels' tile products, as dev/cuda/gka_core.cu's versions run them: fp32 on CUDA cores (version 2, and
+// dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), or the two solves on register tiles
+// (gka_chunk_solve_mma_kernel) and the other products 3xTF32 (version 5)
+// (version 5, the bf16 build only: gka_chunk_solve_mma_kernel's header says why)
+enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA };
+// what the trainer runs
+#if defined(ENABLE_FP32)
+#define GKA_PRODUCTS GKA_PRODUCTS_TF32
+#else
+#define GKA_PRODUCTS GKA_PRODUCTS_MMA
+#endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
 #define GKA_CHUNKED_BACKWARD true
 
-// the solve kernel of the chosen products (tensor_cores: gka_mm's TC), its shared memory set to smem
+// the solve kernel of the chosen products, with its block size and shared memory (set on the kernel)
 typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
                                const float*, int, int, int, int, int, float);
-static GKASolveKernel gka_solve_kernel(bool tensor_cores, size_t smem, int dk, int dv) {
-    GKASolveKernel k = tensor_cores ? gka_chunk_solve_kernel<true> : gka_chunk_solve_kernel<false>;
-    gka_kernel_smem((const void*)k, smem, dk, dv);
-    return k;
+struct GkaSolveLaunch {
+    GKASolveKernel kernel;
+    int threads;
+    size_t smem;
+};
+static GkaSolveLaunch gka_solve_launch(GkaProducts products, int dk, int dv, int iters) {
+    GkaSolveLaunch l;
+    if (products == GKA_PRODUCTS_MMA) {
+#if defined(ENABLE_FP32)
+        die("gka on the GPU: the register-tile solve (GKA_PRODUCTS_MMA) is the bf16 build's");
+#else
+        l = {gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters)};
+#endif
+    } else {
+        l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_solve_kernel<true> : gka_chunk_solve_kernel<false>,
+             GKA_CHUNK_THREADS, gka_chunk_solve_smem(dk, iters)};
+    }
+    gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
+    return l;
 }
 
 // the same for the product kernel (the readout and dQt)
@@ -1266,20 +1651,21 @@ static GKAProductKernel gka_product_kernel(bool tensor_cores, size_t smem, int d
     return k;
 }
 
-// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. tensor_cores: the
-// solve's tile products on tensor cores (gka_mm).
+// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. products: the
+// chunk kernels' tile products (GkaProducts).
 static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, const floatX* qkv,
                              const float* alpha, const float* g, int B, int T, int H, int dk, int dv, int iters,
-                             float ridge, bool tensor_cores, cudaStream_t stream) {
+                             float ridge, GkaProducts products, cudaStream_t stream) {
     const int NT = gka_chunks(T);
-    const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
-    GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
+    const bool tensor_cores = products != GKA_PRODUCTS_FP32;
+    const size_t prod = gka_chunk_product_smem(dk, dv);
+    const GkaSolveLaunch solve = gka_solve_launch(products, dk, dv, iters);
     GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     gka_chunk_states_kernel<<<dim3(B * H, ceil_div(dk + dv, GKA_STATE_COLS)), GKA_STATE_THREADS, 0, stream>>>(
         Hck, Uck, qkv, g, T, H, dk, dv);
     cudaCheckLaunch();
-    solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk, dv,
-                                                                       iters, ridge);
+    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk,
+                                                                        dv, iters, ridge);
     cudaCheckLaunch();
     product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         o, NULL, x, NULL, qkv, alpha, g, Uck, T, H, dk, dv, 1.0f / sqrtf((float)dk));
@@ -1294,26 +1680,27 @@ static size_t gka_core_backward_scratch_floats(int B, int T, int H, int dk, int 
     return 2 * (size_t)B * T * H * dk + (seg > adj ? seg : adj);
 }
 
-// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (tensor_cores: as gka_core_forward's), then the rest:
-// chunked, passes 2 and 3 on the chunks (tensor_cores again for their products); else the rest of 3.2 as the
-// recurrence. Final-state gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
+// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (products: as gka_core_forward's), then the rest:
+// chunked, passes 2 and 3 on the chunks (on tensor cores unless products is GKA_PRODUCTS_FP32); else the rest of
+// 3.2 as the recurrence. Final-state gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
 static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO,
                               const float* Hck, const float* Uck, const floatX* qkv, const float* alpha, const float* g,
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
-                              float ridge, bool tensor_cores, bool chunked, cudaStream_t stream) {
+                              float ridge, GkaProducts products, bool chunked, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const float scale = 1.0f / sqrtf((float)dk);
     float* dQt = scratch;
     float* Z = dQt + (size_t)B * T * H * dk;
     float* rest = Z + (size_t)B * T * H * dk;
-    const size_t solve = gka_chunk_solve_smem(dk, iters), prod = gka_chunk_product_smem(dk, dv);
-    GKASolveKernel solve_kernel = gka_solve_kernel(tensor_cores, solve, dk, dv);
+    const bool tensor_cores = products != GKA_PRODUCTS_FP32;
+    const size_t prod = gka_chunk_product_smem(dk, dv);
+    const GkaSolveLaunch solve = gka_solve_launch(products, dk, dv, iters);
     GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
     product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
         NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
     cudaCheckLaunch();
-    solve_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, solve, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T, H,
-                                                                       dk, dv, iters, ridge);
+    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T,
+                                                                        H, dk, dv, iters, ridge);
     cudaCheckLaunch();
     if (!chunked) {
         const size_t rec = gka_core_backward_smem(dk, dv);

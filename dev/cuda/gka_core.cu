@@ -5,7 +5,9 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 4        (the argument picks the version that is checked and timed; default 4)
+./gka_core_bin 5        (the argument picks the version that is checked and timed; default: the trainer's, 5 in
+                         the bf16 build and 4 in fp32)
+./gka_core_bin 5 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -37,6 +39,21 @@ fragment (the same sums in the same order: bitwise the same results): forward 30
 about 80% of the core, at one CTA per SM (206 KB of shared memory) and 56% SM throughput: their fixed operands H0
 and K are cut into TF32 hi / lo again at every k-step of all 30 iterations.
 
+version 5 (bf16 build only) is version 4 with both solves (the forward's and the backward's adjoint one) on
+register tiles (kernels/gka.cuh's gka_chunk_solve_mma_kernel): the iterate stays in mma.sync fragments for all r
+iterations, eight warps in pairs that share 16 rows and meet at named barriers, bf16 operands in two pieces each
+(hi + lo) for x, H0 and S; the bf16 trainer runs it (GKA_PRODUCTS), and the chunk-state kernels of both passes
+give each thread a 4 x 4 block (the same sums in the same order). Measured on an H200 (2026-11-27, same shape):
+forward 8.20 ms, backward 17.29 ms, forward+backward 25.54 ms (version 4: 29.3 / 38.5 / 67.8 ms); every check
+passes with the fp32 bounds (o 1.7e-3, being bf16; x within 6.3e-6, dk 1.0e-4, dalpha 2.1e-4; r = 400 within
+3.9e-5 of the exact ridge solve). On the way (the kernel's header has the simulation that explains it): with x,
+H0 and S in one bf16 piece each, forward 7.43 / backward 17.70 ms but o 9e-2 and dalpha 1.3e-1 off the reference
+(x itself only 1.1e-3); with x in two pieces o passed and dk did not (3e-2 .. 1.7e-1); with the adjoint's
+right-hand side in bf16 dq missed too (2e-2). Per kernel (ncu, ms): chunk states 3.72 -> 1.73 and the backward's
+adjoint states 6.31 -> 3.32 with the 4 x 4 blocks; the solves 4.3 (x alone in two pieces, two CTAs per SM) ->
+6.35 and 6.15 (all three in two pieces, one CTA per SM at 172 KB); readout 2.11, dQt 2.09, dK_H 4.86, the rest of
+pass 3 3.89, w 0.27, dg's scan 0.64.
+
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
 z = CHEB(H_t, f_t, alpha dqt) with the same r, the bp_lambda term w = 2a (x.z)/f, dg = gamma (<DH, H_{t-1}> +
@@ -67,6 +84,7 @@ was caught. r = 30 is printed too, for information (3.2e-4 in double).
 Exit status 1 if any check fails.
 */
 #include <math.h>
+#include <string.h>
 #include <stdint.h>
 #include <vector>
 #include "../../kernels/gka.cuh"
@@ -518,13 +536,17 @@ static void release(CoreDevice& d) {
 
 static int version = 2;   // the version checked and timed (main's argument)
 
+static GkaProducts version_products() {
+    return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : GKA_PRODUCTS_MMA;
+}
+
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
     if (version == 1) {
         gka_recurrent_forward(d.o, d.x, d.f, d.Hck, d.Uck, NULL, NULL, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk,
                               in.dv, iters, RIDGE, 0);
     } else {
         gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE,
-                         version >= 3, 0);
+                         version_products(), 0);
     }
 }
 static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -533,7 +555,7 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
                     in.H, in.dk, in.dv, iters, RIDGE);
     } else {
         gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
-                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version >= 3, version == 4, 0);
+                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version_products(), version >= 4, 0);
     }
 }
 
@@ -601,14 +623,36 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
            f_bwd / (bwd * 1e6), both, (f_fwd + f_bwd) / (both * 1e6));
     printf("  GFLOP/s counts the CPU recurrence's FLOPs, (8 + 2r) D^2 forward and (20 + 2r) D^2 backward per token "
            "per head (spec 3.2), not spec 6's chunkwise count\n");
+#if defined(ENABLE_BF16)
+    if (version == 5) {
+        int per_sm = 0;
+        const size_t smem = gka_chunk_solve_mma_smem(iters);
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS,
+                                                                smem));
+        printf("  the register-tile solve: %zu bytes of shared memory, %d CTAs per SM\n", smem, per_sm);
+    }
+#endif
     printf("  issue 11 targets at this shape: forward <= 1.65 ms, forward+backward <= 5.42 ms (now %.1fx and %.1fx "
            "those)\n", fwd / 1.65, both / 5.42);
     release(d);
 }
 
 int main(int argc, char** argv) {
-    version = argc > 1 ? atoi(argv[1]) : 4;
-    if (version < 1 || version > 4) { die("usage: %s [version 1, 2, 3 or 4, default 4]", argv[0]); }
+    // default: what this build's trainer runs (5 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA ? 5 : 4;
+    if (version < 1 || version > 5) { die("usage: %s [version 1 to 5; default 5 in the bf16 build, 4 in fp32]", argv[0]); }
+#if defined(ENABLE_FP32)
+    if (version == 5) { die("version 5 is the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+#endif
+    if (argc > 2 && strcmp(argv[2], "profile") == 0) {
+        CoreInputs in = make_inputs(16, 2048, 6, 128, 128);
+        CoreDevice d = upload(in);
+        run_forward(in, d, 30);
+        run_backward(in, d, 30);
+        cudaCheck(cudaDeviceSynchronize());
+        release(d);
+        return 0;
+    }
     printf("version %d, precision %s, tolerance %.0e (relative L2), ridge a = %g\n", version, PRECISION_NAME,
            TOLERANCE, (double)RIDGE);
     validate(2, 150, 2, 16, 24, 30);     // T not a multiple of the 64-token segments, dk != dv

@@ -22,7 +22,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/src" "$tmp/ok/kernels" "$tmp/neg"
-cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/gka.cuh kernels/pdn.cuh \
+cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/mma.cuh kernels/gka.cuh kernels/pdn.cuh \
     kernels/gdn_chunk.cuh kernels/kalman_scan.cuh dev/cuda/pdn_recurrent_backward.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1

@@ -5,7 +5,9 @@ transform.py: the CUDA kernel headers (kernels/*.cuh) as host C++ for dev/emu/em
 - extern __shared__ becomes the emulator's dynamic shared memory.
 - Every launch `k<<<grid, block, smem, stream>>>(args)` becomes `emu_launch(dim3(grid), dim3(block), [&]() { k(args); })`.
 - The tensor-core products of kernels/chunk_tiles.cuh are only declared, so only the CUDA-core instantiations can run:
-  `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false>.
+  `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false>. The inline PTX
+  of kernels/mma.cuh (ldmatrix, mma.sync, named barriers) becomes abort(): the register-tile kernels compile but
+  must not run.
 Usage: python3 dev/emu/transform.py SRC_DIR DST_DIR (every file is copied, the .cuh files transformed)
 """
 import re, sys, os
@@ -20,6 +22,9 @@ for root, _, files in os.walk(src):
             if fn == 'chunk_tiles.cuh':   # the tensor-core products: declared only (the emulator runs the CUDA-core ones)
                 a = s.index('// bf16 operands: tensor cores'); b = s.index('#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH')
                 s = s[:a] + 'template <bool A_T, bool B_T> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]
+            if fn == 'mma.cuh':   # PTX: compiled, never run
+                s = re.sub(r'asm volatile\((?:.|\n)*?\);\n', 'abort();\n', s)
+                s = s.replace('(uint32_t)__cvta_generic_to_shared(p)', '0')
             s = s.replace('__shared__', 'static')
             s = re.sub(r'__launch_bounds__\((?:[^()]|\([^()]*\))*\)', '', s)   # arguments may hold one level of calls
             s = re.sub(r'\b__global__\b', '', s)
@@ -33,7 +38,7 @@ for root, _, files in os.walk(src):
             while True:
                 j = s.find('<<<', i)
                 if j < 0: out.append(s[i:]); break
-                m = re.search(r'([\w:]+(?:<(?:[^<>;()]|\([^()]*\))*>)?)\s*$', s[i:j]); name = m.group(1); start = i + m.start(1)
+                m = re.search(r'([\w:.]+(?:<(?:[^<>;()]|\([^()]*\))*>)?)\s*$', s[i:j]); name = m.group(1); start = i + m.start(1)
                 k = s.find('>>>', j); cfg = s[j + 3:k]
                 assert s[k + 3] == '(', s[k:k + 20]
                 depth = 0; e = k + 3

@@ -140,7 +140,7 @@ static void gka_forward(const MixerContext* mc, const void* settings, const Laye
     profile_mark("fwd gka conv + features");
     // step 8: the core (spec 3), H_0 = U_0 = 0
     gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, a->qkv, a->alpha, a->g, B, T, s->H, s->dk, s->dv, s->iters,
-                     s->ridge, GKA_TENSOR_CORES, st);
+                     s->ridge, GKA_PRODUCTS, st);
     profile_mark("fwd gka chunk core");
     // steps 9-10: gated RMSNorm with the gate block, then the output projection
     gated_rmsnorm_forward(a->y, a->rstd, a->o, a->proj + s->D, s->ldP, p->onorm_w, BT, s->H, s->dv, s->onorm_eps, st);
@@ -170,7 +170,7 @@ static void gka_backward(const MixerContext* mc, const void* settings, const Lay
     profile_mark("bwd gka out_proj + out norm");
     // the core (spec 3.2), final-state gradients 0: fp32 dq_hat | dk | dv, dalpha, dg
     gka_core_backward(s.dqkv, s.dalpha, s.dg, s.core, s.dout_o, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x, a->f, B,
-                      T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_TENSOR_CORES, GKA_CHUNKED_BACKWARD, st);
+                      T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_PRODUCTS, GKA_CHUNKED_BACKWARD, st);
     profile_mark("bwd gka core");
     // l2 norms, beta, alpha, decay, GQA reduce: dL/d(SiLU out), the a | b | alpha columns of dproj
     gka_features_backward(s.du, s.dproj, sh->ldP, gr->A_log, gr->dt_bias, gr->b_bias, gr->alpha_bias, mc->reduce,
