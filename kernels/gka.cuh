@@ -722,13 +722,15 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 
 // ---- the solve on register tiles (dev/cuda/gka_core.cu version 5; what the bf16 trainer runs): the same CHEB of
 // the chunk's BT = 64 tokens as gka_chunk_solve_kernel, with the iterate x [64][128] (dk padded to 128 with zeros)
-// held in mma.sync C fragments (kernels/mma.cuh) across all r iterations. Eight warps; warp w owns rows
-// 16 (w/2) .. +15, and the warp pair (w, w^1) of those rows shares everything an iteration needs, so the pairs
-// meet at named barriers of 64 threads, never the whole CTA:
-//   1. each warp stores its 16 x 64 part of x into Xs (columns 64 (w%2) ..);
-//   2. S = (X K^T) (.) M for its 16 rows x 32 columns 32 (w%2) .. of the chunk's keys, into Ss;
-//   3. HY = diag(zeta) X H0 + S K for its 16 rows x 64 columns, in registers (spec 5.1(c)), and the update of
+// held in mma.sync C fragments (kernels/mma.cuh) across all r iterations. Sixteen warps in four blocks of
+// GKA_SOLVE_WPR = 4; block b owns rows 16 b .. +15 and its warps share everything an iteration needs, so a block
+// meets at its own named barrier of 128 threads, never the whole CTA. Warp p of a block:
+//   1. stores its 16 x 32 part of x into Xs (columns 32 p ..);
+//   2. S = (X K^T) (.) M for its 16 rows x 16 columns 16 p .. of the chunk's keys, into Ss;
+//   3. HY = diag(zeta) X H0 + S K for its 16 rows x 32 columns, in registers (spec 5.1(c)), and the update of
 //      x in place: x <- omega x - tau omega (HY + a f x - b) - (omega - 1) x_prev (spec 3.1).
+// (Two warps per block, 64 columns each, measured 5% slower: 25.85 against 24.48 ms forward+backward of the lab's
+// benchmark, 2026-11-27, H200.)
 // The right-hand side b (fp32) waits in shared memory in the lanes' own fragment order (no barrier guards it).
 // f (compute_f) comes from the same products once: quad_c = k_c^T H0 k_c from K H0, the Gram matrix from K K^T,
 // and then, per token, the recurrence ||H_c||^2 = gamma_c^2 ||H_{c-1}||^2 + 2 gamma_c k_c^T H_{c-1} k_c + |k_c|^4
@@ -741,14 +743,17 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 // CHEB): everything in one piece o 7.9e-2, x 1.1e-3 (the lab measured o 9e-2 on an H200); x in two pieces o 2.9e-3,
 // x 1.4e-4 (measured: o passes, dk 3e-2 .. 1.7e-1 fails the lab's 1e-2); x and H0 o 1.8e-3, x 1.2e-5; x, H0 and S
 // o 1.1e-4, x 1.5e-6. The right-hand side in bf16 (measured: dq 2e-2, as the adjoint's dQt lies where A^-1 is
-// small and its rounding does not) is kept fp32. One CTA per SM (172 KB of shared memory).
+// small and its rounding does not) is kept fp32. One CTA per SM (173 KB of shared memory).
 // The fp32 build keeps gka_chunk_solve_kernel's 3xTF32: bf16 pieces reach fp32's accuracy only with three of every
 // operand, 270 KB of shared memory.
 
 #if defined(ENABLE_BF16)
 
-#define GKA_SOLVE_WARPS 8
+#define GKA_SOLVE_WPR 4                        // warps per 16-row block (the group that meets at its barrier)
+#define GKA_SOLVE_WARPS (4 * GKA_SOLVE_WPR)    // four row blocks of the chunk's 64 tokens
 #define GKA_SOLVE_THREADS (GKA_SOLVE_WARPS * 32)
+#define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
+#define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
 #define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
 #define GKA_SOLVE_LDK (GKA_SOLVE_DK + 8)     // bf16 row stride of the [*][dk] tiles (16-byte padding)
 #define GKA_SOLVE_LDS (GKA_CHECKPOINT + 8)   // bf16 row stride of S [BT][BT]
@@ -774,9 +779,9 @@ struct GkaTile {
 
 struct GkaSolveSmem {
     double* tau;     // [BT]
-    float *gl, *zeta, *fr, *lam, *red, *quad, *gram;   // [BT] each; red [32]; quad, gram [BT][2] (per column half)
+    float *gl, *zeta, *fr, *lam, *red, *quad, *gram;   // [BT] each; red [32]; quad, gram [BT][WPR] (per warp)
     GkaTile H0, K, X, S;   // [128][LDK], [BT][LDK], [BT][LDK], [BT][LDS]; two pieces but K
-    float2* b;       // [warps][16 fragment element pairs][32 lanes]
+    float2* b;       // [warps][2 NTH fragment element pairs][32 lanes]
     double* om;      // [iters] the omegas
     __host__ __device__ GkaSolveSmem(size_t base, int iters, size_t* bytes) {
         const int BT = GKA_CHECKPOINT;
@@ -787,8 +792,8 @@ struct GkaSolveSmem {
         fr = c.take<float>(BT);
         lam = c.take<float>(BT);
         red = c.take<float>(32);
-        quad = c.take<float>(2 * BT);
-        gram = c.take<float>(2 * BT);
+        quad = c.take<float>(GKA_SOLVE_WPR * BT);
+        gram = c.take<float>(GKA_SOLVE_WPR * BT);
         H0.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
         H0.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
         K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
@@ -796,7 +801,7 @@ struct GkaSolveSmem {
         X.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
         S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
         S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
-        b = c.take<float2>((size_t)GKA_SOLVE_WARPS * 16 * 32);
+        b = c.take<float2>((size_t)GKA_SOLVE_WARPS * 2 * GKA_SOLVE_NTH * 32);
         om = c.take<double>(iters);   // last: the other offsets are compile-time constants
         if (bytes) { *bytes = c.off; }
     }
@@ -852,12 +857,13 @@ template <int NT> __device__ __forceinline__ void gka_frags_zero(float acc[NT][4
 
 // S = (X K^T) (.) M of the warp's rows r0 + g (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into sm.S
 __device__ __forceinline__ void gka_solve_masked_s(GkaSolveSmem& sm, int r0, int n0, int lane) {
-    float s[4][4];
-    gka_frags_zero<4>(s);
-    gka_warp_mma<4, GKA_SOLVE_DK, false, true, false>(s, sm.X, GKA_SOLVE_LDK, r0, sm.K, GKA_SOLVE_LDK, n0, lane);
+    float s[GKA_SOLVE_NTS][4];
+    gka_frags_zero<GKA_SOLVE_NTS>(s);
+    gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, true, false>(s, sm.X, GKA_SOLVE_LDK, r0, sm.K, GKA_SOLVE_LDK, n0,
+                                                                   lane);
     const int g = lane >> 2, t4 = lane & 3;
     #pragma unroll
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < GKA_SOLVE_NTS; t++) {
         #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int c = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
@@ -875,8 +881,9 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     extern __shared__ __align__(128) unsigned char gka_smem_solve_mma[];
     GkaSolveSmem sm((size_t)gka_smem_solve_mma, iters, NULL);
     const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
-    const int lane = tid % 32, warp = tid / 32, pair = warp / 2, half = warp % 2;
-    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * pair;
+    const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
+    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk;
+    const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;   // first columns of its HY and S
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv, LDK = GKA_SOLVE_LDK;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
     gka_omegas(sm.om, iters, ridge);
@@ -894,19 +901,19 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
         sm.K.hi[c * LDK + j] = c < L && j < dk ? qkv[(row0 + c) * DE + H * dk + hh * dk + j] : __float2bfloat16_rn(0.0f);
     }
-    // b of this lane's fragment elements (rows r0 + gq (+ 8), columns 64 half + 8 t + 2 t4 (+ 1)), in pairs
-    float2* bl = sm.b + (size_t)warp * 16 * 32 + lane;
+    // b of this lane's fragment elements (rows r0 + gq (+ 8), columns hc0 + 8 t + 2 t4 (+ 1)), in pairs
+    float2* bl = sm.b + (size_t)warp * 2 * GKA_SOLVE_NTH * 32 + lane;
     #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int c = r0 + gq + 8 * h;
         const size_t e = e0 + (size_t)c * H;
         const float al = rhs && c < L ? alpha[e] : 0.0f;
         #pragma unroll
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < GKA_SOLVE_NTH; t++) {
             float v[2] = {0.0f, 0.0f};
             #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int j = 64 * half + 8 * t + 2 * t4 + u;
+                const int j = hc0 + 8 * t + 2 * t4 + u;
                 if (c < L && j < dk) { v[u] = rhs ? al * rhs[e * dk + j] : to_float(qkv[(row0 + c) * DE + hh * dk + j]); }
             }
             bl[(t * 2 + h) * 32] = make_float2(v[0], v[1]);
@@ -914,28 +921,28 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     }
     const float h0f2 = gka_block_sum(h0sq, sm.red);   // its barriers publish the tiles too
     if (compute_f) {
-        // quad_c = k_c^T H0 k_c: this warp's part of K H0, times K, summed over its 64 columns
-        float acc[8][4];
-        gka_frags_zero<8>(acc);
-        gka_warp_mma<8, GKA_SOLVE_DK, true, false, true>(acc, sm.K, LDK, r0, sm.H0, LDK, 64 * half, lane);
-        // (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4 term), 0 above: this warp's 32 columns
-        float s[4][4];
-        gka_frags_zero<4>(s);
-        gka_warp_mma<4, GKA_SOLVE_DK, false, false, false>(s, sm.K, LDK, r0, sm.K, LDK, 32 * half, lane);
+        // quad_c = k_c^T H0 k_c: this warp's part of K H0, times K, summed over its columns
+        float acc[GKA_SOLVE_NTH][4];
+        gka_frags_zero<GKA_SOLVE_NTH>(acc);
+        gka_warp_mma<GKA_SOLVE_NTH, GKA_SOLVE_DK, true, false, true>(acc, sm.K, LDK, r0, sm.H0, LDK, hc0, lane);
+        // (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4 term), 0 above: this warp's columns
+        float s[GKA_SOLVE_NTS][4];
+        gka_frags_zero<GKA_SOLVE_NTS>(s);
+        gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, false, false>(s, sm.K, LDK, r0, sm.K, LDK, sc0, lane);
         #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int c = r0 + gq + 8 * h;
             float q = 0.0f, w = 0.0f;
             #pragma unroll
-            for (int t = 0; t < 8; t++) {
+            for (int t = 0; t < GKA_SOLVE_NTH; t++) {
                 #pragma unroll
-                for (int u = 0; u < 2; u++) { q += acc[t][2 * h + u] * __bfloat162float(sm.K.hi[c * LDK + 64 * half + 8 * t + 2 * t4 + u]); }
+                for (int u = 0; u < 2; u++) { q += acc[t][2 * h + u] * __bfloat162float(sm.K.hi[c * LDK + hc0 + 8 * t + 2 * t4 + u]); }
             }
             #pragma unroll
-            for (int t = 0; t < 4; t++) {
+            for (int t = 0; t < GKA_SOLVE_NTS; t++) {
                 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    const int j = 32 * half + 8 * t + 2 * t4 + u;
+                    const int j = sc0 + 8 * t + 2 * t4 + u;
                     const float gm = s[t][2 * h + u];
                     if (j <= c) { w += (j < c ? 2.0f : 1.0f) * __expf(sm.gl[c] - sm.gl[j]) * gm * gm; }
                 }
@@ -945,8 +952,8 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             w += __shfl_xor_sync(0xffffffffu, w, 1);
             w += __shfl_xor_sync(0xffffffffu, w, 2);
             if (t4 == 0) {
-                sm.quad[2 * c + half] = q;
-                sm.gram[2 * c + half] = w;
+                sm.quad[GKA_SOLVE_WPR * c + part] = q;
+                sm.gram[GKA_SOLVE_WPR * c + part] = w;
             }
         }
         __syncthreads();
@@ -955,8 +962,12 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             for (int c = 0; c < BT; c++) {
                 const float gam = __expf(sm.gl[c] - prev);
                 prev = sm.gl[c];
-                f2 = gam * gam * f2 + 2.0f * sm.zeta[c] * (sm.quad[2 * c] + sm.quad[2 * c + 1])
-                     + (sm.gram[2 * c] + sm.gram[2 * c + 1]);
+                float q = 0.0f, w = 0.0f;
+                for (int p = 0; p < GKA_SOLVE_WPR; p++) {
+                    q += sm.quad[GKA_SOLVE_WPR * c + p];
+                    w += sm.gram[GKA_SOLVE_WPR * c + p];
+                }
+                f2 = gam * gam * f2 + 2.0f * sm.zeta[c] * q + w;
                 sm.fr[c] = sqrtf(fmaxf(f2, 0.0f));
             }
         }
@@ -973,9 +984,9 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     const int ca = r0 + gq, cb = ca + 8;
     const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
     const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;   // f = 0 (all keys zero): x = 0, not 0/0
-    float x[8][4], xp[8][4];
+    float x[GKA_SOLVE_NTH][4], xp[GKA_SOLVE_NTH][4];
     #pragma unroll
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < GKA_SOLVE_NTH; t++) {
         #pragma unroll
         for (int i = 0; i < 4; i++) {
             const float2 bb = bl[(t * 2 + i / 2) * 32];
@@ -985,21 +996,21 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     }
     for (int it = 0; it < iters; it++) {
         #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const int j = 64 * half + 8 * t + 2 * t4;
+        for (int t = 0; t < GKA_SOLVE_NTH; t++) {
+            const int j = hc0 + 8 * t + 2 * t4;
             sm.X.set2(ca * LDK + j, x[t][0], x[t][1]);
             sm.X.set2(cb * LDK + j, x[t][2], x[t][3]);
         }
-        named_barrier_sync(1 + pair, 64);
-        gka_solve_masked_s(sm, r0, 32 * half, lane);
-        named_barrier_sync(1 + pair, 64);
+        named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+        gka_solve_masked_s(sm, r0, sc0, lane);
+        named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
         const double om = sm.om[it];
         const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
         const float c3 = (float)(om - 1.0);
         #pragma unroll
-        for (int q = 0; q < 2; q++) {   // the warp's 64 columns as two quarters of 32 (fewer live registers)
+        for (int q = 0; q < GKA_SOLVE_NTH / 4; q++) {   // the warp's columns 32 at a time (fewer live registers)
             float hy[4][4];
-            const int n0 = 64 * half + 32 * q;
+            const int n0 = hc0 + 32 * q;
             gka_frags_zero<4>(hy);
             gka_warp_mma<4, GKA_SOLVE_DK, true, true, true>(hy, sm.X, LDK, r0, sm.H0, LDK, n0, lane);   // X H0
             #pragma unroll
@@ -1025,7 +1036,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
                 }
             }
         }
-        named_barrier_sync(1 + pair, 64);   // the pair is done with Xs before it is written again
+        named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with Xs before it is written again
     }
     #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -1033,8 +1044,8 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         if (c >= L) { continue; }
         float* dst = sol + (e0 + (size_t)c * H) * dk;
         #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const int j = 64 * half + 8 * t + 2 * t4;
+        for (int t = 0; t < GKA_SOLVE_NTH; t++) {
+            const int j = hc0 + 8 * t + 2 * t4;
             if (j < dk) { dst[j] = x[t][2 * h]; }
             if (j + 1 < dk) { dst[j + 1] = x[t][2 * h + 1]; }
         }
