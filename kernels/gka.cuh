@@ -474,20 +474,21 @@ __device__ void gka_load_rows(float* s, int lds, const Tg* m, size_t ld, size_t 
     }
 }
 
-// Qt = q_hat + alpha (x - q_hat) of the chunk's rows r0 .. r0 + L - 1 (token-head rows e0 + c H) into a
-// [BT][ld] tile, zero past L and in the padding columns up to pad(dk); no barrier
+// Qt = q_hat + alpha (x - q_hat) at row c (token-head row e0 + c H), column j of the chunk starting at row r0; 0
+// past L rows and dk columns. gka_load_qt: the chunk's rows into a [BT][ld] tile (up to pad(dk) columns), no barrier
+__device__ __forceinline__ float gka_qt(const floatX* qkv, const float* alpha, const float* x, size_t r0, size_t e0,
+                                        int c, int j, int H, int hh, int dk, int DE, int L) {
+    if (c >= L || j >= dk) { return 0.0f; }
+    const size_t e = e0 + (size_t)c * H;
+    const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
+    return q + alpha[e] * (x[e * dk + j] - q);
+}
 __device__ void gka_load_qt(float* Qs, int ld, const floatX* qkv, const float* alpha, const float* x, size_t r0,
                             size_t e0, int H, int hh, int dk, int DE, int L) {
     const int dkp = gka_pad(dk);
     for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * dkp; idx += blockDim.x) {
         const int c = idx / dkp, j = idx % dkp;
-        float v = 0.0f;
-        if (c < L && j < dk) {
-            const size_t e = e0 + (size_t)c * H;
-            const float q = to_float(qkv[(r0 + c) * DE + hh * dk + j]);
-            v = q + alpha[e] * (x[e * dk + j] - q);
-        }
-        Qs[c * ld + j] = v;
+        Qs[c * ld + j] = gka_qt(qkv, alpha, x, r0, e0, c, j, H, hh, dk, DE, L);
     }
 }
 
@@ -855,21 +856,43 @@ template <int NT> __device__ __forceinline__ void gka_frags_zero(float acc[NT][4
     for (int t = 0; t < NT; t++) { acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f; }
 }
 
-// S = (X K^T) (.) M of the warp's rows r0 + g (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into sm.S
-__device__ __forceinline__ void gka_solve_masked_s(GkaSolveSmem& sm, int r0, int n0, int lane) {
+// S = (A Bt^T) (.) M (M of the chunk-local cumsum gl; Bt's rows are the n dimension, A in A_LO pieces) of the
+// warp's rows r0 + g (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into S (two pieces): the solve's X K^T, the
+// readout's Qt K^T, dQt's dO V^T
+// P = diag(zeta) A Ust + S Ct (spec 5.1(c) and (f)) for the warp's 16 rows r0 .. and the 32 columns n0 ..: A in
+// A_LO pieces, Ust (two pieces) stored [k][n] with UST_KN, else [n][k]; S in two pieces, Ct stored [k][n];
+// zeta_a, zeta_b the decays of the lane's rows r0 + g and r0 + g + 8
+template <bool UST_KN, bool A_LO>
+__device__ __forceinline__ void gka_chunk_rows_product(float p[4][4], const GkaTile& A, const GkaTile& Ust,
+                                                       const GkaTile& S, const GkaTile& Ct, float zeta_a, float zeta_b,
+                                                       int r0, int n0, int lane) {
+    gka_frags_zero<4>(p);
+    gka_warp_mma<4, GKA_SOLVE_DK, UST_KN, A_LO, true>(p, A, GKA_SOLVE_LDK, r0, Ust, GKA_SOLVE_LDK, n0, lane);
+    #pragma unroll
+    for (int t = 0; t < 4; t++) {
+        p[t][0] *= zeta_a;
+        p[t][1] *= zeta_a;
+        p[t][2] *= zeta_b;
+        p[t][3] *= zeta_b;
+    }
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, S, GKA_SOLVE_LDS, r0, Ct, GKA_SOLVE_LDK, n0, lane);
+}
+
+template <bool A_LO>
+__device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const GkaTile& Bt, const float* gl, int r0,
+                                             int n0, int lane) {
     float s[GKA_SOLVE_NTS][4];
     gka_frags_zero<GKA_SOLVE_NTS>(s);
-    gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, true, false>(s, sm.X, GKA_SOLVE_LDK, r0, sm.K, GKA_SOLVE_LDK, n0,
-                                                                   lane);
+    gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, A_LO, false>(s, A, GKA_SOLVE_LDK, r0, Bt, GKA_SOLVE_LDK, n0, lane);
     const int g = lane >> 2, t4 = lane & 3;
     #pragma unroll
     for (int t = 0; t < GKA_SOLVE_NTS; t++) {
         #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int c = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
-            const float m0 = j <= c ? __expf(sm.gl[c] - sm.gl[j]) : 0.0f;
-            const float m1 = j + 1 <= c ? __expf(sm.gl[c] - sm.gl[j + 1]) : 0.0f;
-            sm.S.set2(c * GKA_SOLVE_LDS + j, s[t][2 * h] * m0, s[t][2 * h + 1] * m1);
+            const float m0 = j <= c ? __expf(gl[c] - gl[j]) : 0.0f;
+            const float m1 = j + 1 <= c ? __expf(gl[c] - gl[j + 1]) : 0.0f;
+            S.set2(c * GKA_SOLVE_LDS + j, s[t][2 * h] * m0, s[t][2 * h + 1] * m1);
         }
     }
 }
@@ -1002,7 +1025,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             sm.X.set2(cb * LDK + j, x[t][2], x[t][3]);
         }
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
-        gka_solve_masked_s(sm, r0, sc0, lane);
+        gka_masked_s<true>(sm.S, sm.X, sm.K, sm.gl, r0, sc0, lane);
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
         const double om = sm.om[it];
         const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
@@ -1011,16 +1034,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         for (int q = 0; q < GKA_SOLVE_NTH / 4; q++) {   // the warp's columns 32 at a time (fewer live registers)
             float hy[4][4];
             const int n0 = hc0 + 32 * q;
-            gka_frags_zero<4>(hy);
-            gka_warp_mma<4, GKA_SOLVE_DK, true, true, true>(hy, sm.X, LDK, r0, sm.H0, LDK, n0, lane);   // X H0
-            #pragma unroll
-            for (int t = 0; t < 4; t++) {
-                hy[t][0] *= zeta_a;
-                hy[t][1] *= zeta_a;
-                hy[t][2] *= zeta_b;
-                hy[t][3] *= zeta_b;
-            }
-            gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(hy, sm.S, GKA_SOLVE_LDS, r0, sm.K, LDK, n0, lane);  // + S K
+            gka_chunk_rows_product<true, true>(hy, sm.X, sm.H0, sm.S, sm.K, zeta_a, zeta_b, r0, n0, lane);
             #pragma unroll
             for (int t = 0; t < 4; t++) {
                 #pragma unroll
@@ -1051,6 +1065,110 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         }
     }
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+// ---- the readout and dQt on register tiles (version 5's, with the solve's warp layout and bf16 pieces): P =
+// diag(zeta) A Ust + ((A Bt^T) (.) M) Ct, as gka_chunk_product_kernel, one CTA of GKA_SOLVE_THREADS per (chunk,
+// b*H + h); block b of four warps owns rows 16 b .., warp p of it the columns 32 p .. of P and 16 p .. of S.
+//   readout (DQT false): A = Qt (two pieces: it carries x), Bt = K, Ct = V, Ust = U0 (stored [k][n]); o = s P
+//   dQt (DQT true):      A = dO (bf16),                  Bt = V, Ct = K, Ust = U0^T (U0 read as [n][k]); dQt = s P
+// U0 and S in two pieces each: Qt's large part along directions no key spans meets every entry of U0, and dQt
+// feeds the adjoint solve, which magnifies an error off the keys' span (the solve kernel's header); the keys and
+// values are bf16 already. Padded to 128 columns with zeros (dk, dv <= 128).
+
+struct GkaProductSmem {
+    float *gl, *zeta;   // [BT] each
+    GkaTile A, U, Bt, Ct, S;   // [BT][LDK] (two pieces for Qt), [128][LDK] (two), [BT][LDK], [BT][LDK], [BT][LDS] (two)
+    __host__ __device__ GkaProductSmem(size_t base, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT;
+        SmemCarver c(base);
+        gl = c.take<float>(BT);
+        zeta = c.take<float>(BT);
+        A.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        A.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        U.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        U.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        Bt = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        Ct = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_chunk_product_mma_smem() {
+    size_t bytes = 0;
+    GkaProductSmem sm(0, &bytes);
+    return bytes;
+}
+
+// rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n) into a [BT][LDK] tile, zero
+// past the sequence's end (L rows) and in the columns n .. 128
+__device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
+                                   int L) {
+    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * GKA_SOLVE_DK; idx += blockDim.x) {
+        const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        s[c * GKA_SOLVE_LDK + j] = c < L && j < n ? m[(r0 + c) * ld + col0 + j] : __float2bfloat16_rn(0.0f);
+    }
+}
+
+template <bool DQT>
+__global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
+gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX* dO, const floatX* qkv,
+                             const float* alpha, const float* g, const float* Uck, int T, int H, int dk, int dv,
+                             float scale) {
+    extern __shared__ __align__(128) unsigned char gka_smem_product_mma[];
+    GkaProductSmem sm((size_t)gka_smem_product_mma, NULL);
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
+    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk, LDK = GKA_SOLVE_LDK;
+    const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    const float* U0 = Uck + ((size_t)bh * NT + n) * dk * dv;
+    for (int idx = tid; idx < GKA_SOLVE_DK * GKA_SOLVE_DK; idx += blockDim.x) {
+        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        sm.U.set(i * LDK + j, i < dk && j < dv ? U0[(size_t)i * dv + j] : 0.0f);
+    }
+    const __nv_bfloat16* kq = qkv + H * dk + hh * dk;        // the head's keys, values in qkv's rows
+    const __nv_bfloat16* vq = qkv + 2 * H * dk + hh * dv;
+    gka_load_bf16_rows(sm.Bt.hi, DQT ? vq : kq, DE, row0, 0, DQT ? dv : dk, L);
+    gka_load_bf16_rows(sm.Ct.hi, DQT ? kq : vq, DE, row0, 0, DQT ? dk : dv, L);
+    if (DQT) {
+        gka_load_bf16_rows(sm.A.hi, dO, (size_t)H * dv, row0, hh * dv, dv, L);
+    } else {
+        for (int idx = tid; idx < BT * GKA_SOLVE_DK; idx += blockDim.x) {   // Qt = q_hat + alpha (x - q_hat)
+            const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+            sm.A.set(c * LDK + j, gka_qt(qkv, alpha, x, row0, e0, c, j, H, hh, dk, DE, L));
+        }
+    }
+    __syncthreads();
+    gka_masked_s<!DQT>(sm.S, sm.A, sm.Bt, sm.gl, r0, sc0, lane);   // this warp's 16 rows x columns sc0 ..
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    // P = diag(zeta) A Ust + S Ct: this warp's 16 rows x columns hc0 .. (32 at a time)
+    const float zeta_a = sm.zeta[r0 + gq], zeta_b = sm.zeta[r0 + gq + 8];
+    #pragma unroll
+    for (int q = 0; q < GKA_SOLVE_NTH / 4; q++) {
+        float p[4][4];
+        const int n0 = hc0 + 32 * q;
+        gka_chunk_rows_product<!DQT, !DQT>(p, sm.A, sm.U, sm.S, sm.Ct, zeta_a, zeta_b, r0, n0, lane);
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int c = r0 + gq + 8 * h;
+            if (c >= L) { continue; }
+            #pragma unroll
+            for (int t = 0; t < 4; t++) {
+                #pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int j = n0 + 8 * t + 2 * t4 + u;
+                    const float v = scale * p[t][2 * h + u];
+                    if (DQT && j < dk) { dQt[(e0 + (size_t)c * H) * dk + j] = v; }
+                    if (!DQT && j < dv) { o[(row0 + c) * H * dv + hh * dv + j] = from_float<floatX>(v); }
+                }
+            }
+        }
+    }
 }
 
 #endif // ENABLE_BF16
@@ -1615,8 +1733,8 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 }
 
 // the chunk kernels' tile products, as dev/cuda/gka_core.cu's versions run them: fp32 on CUDA cores (version 2, and
-// dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), or the two solves on register tiles
-// (gka_chunk_solve_mma_kernel) and the other products 3xTF32 (version 5)
+// dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), or the two solves, the readout and dQt on register tiles
+// (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5)
 // (version 5, the bf16 build only: gka_chunk_solve_mma_kernel's header says why)
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA };
 // what the trainer runs
@@ -1629,37 +1747,45 @@ enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA };
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
 #define GKA_CHUNKED_BACKWARD true
 
-// the solve kernel of the chosen products, with its block size and shared memory (set on the kernel)
-typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
-                               const float*, int, int, int, int, int, float);
-struct GkaSolveLaunch {
-    GKASolveKernel kernel;
+// a chunk kernel of the chosen products, with its block size and shared memory (gka_kernel_smem sets it)
+template <typename Kernel> struct GkaLaunch {
+    Kernel kernel;
     int threads;
     size_t smem;
 };
-static GkaSolveLaunch gka_solve_launch(GkaProducts products, int dk, int dv, int iters) {
-    GkaSolveLaunch l;
-    if (products == GKA_PRODUCTS_MMA) {
 #if defined(ENABLE_FP32)
-        die("gka on the GPU: the register-tile solve (GKA_PRODUCTS_MMA) is the bf16 build's");
+#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA) are the bf16 build's")
 #else
-        l = {gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters)};
+#define GKA_MMA_LAUNCH(...) (l = {__VA_ARGS__})
 #endif
-    } else {
-        l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_solve_kernel<true> : gka_chunk_solve_kernel<false>,
-             GKA_CHUNK_THREADS, gka_chunk_solve_smem(dk, iters)};
+
+// the solve
+typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
+                               const float*, int, int, int, int, int, float);
+static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, int dv, int iters) {
+    GkaLaunch<GKASolveKernel> l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_solve_kernel<true>
+                                                                 : gka_chunk_solve_kernel<false>,
+                                   GKA_CHUNK_THREADS, gka_chunk_solve_smem(dk, iters)};
+    if (products == GKA_PRODUCTS_MMA) {
+        GKA_MMA_LAUNCH(gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters));
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
     return l;
 }
 
-// the same for the product kernel (the readout and dQt)
+// the readout, or with dqt the backward's dQt
 typedef void (*GKAProductKernel)(floatX*, float*, const float*, const floatX*, const floatX*, const float*,
                                  const float*, const float*, int, int, int, int, float);
-static GKAProductKernel gka_product_kernel(bool tensor_cores, size_t smem, int dk, int dv) {
-    GKAProductKernel k = tensor_cores ? gka_chunk_product_kernel<true> : gka_chunk_product_kernel<false>;
-    gka_kernel_smem((const void*)k, smem, dk, dv);
-    return k;
+static GkaLaunch<GKAProductKernel> gka_product_launch(GkaProducts products, bool dqt, int dk, int dv) {
+    GkaLaunch<GKAProductKernel> l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_product_kernel<true>
+                                                                   : gka_chunk_product_kernel<false>,
+                                     GKA_CHUNK_THREADS, gka_chunk_product_smem(dk, dv)};
+    if (products == GKA_PRODUCTS_MMA) {
+        GKA_MMA_LAUNCH(dqt ? gka_chunk_product_mma_kernel<true> : gka_chunk_product_mma_kernel<false>,
+                       GKA_SOLVE_THREADS, gka_chunk_product_mma_smem());
+    }
+    gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
+    return l;
 }
 
 // spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. products: the
@@ -1668,18 +1794,16 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
                              const float* alpha, const float* g, int B, int T, int H, int dk, int dv, int iters,
                              float ridge, GkaProducts products, cudaStream_t stream) {
     const int NT = gka_chunks(T);
-    const bool tensor_cores = products != GKA_PRODUCTS_FP32;
-    const size_t prod = gka_chunk_product_smem(dk, dv);
-    const GkaSolveLaunch solve = gka_solve_launch(products, dk, dv, iters);
-    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
+    const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
+    const GkaLaunch<GKAProductKernel> readout = gka_product_launch(products, false, dk, dv);
     gka_chunk_states_kernel<<<dim3(B * H, ceil_div(dk + dv, GKA_STATE_COLS)), GKA_STATE_THREADS, 0, stream>>>(
         Hck, Uck, qkv, g, T, H, dk, dv);
     cudaCheckLaunch();
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk,
                                                                         dv, iters, ridge);
     cudaCheckLaunch();
-    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
-        o, NULL, x, NULL, qkv, alpha, g, Uck, T, H, dk, dv, 1.0f / sqrtf((float)dk));
+    readout.kernel<<<dim3(NT, B * H), readout.threads, readout.smem, stream>>>(o, NULL, x, NULL, qkv, alpha, g, Uck, T,
+                                                                              H, dk, dv, 1.0f / sqrtf((float)dk));
     cudaCheckLaunch();
 }
 
@@ -1704,11 +1828,10 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     float* Z = dQt + (size_t)B * T * H * dk;
     float* rest = Z + (size_t)B * T * H * dk;
     const bool tensor_cores = products != GKA_PRODUCTS_FP32;
-    const size_t prod = gka_chunk_product_smem(dk, dv);
-    const GkaSolveLaunch solve = gka_solve_launch(products, dk, dv, iters);
-    GKAProductKernel product_kernel = gka_product_kernel(tensor_cores, prod, dk, dv);
-    product_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, prod, stream>>>(
-        NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv, scale);
+    const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
+    const GkaLaunch<GKAProductKernel> dqt = gka_product_launch(products, true, dk, dv);
+    dqt.kernel<<<dim3(NT, B * H), dqt.threads, dqt.smem, stream>>>(NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv,
+                                                                  scale);
     cudaCheckLaunch();
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T,
                                                                         H, dk, dv, iters, ridge);

@@ -42,7 +42,8 @@ and K are cut into TF32 hi / lo again at every k-step of all 30 iterations.
 version 5 (bf16 build only) is version 4 with both solves (the forward's and the backward's adjoint one) on
 register tiles (kernels/gka.cuh's gka_chunk_solve_mma_kernel): the iterate stays in mma.sync fragments for all r
 iterations, sixteen warps in blocks of four that share 16 rows and meet at named barriers, bf16 operands in two
-pieces each (hi + lo) for x, H0 and S; the bf16 trainer runs it (GKA_PRODUCTS), and the chunk-state kernels of
+pieces each (hi + lo) for x, H0 and S, and the readout and dQt the same way; the bf16 trainer runs it
+(GKA_PRODUCTS), and the chunk-state kernels of
 both passes give each thread a 4 x 4 block (the same sums in the same order). Measured on an H200 (2026-11-27,
 same shape): forward 8.20 ms, backward 17.29 ms, forward+backward 25.54 ms with eight warps in pairs, then 7.70 /
 16.92 / 24.48 ms with sixteen in blocks of four (version 4: 29.3 / 38.5 / 67.8 ms); every check passes with the
@@ -53,7 +54,9 @@ piece each, forward 7.43 / backward 17.70 ms but o 9e-2 and dalpha 1.3e-1 off th
 bf16 dq missed too (2e-2). Per kernel (ncu, ms): chunk states 3.72 -> 1.73 and the backward's adjoint states
 6.31 -> 3.32 with the 4 x 4 blocks; the solves 4.3 (x alone in two pieces, two CTAs per SM) -> 6.35 and 6.15 (all
 three in two pieces, one CTA per SM at 172 KB) -> 5.64 and 5.40 (sixteen warps; the tensor pipe 37% busy, 25% of
-the warp slots); readout 2.11, dQt 2.09, dK_H 4.86, the rest of pass 3 3.89, w 0.27, dg's scan 0.64.
+the warp slots); readout 2.11, dQt 2.09, dK_H 4.86, the rest of pass 3 3.89, w 0.27, dg's scan 0.64. Then the
+readout and dQt on register tiles too (gka_chunk_product_mma_kernel, U0 and S in two pieces): 1.59 and 1.50 ms;
+the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
