@@ -1394,13 +1394,16 @@ gka_core_backward_kernel(float* dqkv, float* dalpha, float* dg, float* seg, cons
 
 #define GKA_ADJ_THREADS GKA_STATE_THREADS   // the same 4 x 4 blocks as the forward's chunk states
 
-// w_t for every (token, head) row e: one thread per row, the dot in a fixed order
+// w_t for every (token, head) row e: one warp per row (consecutive lanes read consecutive columns), the dot summed
+// in a fixed order (lane-strided partial sums, then warp_reduce_sum's tree)
+#define GKA_W_WARPS 8
 __global__ void gka_w_kernel(float* w, const float* x, const float* Z, const float* f, int rows, int dk, float ridge) {
-    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    const int e = blockIdx.x * GKA_W_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (e >= rows) { return; }
     float xz = 0.0f;
-    for (int j = 0; j < dk; j++) { xz += x[(size_t)e * dk + j] * Z[(size_t)e * dk + j]; }
-    w[e] = f[e] > 0.0f ? 2.0f * ridge * xz / f[e] : 0.0f;
+    for (int j = lane; j < dk; j += 32) { xz += x[(size_t)e * dk + j] * Z[(size_t)e * dk + j]; }
+    xz = warp_reduce_sum(xz);
+    if (lane == 0) { w[e] = f[e] > 0.0f ? 2.0f * ridge * xz / f[e] : 0.0f; }
 }
 
 // the per-chunk scalars in shared memory, from gl (gka_chunk_decays, 0 past the end of the sequence) and w: e_c,
@@ -1712,16 +1715,26 @@ gka_chunk_du_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, con
     if (tid < L) { dG[e0 + (size_t)tid * H] += qdq[tid] - kdk[tid]; }
 }
 
-// dg_t = sum_{s >= t} dG_s over each sequence, one thread per (b, head), in order
-__global__ void gka_dg_scan_kernel(float* dg, const float* dG, int B, int T, int H) {
-    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
-    if (bh >= B * H) { return; }
-    const int b = bh / H, hh = bh % H;
+// dg_t = sum_{s >= t} dG_s over each sequence: one warp per (b, head), lane i taking the i-th of 32 contiguous
+// segments of the sequence. Each lane sums its segment, adds the totals of the segments after it (in lane order)
+// and walks its segment backwards: the same sums in the same order on every run.
+#define GKA_SCAN_WARPS 8
+__global__ void __launch_bounds__(GKA_SCAN_WARPS * 32)
+gka_dg_scan_kernel(float* dg, const float* dG, int B, int T, int H) {
+    __shared__ float totals[GKA_SCAN_WARPS][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, bh = blockIdx.x * GKA_SCAN_WARPS + warp;
+    const int b = bh / H, hh = bh % H, seg = (T + 31) / 32, t0 = min(T, lane * seg), t1 = min(T, t0 + seg);
+    const bool live = bh < B * H;
     float acc = 0.0f;
-    for (int t = T - 1; t >= 0; t--) {
+    for (int t = t1 - 1; live && t >= t0; t--) { acc += dG[((size_t)b * T + t) * H + hh]; }
+    totals[warp][lane] = acc;
+    __syncthreads();
+    float later = 0.0f;
+    for (int l = 31; l > lane; l--) { later += totals[warp][l]; }
+    for (int t = t1 - 1; live && t >= t0; t--) {
         const size_t e = ((size_t)b * T + t) * H + hh;
-        acc += dG[e];
-        dg[e] = acc;
+        later += dG[e];
+        dg[e] = later;
     }
 }
 
@@ -1854,7 +1867,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     auto du_kernel = tensor_cores ? gka_chunk_du_kernel<true> : gka_chunk_du_kernel<false>;
     gka_kernel_smem((const void*)dkh_kernel, dkh, dk, dv);
     gka_kernel_smem((const void*)du_kernel, du, dk, dv);
-    gka_w_kernel<<<ceil_div(rows, 256), 256, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
+    gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
     gka_chunk_adjoint_states_kernel<<<dim3(B * H, 2 * nbk + nbv), GKA_ADJ_THREADS, 0, stream>>>(
         adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
@@ -1864,7 +1877,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     du_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, du, stream>>>(dqkv, dalpha, dG, adj, dQt, Z, dO, x, qkv, alpha, g, T,
                                                                   H, dk, dv, scale);
     cudaCheckLaunch();
-    gka_dg_scan_kernel<<<ceil_div(B * H, 64), 64, 0, stream>>>(dg, dG, B, T, H);
+    gka_dg_scan_kernel<<<ceil_div(B * H, GKA_SCAN_WARPS), GKA_SCAN_WARPS * 32, 0, stream>>>(dg, dG, B, T, H);
     cudaCheckLaunch();
 }
 

@@ -56,7 +56,9 @@ bf16 dq missed too (2e-2). Per kernel (ncu, ms): chunk states 3.72 -> 1.73 and t
 three in two pieces, one CTA per SM at 172 KB) -> 5.64 and 5.40 (sixteen warps; the tensor pipe 37% busy, 25% of
 the warp slots); readout 2.11, dQt 2.09, dK_H 4.86, the rest of pass 3 3.89, w 0.27, dg's scan 0.64. Then the
 readout and dQt on register tiles too (gka_chunk_product_mma_kernel, U0 and S in two pieces): 1.59 and 1.50 ms;
-the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before.
+the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before. Then w with a warp
+per row (0.27 -> 0.06 ms) and dg's scan with a warp per sequence (0.64 -> 0.05 ms): forward 7.31, backward 15.79,
+forward+backward 22.98 ms.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
