@@ -4,7 +4,11 @@
 // std::barrier of the CTA's threads; a warp shuffle writes every lane's value to the warp's buffer and reads its
 // partner's between two barriers of the warp. Dynamic shared memory is filled with NaN before every CTA, so a read
 // of an unwritten element shows in the results. Only 1-D blocks; the runtime calls the kernels' host code makes
-// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice) are answered here.
+// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice) are answered here. kernels/mma.cuh's warp-wide
+// instructions are emulated the same way: ldmatrix (each lane's row address through the warp's buffer, then the
+// PTX fragment layout), mma.sync m16n8k16 (every lane's fragments through the buffer, then each lane's C elements
+// as fp32 sums in k order; the tensor cores' own order and rounding may differ in the last bits) and named
+// barriers (one std::barrier per id and CTA, sized by its first arrival).
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -16,11 +20,23 @@
 #include <cstring>
 #include <cmath>
 #include <memory>
+#include <mutex>
 
-struct EmuWarp { std::unique_ptr<std::barrier<>> bar; uint64_t slot[32]; };
+// slot: the shuffles' buffer; addr, frag: ldmatrix's and mma's, double-buffered by the parity of each lane's count
+// of those calls (calls), so that one barrier per call suffices: the buffer of call k + 2 is written only after
+// every lane has passed call k + 1's barrier, so has read call k's
+struct EmuWarp {
+    std::unique_ptr<std::barrier<>> bar;
+    uint64_t slot[32];
+    const void* addr[2][32];
+    uint32_t frag[2][32][6];
+    unsigned calls[32];
+};
 struct EmuCta {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<EmuWarp> warps;
+    std::mutex named_mutex;
+    std::unique_ptr<std::barrier<>> named[16];
 };
 static thread_local uint3 emu_threadIdx, emu_blockIdx;
 static thread_local dim3 emu_blockDim, emu_gridDim;
@@ -41,6 +57,65 @@ template <typename T> static T emu_shfl_xor(T v, int o, int width = 32) {
     W.bar->arrive_and_wait();
     return r;
 }
+static EmuWarp& emu_warp() { return emu_cta->warps[emu_threadIdx.x / 32]; }
+// bar.sync id, threads
+static void emu_named_barrier(int id, int threads) {
+    std::barrier<>* b;
+    {
+        std::lock_guard<std::mutex> lock(emu_cta->named_mutex);
+        if (!emu_cta->named[id]) { emu_cta->named[id] = std::make_unique<std::barrier<>>(threads); }
+        b = emu_cta->named[id].get();
+    }
+    b->arrive_and_wait();
+}
+static uint32_t emu_b16(const void* row, int i) { uint16_t v; memcpy(&v, (const char*)row + 2 * i, 2); return v; }
+static float emu_bf16_float(uint32_t bits16) { const uint32_t u = bits16 << 16; float f; memcpy(&f, &u, 4); return f; }
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i .. 8i+7 give the row addresses of matrix i; lane l
+// receives row l/4, columns 2(l%4), 2(l%4)+1 of matrix i (trans: column l/4, rows 2(l%4), 2(l%4)+1)
+static void emu_ldsm_x4(uint32_t r[4], const void* p, bool trans) {
+    EmuWarp& W = emu_warp();
+    const int lane = emu_threadIdx.x % 32, g = lane / 4, t = lane % 4, buf = W.calls[lane]++ % 2;
+    const void** addr = W.addr[buf];
+    addr[lane] = p;
+    W.bar->arrive_and_wait();
+    for (int i = 0; i < 4; i++) {
+        const uint32_t lo = trans ? emu_b16(addr[8 * i + 2 * t], g) : emu_b16(addr[8 * i + g], 2 * t);
+        const uint32_t hi = trans ? emu_b16(addr[8 * i + 2 * t + 1], g) : emu_b16(addr[8 * i + g], 2 * t + 1);
+        r[i] = lo | hi << 16;
+    }
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, fragments as kernels/mma.cuh's header gives them
+static void emu_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    EmuWarp& W = emu_warp();
+    const int lane = emu_threadIdx.x % 32, g = lane / 4, t = lane % 4, buf = W.calls[lane]++ % 2;
+    uint32_t (*frag)[6] = W.frag[buf];
+    for (int i = 0; i < 4; i++) { frag[lane][i] = a[i]; }
+    frag[lane][4] = b0;
+    frag[lane][5] = b1;
+    W.bar->arrive_and_wait();
+    // this lane's rows g, g + 8 of A and columns 2t, 2t + 1 of B, from the lanes that hold them
+    float A[2][16], Bm[16][2];
+    for (int l = 0; l < 32; l++) {
+        const int lg = l / 4, lt = l % 4;
+        for (int h = 0; h < 2; h++) {
+            if (lg == g) {
+                A[0][2 * lt + h] = emu_bf16_float((frag[l][0] >> (16 * h)) & 0xffff);
+                A[1][2 * lt + h] = emu_bf16_float((frag[l][1] >> (16 * h)) & 0xffff);
+                A[0][2 * lt + 8 + h] = emu_bf16_float((frag[l][2] >> (16 * h)) & 0xffff);
+                A[1][2 * lt + 8 + h] = emu_bf16_float((frag[l][3] >> (16 * h)) & 0xffff);
+            }
+            if (lg / 2 == t) {   // B's column lg is 2t or 2t + 1
+                Bm[2 * lt + h][lg % 2] = emu_bf16_float((frag[l][4] >> (16 * h)) & 0xffff);
+                Bm[2 * lt + 8 + h][lg % 2] = emu_bf16_float((frag[l][5] >> (16 * h)) & 0xffff);
+            }
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) { sum += A[i / 2][k] * Bm[k][i % 2]; }
+        c[i] += sum;
+    }
+}
 static void emu_launch(dim3 grid, dim3 block, const std::function<void()>& body) {
     if (block.y != 1 || block.z != 1) { fprintf(stderr, "emu: 1-D blocks only\n"); exit(1); }
     for (unsigned bz = 0; bz < grid.z; bz++) for (unsigned by = 0; by < grid.y; by++) for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -48,7 +123,10 @@ static void emu_launch(dim3 grid, dim3 block, const std::function<void()>& body)
         EmuCta cta;
         cta.bar = std::make_unique<std::barrier<>>(block.x);
         cta.warps.resize((block.x + 31) / 32);
-        for (auto& w : cta.warps) { w.bar = std::make_unique<std::barrier<>>(32); }
+        for (auto& w : cta.warps) {
+            w.bar = std::make_unique<std::barrier<>>(32);
+            memset(w.calls, 0, sizeof(w.calls));
+        }
         std::vector<std::thread> th;
         for (unsigned t = 0; t < block.x; t++) {
             th.emplace_back([&, t]() {

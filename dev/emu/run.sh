@@ -8,6 +8,10 @@
 #     the recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
 #     (dkw += Z1^T K), the preconditioner backward without the carries of the later chunks, pkda's dg without the
 #     chunk-end state terms, and the per-channel decayed products without their off-diagonal blocks, must fail;
+#   gka_mma.cu: gka's register-tile kernels (the bf16 trainer's solves, readout and dQt on mma.sync, emulated)
+#     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
+#     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
+#     the solve's state product must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
 #     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
@@ -26,18 +30,21 @@ cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/mma
     kernels/gdn_chunk.cuh kernels/kalman_scan.cuh dev/cuda/pdn_recurrent_backward.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1
-cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
+cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/gka_mma.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
     "$tmp/ok/"
-build() {   # build DIR NAME
-    (cd "$1" && nvcc -std=c++20 -O1 -DENABLE_FP32 -I. "$2.cu" -o "$2") || { echo "FAIL emulator build of $2"; return 1; }
+build() {   # build DIR NAME: the fp32 build, but gka_mma's (the register-tile kernels are the bf16 build's)
+    local precision=FP32
+    [ "$2" = gka_mma ] && precision=BF16
+    (cd "$1" && nvcc -std=c++20 -O1 -DENABLE_$precision -I. "$2.cu" -o "$2") || { echo "FAIL emulator build of $2"; return 1; }
 }
 failures=0
 shapes=("150 16 24" "150 32 48")
 [ "${EMU_FULL:-0}" = 1 ] && shapes+=("130 128 128")
 kalman_shapes=("2 150 20 32" "2 150 20 16" "1 40 36 5")
-for check in gka_backward pdn_chunk kalman_filter; do
+for check in gka_backward gka_mma pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
-    if [ $check = kalman_filter ]; then runs=("${kalman_shapes[@]}"); else runs=("${shapes[@]}"); fi
+    if [ $check = kalman_filter ]; then runs=("${kalman_shapes[@]}"); elif [ $check = gka_mma ]; then runs=("100 16 24");
+    else runs=("${shapes[@]}"); fi
     for shape in "${runs[@]}"; do
         # shellcheck disable=SC2086
         "$tmp/ok/$check" $shape || failures=$((failures + 1))
@@ -59,6 +66,8 @@ negative() {
 }
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
+negative gka.cuh 's/gka_chunk_rows_product<true, true>(hy, sm.X/gka_chunk_rows_product<true, false>(hy, sm.X/' \
+    "x's second bf16 piece in the register-tile solve's state product" gka_mma "100 16 24"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \

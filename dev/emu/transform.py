@@ -5,9 +5,9 @@ transform.py: the CUDA kernel headers (kernels/*.cuh) as host C++ for dev/emu/em
 - extern __shared__ becomes the emulator's dynamic shared memory.
 - Every launch `k<<<grid, block, smem, stream>>>(args)` becomes `emu_launch(dim3(grid), dim3(block), [&]() { k(args); })`.
 - The tensor-core products of kernels/chunk_tiles.cuh are only declared, so only the CUDA-core instantiations can run:
-  `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false>. The inline PTX
-  of kernels/mma.cuh (ldmatrix, mma.sync, named barriers) becomes abort(): the register-tile kernels compile but
-  must not run.
+  `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false> (not the
+  register-tile ones, whose template argument is not the products' kind).
+- The inline PTX of kernels/mma.cuh (ldmatrix, mma.sync, named barriers) becomes calls of emu.h's emulations.
 Usage: python3 dev/emu/transform.py SRC_DIR DST_DIR (every file is copied, the .cuh files transformed)
 """
 import re, sys, os
@@ -22,8 +22,14 @@ for root, _, files in os.walk(src):
             if fn == 'chunk_tiles.cuh':   # the tensor-core products: declared only (the emulator runs the CUDA-core ones)
                 a = s.index('// bf16 operands: tensor cores'); b = s.index('#endif // TRAIN_KLA_KERNELS_CHUNK_TILES_CUH')
                 s = s[:a] + 'template <bool A_T, bool B_T> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]
-            if fn == 'mma.cuh':   # PTX: compiled, never run
-                s = re.sub(r'asm volatile\((?:.|\n)*?\);\n', 'abort();\n', s)
+            if fn == 'mma.cuh':   # PTX: each function's asm statement becomes its emulation
+                calls = {'named_barrier_sync': 'emu_named_barrier(id, threads);', 'ldsm_x4': 'emu_ldsm_x4(r, p, false);',
+                         'ldsm_x4_trans': 'emu_ldsm_x4(r, p, true);', 'mma_bf16': 'emu_mma_bf16(c, a, b0, b1);'}
+                for fname, call in calls.items():
+                    m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*asm volatile\((?:.|\n)*?\);\n', s)
+                    assert m, fname
+                    head = s[m.start():s.index('{', m.start()) + 1]
+                    s = s[:m.start()] + head + '\n    ' + call + '\n' + s[m.end():]
                 s = s.replace('(uint32_t)__cvta_generic_to_shared(p)', '0')
             s = s.replace('__shared__', 'static')
             s = re.sub(r'__launch_bounds__\((?:[^()]|\([^()]*\))*\)', '', s)   # arguments may hold one level of calls
@@ -32,7 +38,7 @@ for root, _, files in os.walk(src):
             s = re.sub(r'\b__host__\b', '', s)
             s = re.sub(r'\b__forceinline__\b', 'inline', s)
             s = s.replace('if (TC) {', 'if constexpr (TC) {')
-            s = re.sub(r'(gka_chunk_\w+_kernel)<true>', r'\1<false>', s)
+            s = re.sub(r'(gka_chunk_(?!\w*mma_kernel)\w+_kernel)<true>', r'\1<false>', s)
             # launches: NAME<<<cfg>>>(args);
             out = []; i = 0
             while True:
