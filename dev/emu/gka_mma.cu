@@ -19,16 +19,7 @@ tolerance or holds a NaN.
 #undef cudaCheckLaunch
 #define cudaCheckLaunch() do {} while (0)
 #include "kernels/gka.cuh"
-#include <random>
-
-static double rel(const std::vector<float>& a, const std::vector<float>& b, size_t off, size_t stride, size_t n, size_t cnt) {
-    double num = 0, den = 0;
-    for (size_t r = 0; r < cnt; r++) for (size_t j = 0; j < n; j++) {
-        double x = a[r * stride + off + j], y = b[r * stride + off + j];
-        num += (x - y) * (x - y); den += y * y;
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
+#include "gka_inputs.h"
 
 static std::vector<float> to_floats(const std::vector<floatX>& v) {
     std::vector<float> out(v.size());
@@ -42,24 +33,11 @@ int main(int argc, char** argv) {
     const int B = 1, T = argc > 1 ? atoi(argv[1]) : 150, H = 2, dk = argc > 2 ? atoi(argv[2]) : 16, dv = argc > 3 ? atoi(argv[3]) : 24;
     const int iters = 30, NT = gka_chunks(T), DE = 2 * H * dk + H * dv;
     const float ridge = 0.02f;
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> U(0.0f, 1.0f);
-    std::normal_distribution<float> N(0.0f, 1.0f);
-    std::vector<floatX> qkv((size_t)B * T * DE), dO((size_t)B * T * H * dv);
-    std::vector<float> alpha((size_t)B * T * H), g((size_t)B * T * H);
-    for (int r = 0; r < B * T; r++) for (int h = 0; h < H; h++) {
-        float beta = 0.05f + 0.9f * U(rng), nq = 0, nk = 0; std::vector<float> q(dk), k(dk);
-        for (int j = 0; j < dk; j++) { q[j] = N(rng); k[j] = N(rng); nq += q[j] * q[j]; nk += k[j] * k[j]; }
-        for (int j = 0; j < dk; j++) {
-            qkv[(size_t)r * DE + h * dk + j] = from_float<floatX>(q[j] / sqrtf(nq));
-            qkv[(size_t)r * DE + H * dk + h * dk + j] = from_float<floatX>((beta + 1e-6f) * k[j] / sqrtf(nk));
-        }
-        for (int j = 0; j < dv; j++) { qkv[(size_t)r * DE + 2 * H * dk + h * dv + j] = from_float<floatX>((beta + 1e-6f) * (2 * U(rng) - 1)); }
-        for (int j = 0; j < dv; j++) { dO[(size_t)r * H * dv + h * dv + j] = from_float<floatX>(2 * U(rng) - 1); }
-        const int t = r % T;
-        alpha[(size_t)r * H + h] = 0.05f + 0.9f * U(rng);
-        g[(size_t)r * H + h] = (t >= T / 3 && t < 2 * T / 3) ? -1e-3f * U(rng) : -U(rng);
-    }
+    GkaInputs in = gka_emu_inputs(B, T, H, dk, dv);
+    std::vector<floatX>& qkv = in.qkv;
+    std::vector<floatX>& dO = in.dO;
+    std::vector<float>& alpha = in.alpha;
+    std::vector<float>& g = in.g;
     CoreOut out[2];   // [0]: CUDA-core fp32 products, [1]: register tiles
     for (int v = 0; v < 2; v++) {
         const GkaProducts products = v ? GKA_PRODUCTS_MMA : GKA_PRODUCTS_FP32;

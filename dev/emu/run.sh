@@ -30,7 +30,7 @@ cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/mma
     kernels/gdn_chunk.cuh kernels/kalman_scan.cuh dev/cuda/pdn_recurrent_backward.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1
-cp dev/emu/emu.h dev/emu/gka_backward.cu dev/emu/gka_mma.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
+cp dev/emu/emu.h dev/emu/gka_inputs.h dev/emu/gka_backward.cu dev/emu/gka_mma.cu dev/emu/pdn_chunk.cu dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
     "$tmp/ok/"
 build() {   # build DIR NAME: the fp32 build, but gka_mma's (the register-tile kernels are the bf16 build's)
     local precision=FP32

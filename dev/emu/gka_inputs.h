@@ -1,0 +1,47 @@
+// dev/emu/gka_inputs.h: the gka core's inputs as dev/cuda/gka_core.cu draws them (unit q_hat, beta-scaled k and v,
+// alpha and log decays, a near-1 decay stretch over the middle third of the sequence, dO uniform in [-1, 1]), and
+// the relative L2 error the emulator checks report. Included after kernels/gka.cuh (floatX, from_float).
+#pragma once
+#include <random>
+#include <vector>
+
+struct GkaInputs {
+    std::vector<floatX> qkv, dO;   // [B*T, 2 H dk + H dv], [B*T, H dv]
+    std::vector<float> alpha, g;   // [B*T, H]
+};
+
+static GkaInputs gka_emu_inputs(int B, int T, int H, int dk, int dv) {
+    const int DE = 2 * H * dk + H * dv;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    GkaInputs in;
+    in.qkv.resize((size_t)B * T * DE);
+    in.dO.resize((size_t)B * T * H * dv);
+    in.alpha.resize((size_t)B * T * H);
+    in.g.resize((size_t)B * T * H);
+    for (int r = 0; r < B * T; r++) for (int h = 0; h < H; h++) {
+        float beta = 0.05f + 0.9f * U(rng), nq = 0, nk = 0; std::vector<float> q(dk), k(dk);
+        for (int j = 0; j < dk; j++) { q[j] = N(rng); k[j] = N(rng); nq += q[j] * q[j]; nk += k[j] * k[j]; }
+        for (int j = 0; j < dk; j++) {
+            in.qkv[(size_t)r * DE + h * dk + j] = from_float<floatX>(q[j] / sqrtf(nq));
+            in.qkv[(size_t)r * DE + H * dk + h * dk + j] = from_float<floatX>((beta + 1e-6f) * k[j] / sqrtf(nk));
+        }
+        for (int j = 0; j < dv; j++) { in.qkv[(size_t)r * DE + 2 * H * dk + h * dv + j] = from_float<floatX>((beta + 1e-6f) * (2 * U(rng) - 1)); }
+        for (int j = 0; j < dv; j++) { in.dO[(size_t)r * H * dv + h * dv + j] = from_float<floatX>(2 * U(rng) - 1); }
+        const int t = r % T;
+        in.alpha[(size_t)r * H + h] = 0.05f + 0.9f * U(rng);
+        in.g[(size_t)r * H + h] = (t >= T / 3 && t < 2 * T / 3) ? -1e-3f * U(rng) : -U(rng);
+    }
+    return in;
+}
+
+// sqrt(sum (a - b)^2 / sum b^2) over cnt rows of n columns from off, row stride stride
+static double rel(const std::vector<float>& a, const std::vector<float>& b, size_t off, size_t stride, size_t n, size_t cnt) {
+    double num = 0, den = 0;
+    for (size_t r = 0; r < cnt; r++) for (size_t j = 0; j < n; j++) {
+        double x = a[r * stride + off + j], y = b[r * stride + off + j];
+        num += (x - y) * (x - y); den += y * y;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
