@@ -750,14 +750,14 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 
 #if defined(ENABLE_BF16)
 
+#define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
+#define GKA_SOLVE_LDK (GKA_SOLVE_DK + 8)     // bf16 row stride of the [*][dk] tiles (16-byte padding)
+#define GKA_SOLVE_LDS (GKA_CHECKPOINT + 8)   // bf16 row stride of S [BT][BT]
 #define GKA_SOLVE_WPR 4                        // warps per 16-row block (the group that meets at its barrier)
 #define GKA_SOLVE_WARPS (4 * GKA_SOLVE_WPR)    // four row blocks of the chunk's 64 tokens
 #define GKA_SOLVE_THREADS (GKA_SOLVE_WARPS * 32)
 #define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
 #define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
-#define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
-#define GKA_SOLVE_LDK (GKA_SOLVE_DK + 8)     // bf16 row stride of the [*][dk] tiles (16-byte padding)
-#define GKA_SOLVE_LDS (GKA_CHECKPOINT + 8)   // bf16 row stride of S [BT][BT]
 
 // a bf16 tile, hi = bf16(v), and a second piece lo = bf16(v - hi) (lo == nullptr: one piece, the keys)
 struct GkaTile {
