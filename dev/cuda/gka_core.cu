@@ -22,7 +22,7 @@ chunk's keys), the readout (5.1(f)); the backward's dQt and adjoint solve the sa
 rest of 3.2 as the recurrence of version 1 without its solves. The tile products are fp32 on CUDA cores in both
 builds. Measured on an H200 (2026-11-26, same shape, bf16 build): forward 40.1 ms, backward 130.1 ms.
 version 3 is version 2 with the tile products of the solves, the readout and dQt on tensor cores (gka_mm with TC,
-kernels/chunk_tiles.cuh's cta_mm_tf32), 3xTF32 in both builds; the trainer runs it (GKA_TENSOR_CORES). Measured on
+kernels/chunk_tiles.cuh's cta_mm_tf32), 3xTF32 in both builds (GKA_PRODUCTS_TF32, the fp32 trainer's). Measured on
 an H200 (2026-11-26, same shape, bf16 build): forward 30.7 ms, backward 117.9 ms (version 2 in the same run: 37.3
 and 125.2 ms). Plain TF32 in the bf16 build, as the official kernels, failed this file's checks (kernels/gka.cuh's
 gka_mm says by how much).
