@@ -34,22 +34,18 @@ int main(int argc, char** argv) {
     const int iters = 30, NT = gka_chunks(T), DE = 2 * H * dk + H * dv;
     const float ridge = 0.02f;
     GkaInputs in = gka_emu_inputs(B, T, H, dk, dv);
-    std::vector<floatX>& qkv = in.qkv;
-    std::vector<floatX>& dO = in.dO;
-    std::vector<float>& alpha = in.alpha;
-    std::vector<float>& g = in.g;
     CoreOut out[2];   // [0]: CUDA-core fp32 products, [1]: register tiles
     for (int v = 0; v < 2; v++) {
         const GkaProducts products = v ? GKA_PRODUCTS_MMA : GKA_PRODUCTS_FP32;
         std::vector<floatX> o((size_t)B * T * H * dv);
         std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk),
             Uck((size_t)B * H * NT * dk * dv);
-        gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), qkv.data(), alpha.data(), g.data(), B, T, H,
+        gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), in.qkv.data(), in.alpha.data(), in.g.data(), B, T, H,
                          dk, dv, iters, ridge, products, 0);
         std::vector<float> dqkv((size_t)B * T * DE, NAN), dal((size_t)B * T * H, NAN), dg((size_t)B * T * H, NAN);
         std::vector<float> scratch(gka_core_backward_scratch_floats(B, T, H, dk, dv), NAN);
-        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), dO.data(), Hck.data(), Uck.data(), qkv.data(),
-                          alpha.data(), g.data(), x.data(), f.data(), B, T, H, dk, dv, iters, ridge, products, true, 0);
+        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), in.dO.data(), Hck.data(), Uck.data(), in.qkv.data(),
+                          in.alpha.data(), in.g.data(), x.data(), f.data(), B, T, H, dk, dv, iters, ridge, products, true, 0);
         out[v] = {to_floats(o), x, f, dqkv, dal, dg};
     }
     const size_t rows = (size_t)B * T;
