@@ -352,7 +352,7 @@ template <int HS>
 __device__ __forceinline__ void att_load_a(uint32_t a[HS / 16][4], const __nv_bfloat16* s, int row0, int lane) {
 #pragma unroll
     for (int kc = 0; kc < HS / 16; kc++) {
-        ldsm_x4(a[kc], s + (row0 + (lane & 15)) * (HS + 8) + kc * 16 + (lane >> 4) * 8);
+        ldsm_x4(a[kc], s + ldsm_a_off(HS + 8, row0, kc * 16, lane));
     }
 }
 
@@ -367,7 +367,7 @@ __device__ __forceinline__ void att_mma_abt(float c[NROWS / 8][4], const uint32_
         for (int np = 0; np < NROWS / 16; np++) {
             // matrices: rows np*16+0..7 / +8..15 of X, columns kc*16+0..7 / +8..15 -> b of n-tiles 2np, 2np+1
             uint32_t r[4];
-            ldsm_x4(r, x + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * (HS + 8) + kc * 16 + ((lane >> 3) & 1) * 8);
+            ldsm_x4(r, x + ldsm_b_nk_off(HS + 8, kc * 16, np * 16, lane));
             mma_bf16(c[2 * np], a[kc], r[0], r[1]);
             mma_bf16(c[2 * np + 1], a[kc], r[2], r[3]);
         }
@@ -388,7 +388,7 @@ __device__ __forceinline__ void att_mma_px(float acc[HS / 8][4], const float p[K
         for (int dp = 0; dp < HS / 16; dp++) {
             // matrices: rows kc*16+0..7 / +8..15, columns dp*16+0..7 -> b[0], b[1] of n-tile 2dp; columns +8.. -> 2dp+1
             uint32_t r[4];
-            ldsm_x4_trans(r, x + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * (HS + 8) + dp * 16 + (lane >> 4) * 8);
+            ldsm_x4_trans(r, x + ldsm_b_kn_off(HS + 8, kc * 16, dp * 16, lane));
             mma_bf16(acc[2 * dp], a, r[0], r[1]);
             mma_bf16(acc[2 * dp + 1], a, r[2], r[3]);
         }

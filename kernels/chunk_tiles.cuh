@@ -11,6 +11,7 @@ ends with __syncthreads() unless it says otherwise, so its results are visible t
 #include <type_traits>
 #include <mma.h>
 #include "common.cuh"
+#include "mma.cuh"
 
 // ----------------------------------------------------------------------------------------------------------
 // rounding of tile extents to the 16 x 16 tensor-core blocks
@@ -145,6 +146,20 @@ __device__ void tile_load(const L&... t) {
     ((n = max(n, t.groups())), ...);
     for (int base = threadIdx.x; base < n; base += N * blockDim.x) { tile_load_pass<N>(base, t...); }
     __syncthreads();
+}
+
+// the asynchronous twin of one tile of tile_load (bf16 or fp32 elements, no scaling): s[r][c] = g[r * ldg + c] for
+// r < rows, c < cols (cols a multiple of 16 bytes' worth), zeros where r >= rv or c >= cv (cv such a multiple
+// too); the copies are this thread's, in flight until its cp_async_wait (kernels/mma.cuh). No barrier.
+template <typename T>
+__device__ __forceinline__ void tile_load_async(T* s, int lds, int rows, int cols, const T* g, size_t ldg, int rv, int cv) {
+    constexpr int E = 16 / sizeof(T);   // elements per copy
+    const int gpr = cols / E;
+    for (int idx = threadIdx.x; idx < rows * gpr; idx += blockDim.x) {
+        const int r = idx / gpr, c = (idx - r * gpr) * E;
+        const bool in = r < rv && c < cv;
+        cp_async16(s + r * lds + c, in ? g + (size_t)r * ldg + c : g, in ? 16 : 0);
+    }
 }
 
 // warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions

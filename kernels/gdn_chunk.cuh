@@ -22,10 +22,12 @@ Kernels (one CTA per chunk unless said otherwise):
                                     Tm = (I + A)^-1 (spec 3.2); W = Tm diag(beta gam) K; U = Tm diag(beta) V
            2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
                                     h_n = S, Vn = U - W S, S <- gam_BT S + Kw^T diag(exp(G_BT - G)) Vn
+                                    (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads)
            3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per (chunk, 2 SL
                                     columns of dv): Q Kw^T is formed once per chunk for dv <= 2 SL
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
+                                    (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
   The forward saves Tm, G, h, Vn and W (per channel also A0, Aqk, Qg and Kwe), so the backward needs neither
   Kernel 0 nor Kernel 1.
@@ -883,6 +885,305 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the state passes on register tiles (Tc = bf16, what the bf16 trainer runs): forward kernel 2 and backward kernel 3
+// above, the same math and the same operands rounded to bf16, with the running state (S forward, dE backward) held
+// in mma.sync C fragments (kernels/mma.cuh) for the whole sequence instead of fp32 shared memory, and each tile of
+// the next chunk copied by cp.async while the current chunk computes. One CTA of 8 warps per (b, h, BV = 32 columns
+// of dv), GDN_STATE_CTAS per SM. Warp w holds the state rows 16 w .. 16 w + 15 and 16 (w + 8) .. (dk <= 256) in
+// four 16 x 8 fragments each; of the chunk product (64 x BV: W S forward, Kw dE backward) warp w holds rows
+// 16 (w / 2) .. + 15, columns 16 (w % 2) .. + 15. Each tile has one buffer: a chunk step waits for the first
+// product's tiles (W, U, G forward; Kw, G backward), and for the second's (Kw forward; Q, W, dO backward) before
+// the barrier after the first product, and each tile's next copy starts at the barrier after the last read of it.
+
+#define GDN_SMMA_MT 2   // state row blocks of 16 per warp: 8 warps x 2 x 16 = 256 >= dk
+
+// shared memory of both passes: X and Y [BT][dkp + 8] (forward W and Kw; backward Kw and Q), Z (backward W),
+// V [BT][BV + 8] (forward U; backward dO, scaled in place), G (forward and backward the chunk's G, per channel its
+// last row over dk), op [dkp][BV + 8] (the state as the first product's operand), P [BT][BV + 8] (the second
+// product's operand: forward diag(exp(G_BT - G)) Vn, backward -dVn)
+struct GdnStateMmaSmem {
+    __nv_bfloat16 *X, *Y, *Z, *V, *op, *P;
+    float* G;
+    size_t bytes;
+    __host__ __device__ GdnStateMmaSmem(size_t base, int dkp, bool backward) {
+        constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+        SmemCarver cv(base);
+        X = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkp + 8));
+        Y = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkp + 8));
+        Z = cv.take<__nv_bfloat16>(backward ? (size_t)GDN_CHUNK * (dkp + 8) : 0);
+        V = cv.take<__nv_bfloat16>(GDN_CHUNK * LDV);
+        op = cv.take<__nv_bfloat16>((size_t)dkp * LDV);
+        P = cv.take<__nv_bfloat16>(GDN_CHUNK * LDV);
+        G = cv.take<float>(256);   // BT per head, dkp <= 256 per channel
+        bytes = cv.off;
+    }
+};
+
+// op = the warp's state rows, rounded to bf16
+__device__ __forceinline__ void gdn_state_to_op(__nv_bfloat16* op, const float st[GDN_SMMA_MT][4][4], int dkp,
+                                                int warp, int lane) {
+    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+    #pragma unroll
+    for (int i = 0; i < GDN_SMMA_MT; i++) {
+        const int r = 16 * (warp + 8 * i) + (lane >> 2);
+        if (r >= dkp) { break; }
+        #pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int j = 8 * nt + 2 * (lane & 3);
+            *reinterpret_cast<uint32_t*>(op + r * LDV + j) = pack_bf16(st[i][nt][0], st[i][nt][1]);
+            *reinterpret_cast<uint32_t*>(op + (r + 8) * LDV + j) = pack_bf16(st[i][nt][2], st[i][nt][3]);
+        }
+    }
+}
+
+// the state (op, after a barrier) to its global [dk][dv] copy at g (the chunk's h or dE, columns from v0), 16 bytes
+// per copy
+__device__ __forceinline__ void gdn_state_save(__nv_bfloat16* g, const __nv_bfloat16* op, int dk, int dv, int v0) {
+    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV, GPR = GDN_STATE_BV / 8;
+    for (int idx = threadIdx.x; idx < dk * GPR; idx += blockDim.x) {
+        const int d = idx / GPR, j = (idx % GPR) * 8;
+        if (v0 + j < dv) {
+            *reinterpret_cast<uint4*>(g + (size_t)d * dv + v0 + j) = *reinterpret_cast<const uint4*>(op + d * LDV + j);
+        }
+    }
+}
+
+// acc = the warp's 16 x 16 block of A op (A [BT][dkp + 8] row-major, op [dkp][BV + 8]): forward W S, backward Kw dE
+__device__ __forceinline__ void gdn_state_chunk_product(float acc[2][4], const __nv_bfloat16* A,
+                                                        const __nv_bfloat16* op, int dkp, int warp, int lane) {
+    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+    const int ld = dkp + 8, m0 = 16 * (warp >> 1), n0 = 16 * (warp & 1);
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++) { acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f; }
+    #pragma unroll 4
+    for (int k0 = 0; k0 < dkp; k0 += 16) {
+        uint32_t a[4], b[4];
+        ldsm_x4(a, A + ldsm_a_off(ld, m0, k0, lane));
+        ldsm_x4_trans(b, op + ldsm_b_kn_off(LDV, k0, n0, lane));
+        mma_bf16(acc[0], a, b[0], b[1]);
+        mma_bf16(acc[1], a, b[2], b[3]);
+    }
+}
+
+// st += Y^T R over the chunk's BT rows (Y [BT][dkp + 8], R [BT][BV + 8]): the state's update from a chunk
+__device__ __forceinline__ void gdn_state_update(float st[GDN_SMMA_MT][4][4], const __nv_bfloat16* Y,
+                                                 const __nv_bfloat16* R, int dkp, int warp, int lane) {
+    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+    const int ld = dkp + 8;
+    #pragma unroll
+    for (int i = 0; i < GDN_SMMA_MT; i++) {
+        const int m0 = 16 * (warp + 8 * i);
+        if (m0 >= dkp) { break; }
+        #pragma unroll
+        for (int k0 = 0; k0 < GDN_CHUNK; k0 += 16) {
+            uint32_t a[4];
+            ldsm_x4_trans(a, Y + ldsm_a_km_off(ld, m0, k0, lane));
+            #pragma unroll
+            for (int p = 0; p < 2; p++) {
+                uint32_t b[4];
+                ldsm_x4_trans(b, R + ldsm_b_kn_off(LDV, k0, 16 * p, lane));
+                mma_bf16(st[i][2 * p], a, b[0], b[1]);
+                mma_bf16(st[i][2 * p + 1], a, b[2], b[3]);
+            }
+        }
+    }
+}
+
+// st *= gam (per head, the same on every row) or diag(gam) st with gam[d] = exp(G[d]) (per channel, G the chunk's
+// last row of G over dk in shared memory)
+template <bool CH>
+__device__ __forceinline__ void gdn_state_decay(float st[GDN_SMMA_MT][4][4], const float* G, float gam, int dkp,
+                                                int warp, int lane) {
+    #pragma unroll
+    for (int i = 0; i < GDN_SMMA_MT; i++) {
+        const int r = 16 * (warp + 8 * i) + (lane >> 2);
+        if (r >= dkp) { break; }
+        const float g0 = CH ? expf(G[r]) : gam, g1 = CH ? expf(G[r + 8]) : gam;
+        #pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            st[i][nt][0] *= g0;
+            st[i][nt][1] *= g0;
+            st[i][nt][2] *= g1;
+            st[i][nt][3] *= g1;
+        }
+    }
+}
+
+// the chunk's G into sm.G: per head G[0 .. BT) of the chunk, per channel its last row G[BT - 1][0 .. dk) (zeros to dkp)
+template <bool CH>
+__device__ __forceinline__ void gdn_state_load_G(float* Gs, const float* G_saved, size_t c, int dk) {
+    if (CH) {
+        tile_load_async(Gs, 0, 1, round16_dev(dk), G_saved + (c * GDN_CHUNK + GDN_CHUNK - 1) * dk, 0, 1, dk);
+    } else {
+        tile_load_async(Gs, 0, 1, GDN_CHUNK, G_saved + c * GDN_CHUNK, 0, 1, GDN_CHUNK);
+    }
+}
+
+// the chunk's write keys into s [BT][dkp + 8]: Kw from the input, zero on padded rows (per channel the saved Kwe)
+template <bool CH>
+__device__ __forceinline__ void gdn_state_load_kw(__nv_bfloat16* s, const __nv_bfloat16* kw, int ld_kw,
+                                                  const __nv_bfloat16* Kwe_saved, const GdnChunkPos& p, int dk) {
+    const int dkp = round16_dev(dk);
+    if (CH) {
+        tile_load_async(s, dkp + 8, GDN_CHUNK, dkp, Kwe_saved + p.c * GDN_CHUNK * dk, dk, GDN_CHUNK, dk);
+    } else {
+        tile_load_async(s, dkp + 8, GDN_CHUNK, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+    }
+}
+
+template <GdnDecay DECAY>
+__global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
+gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const float* G_saved,
+                         const __nv_bfloat16* W_saved, const __nv_bfloat16* U_work, const __nv_bfloat16* kw, int ld_kw,
+                         const __nv_bfloat16* Kwe_saved, int T, int H, int NT, int dk, int dv) {
+    constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const int dkp = round16_dev(dk), ldk = dkp + 8;
+    GdnStateMmaSmem sm((size_t)gdn_smem, dkp, false);
+    const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
+
+    const auto load_first = [&](int n) {   // W, U and G of chunk n
+        const size_t c = (size_t)bh * NT + n;
+        tile_load_async(sm.X, ldk, BT, dkp, W_saved + c * BT * dk, dk, BT, dk);
+        tile_load_async(sm.V, LDV, BT, BV, U_work + c * BT * dv + v0, dv, BT, dv - v0);
+        gdn_state_load_G<CH>(sm.G, G_saved, c, dk);
+        cp_async_commit();
+    };
+    const auto load_second = [&](int n) {   // Kw (per channel Kwe) of chunk n
+        gdn_state_load_kw<CH>(sm.Y, kw, ld_kw, Kwe_saved, gdn_chunk_pos((size_t)bh * NT + n, T, H, NT), dk);
+        cp_async_commit();
+    };
+
+    float st[GDN_SMMA_MT][4][4] = {};   // S_0 = 0
+    load_first(0);
+    load_second(0);
+    for (int n = 0; n < NT; n++) {
+        const size_t c = (size_t)bh * NT + n;
+        cp_async_wait<1>();   // this chunk's W, U and G (its Kw may still be in flight)
+        gdn_state_to_op(sm.op, st, dkp, warp, lane);
+        __syncthreads();
+        gdn_state_save(h_saved + c * dk * dv, sm.op, dk, dv, v0);   // h_n = S
+        float ws[2][4];
+        gdn_state_chunk_product(ws, sm.X, sm.op, dkp, warp, lane);   // W S
+        // Vn = U - W S (saved); P = diag(exp(G_BT - G)) Vn (per channel Vn)
+        const float G_last = CH ? 0.0f : sm.G[BT - 1];
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = cr + 8 * hr;
+            const float e = CH ? 1.0f : expf(G_last - sm.G[r]);
+            #pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int j = cc + 8 * nt;
+                const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(sm.V + r * LDV + j);
+                const float vn0 = __low2float(u) - ws[nt][2 * hr], vn1 = __high2float(u) - ws[nt][2 * hr + 1];
+                if (v0 + j < dv) {
+                    *reinterpret_cast<uint32_t*>(Vn_saved + (c * BT + r) * dv + v0 + j) = pack_bf16(vn0, vn1);
+                }
+                *reinterpret_cast<uint32_t*>(sm.P + r * LDV + j) = pack_bf16(e * vn0, e * vn1);
+            }
+        }
+        gdn_state_decay<CH>(st, sm.G, expf(G_last), dkp, warp, lane);   // S <- gam_BT S (per channel diag)
+        cp_async_wait<0>();   // this chunk's Kw
+        __syncthreads();      // P and Kw visible; W, U, G and op read by every warp
+        if (n + 1 < NT) { load_first(n + 1); }
+        gdn_state_update(st, sm.Y, sm.P, dkp, warp, lane);   // S += Kw^T P
+        __syncthreads();   // Kw and P read by every warp
+        if (n + 1 < NT) { load_second(n + 1); }
+    }
+}
+
+template <GdnDecay DECAY>
+__global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
+gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfloat16* dO, int ld_o,
+                         const __nv_bfloat16* q, int ld_qkv, const __nv_bfloat16* kw, int ld_kw, const float* G_saved,
+                         const __nv_bfloat16* W_saved, const __nv_bfloat16* Qg_saved, const __nv_bfloat16* Kwe_saved,
+                         int T, int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const int dkp = round16_dev(dk), ldk = dkp + 8;
+    GdnStateMmaSmem sm((size_t)gdn_smem, dkp, true);
+    const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
+
+    const auto load_first = [&](int n) {   // Kw (per channel Kwe) and G of chunk n
+        const GdnChunkPos p = gdn_chunk_pos((size_t)bh * NT + n, T, H, NT);
+        gdn_state_load_kw<CH>(sm.X, kw, ld_kw, Kwe_saved, p, dk);
+        gdn_state_load_G<CH>(sm.G, G_saved, p.c, dk);
+        cp_async_commit();
+    };
+    const auto load_second = [&](int n) {   // Q (per channel Qg), W and dO of chunk n
+        const GdnChunkPos p = gdn_chunk_pos((size_t)bh * NT + n, T, H, NT);
+        if (CH) {
+            tile_load_async(sm.Y, ldk, BT, dkp, Qg_saved + p.c * BT * dk, dk, BT, dk);
+        } else {
+            tile_load_async(sm.Y, ldk, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+        }
+        tile_load_async(sm.Z, ldk, BT, dkp, W_saved + p.c * BT * dk, dk, BT, dk);
+        tile_load_async(sm.V, LDV, BT, BV, dO + p.row0 * ld_o + (size_t)p.h * dv + v0, ld_o, p.L, dv - v0);
+        cp_async_commit();
+    };
+
+    float st[GDN_SMMA_MT][4][4] = {};   // dS_T = 0
+    load_first(NT - 1);
+    load_second(NT - 1);
+    for (int n = NT - 1; n >= 0; n--) {
+        const size_t c = (size_t)bh * NT + n;
+        float2 dvl[2][2];   // this thread's elements of dVl (the dvlocal kernel's), in flight during the product
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            #pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int r = cr + 8 * hr, j = cc + 8 * nt;
+                dvl[hr][nt] = v0 + j < dv ? *reinterpret_cast<const float2*>(dVn_work + (c * BT + r) * dv + v0 + j)
+                                          : make_float2(0.0f, 0.0f);
+            }
+        }
+        cp_async_wait<1>();   // this chunk's Kw and G (its Q, W and dO may still be in flight)
+        gdn_state_to_op(sm.op, st, dkp, warp, lane);
+        __syncthreads();
+        gdn_state_save(dE_work + c * dk * dv, sm.op, dk, dv, v0);   // dE_n = dE
+        float kde[2][4];
+        gdn_state_chunk_product(kde, sm.X, sm.op, dkp, warp, lane);   // Kw dE
+        const float G_last = CH ? 0.0f : sm.G[BT - 1];
+        float e[2], sg[2];   // exp(G_BT - G_r) and scale gam_r of the thread's rows (per channel 1: in Kwe and Qg)
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            e[hr] = CH ? 1.0f : expf(G_last - sm.G[cr + 8 * hr]);
+            sg[hr] = CH ? 1.0f : scale * expf(sm.G[cr + 8 * hr]);
+        }
+        gdn_state_decay<CH>(st, sm.G, expf(G_last), dkp, warp, lane);   // dE <- gam_BT dE (per channel diag)
+        cp_async_wait<0>();   // this chunk's Q, W and dO
+        __syncthreads();      // Kw, G and op read by every warp; Q, W and dO visible
+        if (n > 0) { load_first(n - 1); }
+        // dVn = dVl + diag(exp(G_BT - G)) Kw dE (saved over dVl); P = -dVn; V = diag(scale gam) dO in place
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = cr + 8 * hr;
+            #pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int j = cc + 8 * nt;
+                const float d0 = dvl[hr][nt].x + e[hr] * kde[nt][2 * hr], d1 = dvl[hr][nt].y + e[hr] * kde[nt][2 * hr + 1];
+                if (v0 + j < dv) { *reinterpret_cast<float2*>(dVn_work + (c * BT + r) * dv + v0 + j) = make_float2(d0, d1); }
+                *reinterpret_cast<uint32_t*>(sm.P + r * LDV + j) = pack_bf16(-d0, -d1);
+                if (!CH) {
+                    uint32_t* x = reinterpret_cast<uint32_t*>(sm.V + r * LDV + j);
+                    const __nv_bfloat162 o = *reinterpret_cast<const __nv_bfloat162*>(x);
+                    *x = pack_bf16(sg[hr] * __low2float(o), sg[hr] * __high2float(o));
+                }
+            }
+        }
+        __syncthreads();   // P and the scaled dO visible
+        gdn_state_update(st, sm.Y, sm.V, dkp, warp, lane);   // dE += (scale diag(gam) Q)^T dO (per channel Qg^T dO)
+        gdn_state_update(st, sm.Z, sm.P, dkp, warp, lane);   // dE -= W^T dVn
+        __syncthreads();   // Q, W, dO and P read by every warp
+        if (n > 0) { load_second(n - 1); }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
 // dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
 //   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
@@ -1482,7 +1783,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
                                      const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                      const float* beta, const float* g, int g_stride,
                                      int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                     cudaEvent_t* marks) {
+                                     cudaEvent_t* marks, bool state_registers) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -1504,10 +1805,21 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
         Tm, G, W, U, A0, Aqk, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
-    const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
-    gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc, DECAY>, s2);
-    gdn_fwd_state_kernel<Tin, Tc, DECAY><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s2, stream>>>(
-        h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
+    const dim3 state_grid(ceil_div(dv, GDN_STATE_BV), B * H);
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+        if (state_registers) {
+            const size_t s2 = GdnStateMmaSmem(0, dkp, false).bytes;
+            gdn_set_smem(gdn_fwd_state_mma_kernel<DECAY>, s2);
+            gdn_fwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s2, stream>>>(
+                h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
+        }
+    }
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !state_registers) {
+        const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
+        gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc, DECAY>, s2);
+        gdn_fwd_state_kernel<Tin, Tc, DECAY><<<state_grid, GDN_STATE_THREADS, s2, stream>>>(
+            h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
     const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
@@ -1518,12 +1830,15 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 2, stream);
 }
 
+// state_registers: with Tc = bf16 the state passes run on register tiles (gdn_fwd_state_mma_kernel and
+// gdn_bwd_state_mma_kernel); false runs the shared-memory kernels that Tc = float always runs (the labs' previous
+// version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                    const float* beta, const float* g, int g_stride, GdnDecay decay,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                   cudaEvent_t* marks = nullptr) {
+                                   cudaEvent_t* marks = nullptr, bool state_registers = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -1534,10 +1849,12 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
     if (decay == GDN_DECAY_CHANNEL) {
         if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
-                                                             beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks);
+                                                             beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
+                                                             state_registers);
     } else {
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_HEAD>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
-                                                          beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks);
+                                                          beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
+                                                             state_registers);
     }
 }
 
@@ -1547,7 +1864,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                       void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                       const Tin* kw, int ld_kw, const float* beta,
                                       int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                      cudaEvent_t* marks) {
+                                      cudaEvent_t* marks, bool state_registers) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -1574,10 +1891,21 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                                                                 G, Aqk, T, H, NT, dk, dv, scale);
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
-    const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
-    gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc, DECAY>, s3);
-    gdn_bwd_state_kernel<Tin, Tc, DECAY><<<dim3(ceil_div(dv, GDN_STATE_BV), B * H), GDN_STATE_THREADS, s3, stream>>>(
-        dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
+    const dim3 state_grid(ceil_div(dv, GDN_STATE_BV), B * H);
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+        if (state_registers) {
+            const size_t s3 = GdnStateMmaSmem(0, dkp, true).bytes;
+            gdn_set_smem(gdn_bwd_state_mma_kernel<DECAY>, s3);
+            gdn_bwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s3, stream>>>(
+                dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
+        }
+    }
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !state_registers) {
+        const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
+        gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc, DECAY>, s3);
+        gdn_bwd_state_kernel<Tin, Tc, DECAY><<<state_grid, GDN_STATE_THREADS, s3, stream>>>(
+            dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
     if constexpr (DECAY == GDN_DECAY_CHANNEL) {
@@ -1608,7 +1936,7 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
                                     void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                     const Tin* kw, int ld_kw, const float* beta, GdnDecay decay,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                    cudaEvent_t* marks = nullptr) {
+                                    cudaEvent_t* marks = nullptr, bool state_registers = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -1622,11 +1950,13 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
         if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                               grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
-                                                              ld_kw, beta, B, T, H, dk, dv, scale, stream, marks);
+                                                              ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
+                                                              state_registers);
     } else {
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_HEAD>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                            grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
-                                                           ld_kw, beta, B, T, H, dk, dv, scale, stream, marks);
+                                                           ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
+                                                              state_registers);
     }
 }
 

@@ -832,14 +832,13 @@ __device__ __forceinline__ void gka_warp_mma(float acc[NT][4], const GkaTile& A,
                                              int ldb, int n0, int lane) {
     #pragma unroll 2
     for (int kc = 0; kc < KD / 16; kc++) {
-        const int ao = (row0 + (lane & 15)) * lda + kc * 16 + (lane >> 4) * 8;
+        const int ao = ldsm_a_off(lda, row0, kc * 16, lane);
         uint32_t ah[4], al[4];
         ldsm_x4(ah, A.hi + ao);
         if (A_LO) { ldsm_x4(al, A.lo + ao); }
         #pragma unroll
         for (int p = 0; p < NT / 2; p++) {   // n-tiles 2p and 2p + 1
-            const int bo = B_KN ? (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + p * 16 + (lane >> 4) * 8
-                                : (n0 + p * 16 + (lane & 7) + ((lane >> 4) << 3)) * ldb + kc * 16 + ((lane >> 3) & 1) * 8;
+            const int bo = B_KN ? ldsm_b_kn_off(ldb, kc * 16, n0 + p * 16, lane) : ldsm_b_nk_off(ldb, kc * 16, n0 + p * 16, lane);
             uint32_t bf[4], bl[4];
             if (B_KN) { ldsm_x4_trans(bf, Bm.hi + bo); } else { ldsm_x4(bf, Bm.hi + bo); }
             if (B_LO) {

@@ -1,8 +1,9 @@
 /*
 kernels/mma.cuh: warp-level tensor-core primitives shared by the kernels that keep their tiles in registers
-(kernels/attention.cuh's flash attention, kernels/gka.cuh's Chebyshev solve): ldmatrix fragment loads from shared
-memory, mma.sync m16n8k16 (bf16 inputs, fp32 accumulation), the bf16 packing of fp32 values, and named barriers
-(a part of a CTA waiting for itself).
+(kernels/attention.cuh's flash attention, kernels/gka.cuh's Chebyshev solve, kernels/gdn_chunk.cuh's state passes):
+ldmatrix fragment loads from shared memory and the lane offsets they take, mma.sync m16n8k16 (bf16 inputs, fp32
+accumulation), the bf16 packing of fp32 values, named barriers (a part of a CTA waiting for itself), and cp.async
+(global to shared memory copies in flight while the CTA computes).
 
 mma.sync m16n8k16 fragments (lane = 4 * g + t4):
   A (16x16, row-major): a[0] = A[g][2t4..+1], a[1] = A[g+8][2t4..+1], a[2] = A[g][2t4+8..+9], a[3] = A[g+8][2t4+8..+9]
@@ -37,6 +38,23 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
                  : "r"(smem_addr(p)));
 }
 
+// element offsets, in a tile of row stride ld, of the row each lane hands to ldmatrix.x4 for one fragment:
+// the A fragment (rows m0 .., columns k0 .., 16 x 16) of A stored [m][k] (ldsm_x4) or stored [k][m] (A = the stored
+// tile transposed; ldsm_x4_trans); the B fragments of two n-tiles (k0 .. k0 + 15, n0 .. n0 + 15; r[0..1] the first
+// n-tile's b0, b1, r[2..3] the second's) of B stored [k][n] (ldsm_x4_trans) or stored [n][k] (ldsm_x4)
+__device__ __forceinline__ int ldsm_a_off(int ld, int m0, int k0, int lane) {
+    return (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ int ldsm_a_km_off(int ld, int m0, int k0, int lane) {
+    return (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8;
+}
+__device__ __forceinline__ int ldsm_b_kn_off(int ld, int k0, int n0, int lane) {
+    return (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ int ldsm_b_nk_off(int ld, int k0, int n0, int lane) {
+    return (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
+}
+
 // c += a * b (m16n8k16, bf16 inputs, fp32 accumulation)
 __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -57,6 +75,21 @@ __device__ __forceinline__ void c_frags_to_a(uint32_t a[4], const float c0[4], c
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// 16 bytes from global src to shared dst, asynchronously (cp.async.cg: through L2 only); the last 16 - src_bytes
+// bytes are zeros (src_bytes = 0: all zeros, src is not read). A thread's copies are complete after its
+// cp_async_wait; other threads see them after a barrier that follows the wait.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+// closes the group of this thread's copies issued since the last commit
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+// waits until at most N of this thread's committed groups (the newest) are still in flight
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 #endif // TRAIN_KLA_KERNELS_MMA_CUH

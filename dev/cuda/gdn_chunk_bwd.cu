@@ -3,7 +3,7 @@ Kernel lab: the Gated DeltaNet core backward (spec/gdn_kaczmarz.md 2.4, 3.4), ke
 
 Build and run (from dev/cuda):
   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_bwd.cu -o gdn_chunk_bwd_bin
-  ./gdn_chunk_bwd_bin 3
+  ./gdn_chunk_bwd_bin 4
 
 Versions (first argument):
   1  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_*_impl<Tin, float>)
@@ -13,7 +13,11 @@ Versions (first argument):
      slab, q / k / kbg in tiles of their own loaded with the first dv slab of each dk slab, phase 4 reading dk
      back during its K load instead of element by element), the state kernel on 256 threads instead of 128,
      and the forward changes of gdn_chunk_fwd version 4. (Prefetching the state kernel's next-chunk tiles into
-     registers was measured slower at 128 threads: 0.84 vs 0.68 ms, register spills at 3 CTAs per SM.)
+     registers was measured slower at 128 threads: 0.84 vs 0.68 ms, register spills at 3 CTAs per SM.) It is
+     now the trainer's kernels with the shared-memory state kernels (which the fp32 build keeps)
+  4  the trainer's kernels (bf16 inputs): version 3 with both state passes on register tiles
+     (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel: the state in mma.sync fragments for the whole
+     sequence, the next chunk's tiles copied by cp.async during the current one)
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at three shapes
@@ -129,8 +133,9 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
     } else if (version == 2) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                                    scale, 0);
-    } else {
-        gdn_chunk_forward<Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+    } else {   // version 3: the shared-memory state kernel
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv,
+                                         scale, 0, nullptr, version == 4);
     }
 }
 
@@ -150,9 +155,9 @@ static void run_backward(int version, float* dqkv, float* dbeta, float* dg, cons
     } else if (version == 2) {
         gdn_prev_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta,
                                                g, s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
-    } else if (marks) {   // the same launches as gdn_chunk_backward, with the per-kernel marks
+    } else if (marks || version == 3) {   // the launches of gdn_chunk_backward, with the per-kernel marks
         gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
-                                          s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
+                                          s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks, version == 4);
     } else {
         gdn_chunk_backward<Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
                                 s.B, s.T, s.H, s.dk, s.dv, scale, 0);
@@ -246,8 +251,8 @@ static int validate(int version, Shape s, int kla) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 3;
-    if (version < 1 || version > 3) { die("version must be 1, 2 or 3 (got %s)", argv[1]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 4;
+    if (version < 1 || version > 4) { die("version must be 1, 2, 3 or 4 (got %s)", argv[1]); }
     printf("gdn_chunk_bwd version %d\n", version);
 
     int ok = 1;

@@ -3,7 +3,7 @@ Kernel lab: the Gated DeltaNet core forward (spec/gdn_kaczmarz.md 2.1, 3.1-3.3),
 
 Build and run (from dev/cuda):
   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_fwd.cu -o gdn_chunk_fwd_bin
-  ./gdn_chunk_fwd_bin 4
+  ./gdn_chunk_fwd_bin 5
 
 Versions (first argument):
   1  token-by-token recurrence of spec 2.1 on the GPU: one CTA per (b, h, 32 dv columns), the state in registers
@@ -15,7 +15,11 @@ Versions (first argument):
      output kernel on dv tiles of 2 SL columns (Q K^T once per chunk at dv <= 128, two CTAs per SM).
      Measured and dropped: prefetching the state kernel's next-chunk tiles into registers (0.548 -> 0.528 ms
      at 128 threads; at 256 threads it spills and is no faster than without), and 512 threads in the intra
-     kernel (0.436 vs 0.420 ms)
+     kernel (0.436 vs 0.420 ms). It is now the trainer's kernels with the shared-memory state kernel
+     (gdn_fwd_state_kernel, which the fp32 build keeps)
+  5  the trainer's kernels (bf16 inputs): version 4 with the state pass on register tiles
+     (gdn_fwd_state_mma_kernel: the state in mma.sync fragments for the whole sequence, the next chunk's tiles
+     copied by cp.async during the current one)
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at three shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size), for GDN-like inputs
@@ -30,7 +34,7 @@ Tolerances on the relative L2 error of o:
        roundings compound to ~4e-3 (spec 5) and the KLA inputs (large Tm entries) a little more.
 The run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16, with
 TFLOP/s from spec 3.7: F_fwd = 6 dk dv + 6 BT dk + 4 BT dv + BT^2/3 per token and head, and the time of each
-kernel (versions 2-4; cudaEvents between the launches).
+kernel (versions 2-5; cudaEvents between the launches).
 */
 #include <math.h>
 #include <string.h>
@@ -107,6 +111,9 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
     } else if (version == 3) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                               scale, 0, marks);
+    } else if (version == 4) {
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+                                         marks, false);
     } else if (marks) {   // the same launches as gdn_chunk_forward, with the per-kernel marks
         gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                          marks);
@@ -155,8 +162,8 @@ static int validate(int version, Shape s, int kla) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 4;
-    if (version < 1 || version > 4) { die("version must be 1, 2, 3 or 4 (got %s)", argv[1]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 5;
+    if (version < 1 || version > 5) { die("version must be 1 .. 5 (got %s)", argv[1]); }
     printf("gdn_chunk_fwd version %d\n", version);
 
     int ok = 1;

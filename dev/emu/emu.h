@@ -8,7 +8,7 @@
 // instructions are emulated the same way: ldmatrix (each lane's row address through the warp's buffer, then the
 // PTX fragment layout), mma.sync m16n8k16 (every lane's fragments through the buffer, then each lane's C elements
 // as fp32 sums in k order; the tensor cores' own order and rounding may differ in the last bits) and named
-// barriers (one std::barrier per id and CTA, sized by its first arrival).
+// barriers (one std::barrier per id and CTA, sized by its first arrival); a cp.async copies at once.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -116,6 +116,11 @@ static void emu_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
         c[i] += sum;
     }
 }
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes: done at once (the zeros too), so commit and wait are no-ops
+static void emu_cp_async16(void* dst, const void* src, int src_bytes) {
+    memcpy(dst, src, src_bytes);
+    memset((char*)dst + src_bytes, 0, 16 - src_bytes);
+}
 static void emu_launch(dim3 grid, dim3 block, const std::function<void()>& body) {
     if (block.y != 1 || block.z != 1) { fprintf(stderr, "emu: 1-D blocks only\n"); exit(1); }
     for (unsigned bz = 0; bz < grid.z; bz++) for (unsigned by = 0; by < grid.y; by++) for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -137,6 +142,15 @@ static void emu_launch(dim3 grid, dim3 block, const std::function<void()>& body)
         }
         for (auto& x : th) { x.join(); }
     }
+}
+// the checks' measure: sqrt(sum (a - b)^2 / sum b^2) over cnt rows of n columns from off, row stride stride
+static double rel(const std::vector<float>& a, const std::vector<float>& b, size_t off, size_t stride, size_t n, size_t cnt) {
+    double num = 0, den = 0;
+    for (size_t r = 0; r < cnt; r++) for (size_t j = 0; j < n; j++) {
+        double x = a[r * stride + off + j], y = b[r * stride + off + j];
+        num += (x - y) * (x - y); den += y * y;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
 }
 static cudaError_t emu_ok(...) { return cudaSuccess; }
 static cudaError_t emu_attr(int* v, ...) { *v = 232448; return cudaSuccess; }   // an H100/H200's opt-in shared memory

@@ -1,6 +1,6 @@
 // dev/emu/gka_inputs.h: the gka core's inputs as dev/cuda/gka_core.cu draws them (unit q_hat, beta-scaled k and v,
 // alpha and log decays, a near-1 decay stretch over the middle third of the sequence, dO uniform in [-1, 1]), and
-// the relative L2 error the emulator checks report. Included after kernels/gka.cuh (floatX, from_float).
+// Included after kernels/gka.cuh (floatX, from_float).
 #pragma once
 #include <random>
 #include <vector>
@@ -34,14 +34,4 @@ static GkaInputs gka_emu_inputs(int B, int T, int H, int dk, int dv) {
         in.g[(size_t)r * H + h] = (t >= T / 3 && t < 2 * T / 3) ? -1e-3f * U(rng) : -U(rng);
     }
     return in;
-}
-
-// sqrt(sum (a - b)^2 / sum b^2) over cnt rows of n columns from off, row stride stride
-static double rel(const std::vector<float>& a, const std::vector<float>& b, size_t off, size_t stride, size_t n, size_t cnt) {
-    double num = 0, den = 0;
-    for (size_t r = 0; r < cnt; r++) for (size_t j = 0; j < n; j++) {
-        double x = a[r * stride + off + j], y = b[r * stride + off + j];
-        num += (x - y) * (x - y); den += y * y;
-    }
-    return sqrt(num / (den > 0 ? den : 1));
 }

@@ -30,17 +30,6 @@ memory with NaN, so a read of an unwritten element shows).
 
 static const double TOLERANCE = 1e-4;
 
-// relative L2 of a against b over cnt rows of n columns at off (row stride stride)
-static double rel(const std::vector<float>& a, const std::vector<float>& b, size_t off, size_t stride, size_t n,
-                  size_t cnt) {
-    double num = 0, den = 0;
-    for (size_t r = 0; r < cnt; r++) for (size_t j = 0; j < n; j++) {
-        const double x = a[r * stride + off + j], y = b[r * stride + off + j];
-        num += (x - y) * (x - y); den += y * y;
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 static int check(const char* what, double e) {
     const int ok = e <= TOLERANCE;   // a NaN fails the comparison too
     printf("  %-10s rel L2 %.3e  %s\n", what, e, ok ? "PASS" : "FAIL");

@@ -7,7 +7,8 @@ transform.py: the CUDA kernel headers (kernels/*.cuh) as host C++ for dev/emu/em
 - The tensor-core products of kernels/chunk_tiles.cuh are only declared, so only the CUDA-core instantiations can run:
   `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false> (not the
   register-tile ones, whose template argument is not the products' kind).
-- The inline PTX of kernels/mma.cuh (ldmatrix, mma.sync, named barriers) becomes calls of emu.h's emulations.
+- The inline PTX of kernels/mma.cuh (ldmatrix, mma.sync, named barriers, cp.async) becomes calls of emu.h's
+  emulations (a cp.async copies at once: its commit and wait do nothing).
 Usage: python3 dev/emu/transform.py SRC_DIR DST_DIR (every file is copied, the .cuh files transformed)
 """
 import re, sys, os
@@ -24,7 +25,8 @@ for root, _, files in os.walk(src):
                 s = s[:a] + 'template <bool A_T, bool B_T> void cta_mm_tf32(float*, int, const float*, int, const float*, int, int, int, int, bool, bool = true);\n' + s[b:]
             if fn == 'mma.cuh':   # PTX: each function's asm statement becomes its emulation
                 calls = {'named_barrier_sync': 'emu_named_barrier(id, threads);', 'ldsm_x4': 'emu_ldsm_x4(r, p, false);',
-                         'ldsm_x4_trans': 'emu_ldsm_x4(r, p, true);', 'mma_bf16': 'emu_mma_bf16(c, a, b0, b1);'}
+                         'ldsm_x4_trans': 'emu_ldsm_x4(r, p, true);', 'mma_bf16': 'emu_mma_bf16(c, a, b0, b1);',
+                         'cp_async16': 'emu_cp_async16(dst, src, src_bytes);', 'cp_async_commit': '', 'cp_async_wait': ''}
                 for fname, call in calls.items():
                     m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*asm volatile\((?:.|\n)*?\);\n', s)
                     assert m, fname

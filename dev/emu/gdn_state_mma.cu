@@ -1,0 +1,125 @@
+/*
+dev/emu/gdn_state_mma.cu: kernels/gdn_chunk.cuh's register-tile state passes (gdn_fwd_state_mma_kernel,
+gdn_bwd_state_mma_kernel: the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu version 5 / gdn_chunk_bwd.cu version 4)
+against the shared-memory state kernels with fp32 CUDA-core products (gdn_fwd_state_kernel<float, float>,
+gdn_bwd_state_kernel<float, float>), both run on the CPU by dev/emu/emu.h's emulator (ldmatrix, mma.sync and cp.async
+emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel: pkda). The kernels get the same
+inputs, drawn here as the intra kernel leaves them (W, U, Kwe, Qg zero on a partial chunk's padded rows, G a chunk
+cumsum of log decays in [-0.2, 0] per head, per channel of channel-dependent strength up to 2 per token), the bf16
+kernels as bf16 and the fp32 ones as the same values in fp32; dVl (fp32) is the dvlocal kernel's output.
+Outputs: h, Vn (forward), dE and dVn (backward), compared by relative L2 error.
+Tolerance 1e-2: the register tiles round the state operand (h, dE), the second product's operand (Vn exp(G_BT - G)
+or -dVn) and the scaled dO to bf16 (2^-9 relative each), where the fp32 kernels keep fp32; a few such roundings
+compound to a few 1e-3, while a missing or wrong term is O(1) off. Shapes: dk, dv = 24, 40 at T = 150 (dk padded
+to 32: warps without state rows; a CTA with 8 of its 32 columns; a partial last chunk), and dk, dv = 136, 24 at
+T = 100 (two state row blocks per warp). Measured at T = 150, dk, dv = 24, 40: per head h 2.3e-3, Vn 1.6e-3,
+dE 2.5e-3, dVn 7.8e-4; per channel h 2.5e-3, Vn 2.5e-3, dE 2.9e-3, dVn 2.3e-3 (h and Vn are stored in bf16: 2^-9
+relative rounding alone).
+Negative control (dev/emu/run.sh): the backward without dE -= W^T dVn must fail.
+Usage: gdn_state_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
+*/
+#include "emu.h"
+#include "kernels/common.cuh"
+#undef cudaCheckLaunch
+#define cudaCheckLaunch() do {} while (0)
+#include "kernels/gdn_chunk.cuh"
+#include <random>
+
+typedef __nv_bfloat16 bf16;
+
+static std::vector<bf16> to_bf16(const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) { out[i] = __float2bfloat16(v[i]); }
+    return out;
+}
+static std::vector<float> to_floats(const std::vector<bf16>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); i++) { out[i] = __bfloat162float(v[i]); }
+    return out;
+}
+
+template <GdnDecay DECAY>
+static int check(int B, int T, int H, int dk, int dv) {
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, GW = CH ? dk : 1;
+    const float scale = 1.0f / sqrtf((float)dk);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };   // bf16-representable values
+    // per-chunk inputs [c][BT][width], zero on the padded rows of the last chunk
+    const auto chunk_rows = [&](int width, float sd) {
+        std::vector<float> x((size_t)nch * BT * width);
+        for (int c = 0; c < nch; c++) for (int r = 0; r < BT; r++) for (int j = 0; j < width; j++) {
+            x[((size_t)c * BT + r) * width + j] = (c % NT) * BT + r < T ? bf(sd * N(rng)) : 0.0f;
+        }
+        return x;
+    };
+    std::vector<float> W = chunk_rows(dk, 1.0f / sqrtf((float)dk)), Uw = chunk_rows(dv, 1.0f);
+    std::vector<float> Kwe = chunk_rows(dk, 1.0f / sqrtf((float)dk)), Qg = chunk_rows(dk, scale / sqrtf((float)dk));
+    std::vector<float> dVl((size_t)nch * BT * dv);
+    for (auto& x : dVl) { x = N(rng); }
+    std::vector<float> kw((size_t)B * T * H * dk), q(kw.size()), dO((size_t)B * T * H * dv);
+    for (auto& x : kw) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : q) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : dO) { x = bf(2 * U(rng) - 1); }
+    std::vector<float> G((size_t)nch * BT * GW);   // chunk cumsums; g = 0 on padded rows
+    for (int c = 0; c < nch; c++) for (int j = 0; j < GW; j++) {
+        float acc = 0.0f;
+        const float strength = CH ? 2.0f * (j + 1) / GW : 0.2f;
+        for (int r = 0; r < BT; r++) {
+            if ((c % NT) * BT + r < T) { acc -= strength * U(rng); }
+            G[((size_t)c * BT + r) * GW + j] = acc;
+        }
+    }
+    const dim3 grid(ceil_div(dv, GDN_STATE_BV), B * H), block(GDN_STATE_THREADS);
+    std::vector<float> out[2][4];   // [fp32 kernels, register tiles][h, Vn, dE, dVn]
+    {   // the shared-memory kernels, fp32
+        std::vector<float> h((size_t)nch * dk * dv, NAN), Vn((size_t)nch * BT * dv, NAN), dE(h.size(), NAN), dVn = dVl;
+        emu_launch(grid, block, [&]() {
+            gdn_fwd_state_kernel<float, float, DECAY>(h.data(), Vn.data(), G.data(), W.data(), Uw.data(), kw.data(), H * dk,
+                                                      Kwe.data(), T, H, NT, dk, dv);
+        });
+        emu_launch(grid, block, [&]() {
+            gdn_bwd_state_kernel<float, float, DECAY>(dVn.data(), dE.data(), dO.data(), H * dv, q.data(), H * dk, kw.data(),
+                                                      H * dk, G.data(), W.data(), Qg.data(), Kwe.data(), T, H, NT, dk, dv,
+                                                      scale);
+        });
+        out[0][0] = h; out[0][1] = Vn; out[0][2] = dE; out[0][3] = dVn;
+    }
+    {   // the register tiles, bf16
+        const std::vector<bf16> Wb = to_bf16(W), Ub = to_bf16(Uw), Kweb = to_bf16(Kwe), Qgb = to_bf16(Qg), kwb = to_bf16(kw),
+            qb = to_bf16(q), dOb = to_bf16(dO);
+        std::vector<bf16> h((size_t)nch * dk * dv, __float2bfloat16(NAN)), Vn((size_t)nch * BT * dv, __float2bfloat16(NAN)),
+            dE(h.size(), __float2bfloat16(NAN));
+        std::vector<float> dVn = dVl;
+        emu_launch(grid, block, [&]() {
+            gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(), H * dk,
+                                            Kweb.data(), T, H, NT, dk, dv);
+        });
+        emu_launch(grid, block, [&]() {
+            gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk, kwb.data(), H * dk,
+                                            G.data(), Wb.data(), Qgb.data(), Kweb.data(), T, H, NT, dk, dv, scale);
+        });
+        out[1][0] = to_floats(h); out[1][1] = to_floats(Vn); out[1][2] = to_floats(dE); out[1][3] = dVn;
+    }
+    const char* names[4] = {"h", "Vn", "dE", "dVn"};
+    printf("%s decay, T=%d H=%d dk=%d dv=%d: register tiles against fp32 CUDA-core kernels, relative L2\n ",
+           CH ? "per-channel" : "per-head", T, H, dk, dv);
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
+        printf(" %s %.3e", names[i], e);
+        ok &= e <= 1e-2;   // a NaN fails the comparison too
+    }
+    printf("\n%s register-tile state passes = fp32 state kernels within 1e-2 (%s decay, T=%d dk=%d dv=%d)\n",
+           ok ? "PASS" : "FAIL", CH ? "per-channel" : "per-head", T, dk, dv);
+    return ok;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 4) { fprintf(stderr, "usage: gdn_state_mma T dk dv\n"); return 1; }
+    const int T = atoi(argv[1]), dk = atoi(argv[2]), dv = atoi(argv[3]);
+    const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv);
+    return ok ? 0 : 1;
+}
