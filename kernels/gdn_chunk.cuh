@@ -25,7 +25,9 @@ Kernels (one CTA per chunk unless said otherwise):
                                     (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads)
            3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per (chunk, 2 SL
                                     columns of dv): Q Kw^T is formed once per chunk for dv <= 2 SL
+                                    (bf16: gdn_fwd_output_mma_kernel, one CTA per chunk on register tiles)
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
+                                    (bf16: gdn_bwd_dvlocal_mma_kernel, as the output kernel's)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
                                     (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
@@ -1184,6 +1186,213 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// the output kernel and the dvlocal kernel on register tiles (Tc = bf16, what the bf16 trainer runs): forward
+// kernel 3 and backward kernel 2 above, the same math and the same operands rounded to bf16, as one CTA of 8 warps
+// per chunk with every product in mma.sync fragments (kernels/mma.cuh) and the tiles copied by cp.async in two
+// groups (the first product's, then the rest, in flight during the first product). Warp w holds the rows
+// 16 (w % 4) .. + 15 of the result and its column blocks of 64: w / 4, w / 4 + 2, ... < ceil(dv / 64); it forms
+// its 16 rows of the masked chunk product itself (the two warps of a row block both do), and keeps them as the A
+// fragments of the next product, never in shared memory.
+
+#define GDN_ATT_VB 64   // result columns per warp and block
+
+__host__ __device__ constexpr int gdn_round64(int x) { return (x + 63) / 64 * 64; }
+
+// the warp's 16 rows m0 .. of S = (A B^T) (.) D over the chunk's BT columns as bf16 A fragments pa[kc] (columns
+// 16 kc ..) of the next product; A, B [BT][ld] row-major over kd columns (a multiple of 16). D_ij = f exp(G_i - G_j)
+// for i >= j (LOWER: the output's Q Kw^T), or f exp(G_j - G_i) for j >= i (dvlocal's Kw Q^T), else 0.
+template <bool LOWER>
+__device__ __forceinline__ void gdn_masked_product(uint32_t pa[GDN_CHUNK / 16][4], const __nv_bfloat16* A,
+                                                   const __nv_bfloat16* Bm, int ld, int kd, int m0, const float* G,
+                                                   float f, int lane) {
+    float s[GDN_CHUNK / 8][4] = {};
+    for (int k0 = 0; k0 < kd; k0 += 16) {
+        uint32_t a[4];
+        ldsm_x4(a, A + ldsm_a_off(ld, m0, k0, lane));
+        #pragma unroll
+        for (int p = 0; p < GDN_CHUNK / 16; p++) {
+            uint32_t b[4];
+            ldsm_x4(b, Bm + ldsm_b_nk_off(ld, k0, 16 * p, lane));
+            mma_bf16(s[2 * p], a, b[0], b[1]);
+            mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+        }
+    }
+    const int i0 = m0 + (lane >> 2), j0 = 2 * (lane & 3);
+    #pragma unroll
+    for (int nt = 0; nt < GDN_CHUNK / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = i0 + 8 * (e >> 1), j = 8 * nt + j0 + (e & 1);
+            const bool keep = LOWER ? i >= j : j >= i;
+            s[nt][e] = keep ? f * s[nt][e] * expf(LOWER ? G[i] - G[j] : G[j] - G[i]) : 0.0f;
+        }
+    }
+    #pragma unroll
+    for (int kc = 0; kc < GDN_CHUNK / 16; kc++) { c_frags_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]); }
+}
+
+// acc (the warp's 16 rows x GDN_ATT_VB columns) += A X over k < kd: A's 16 rows m0 .. from shared memory, [m][k]
+// (A_KM: stored [k][m]) with row stride lda, or (pa != nullptr) the A fragments pa[kd / 16] in registers; X [k][ldx]
+// in shared memory from column n0
+template <bool A_KM>
+__device__ __forceinline__ void gdn_rows_times(float acc[GDN_ATT_VB / 8][4], const __nv_bfloat16* A, int lda,
+                                               const uint32_t (*pa)[4], int m0, int kd, const __nv_bfloat16* X,
+                                               int ldx, int n0, int lane) {
+    for (int k0 = 0; k0 < kd; k0 += 16) {
+        uint32_t a[4];
+        if (pa) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) { a[e] = pa[k0 / 16][e]; }
+        } else if (A_KM) {
+            ldsm_x4_trans(a, A + ldsm_a_km_off(lda, m0, k0, lane));
+        } else {
+            ldsm_x4(a, A + ldsm_a_off(lda, m0, k0, lane));
+        }
+        #pragma unroll
+        for (int p = 0; p < GDN_ATT_VB / 16; p++) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, X + ldsm_b_kn_off(ldx, k0, n0 + 16 * p, lane));
+            mma_bf16(acc[2 * p], a, b[0], b[1]);
+            mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// writes the warp's block acc (rows m0 + g, m0 + g + 8; columns n0 + 8 nt + 2 t4, + 1) as f * acc through
+// store(row, col, x0, x1) for rows < rows and columns < cols
+template <typename Store>
+__device__ __forceinline__ void gdn_rows_store(const float acc[GDN_ATT_VB / 8][4], int m0, int n0, int rows, int cols,
+                                               float f, int lane, Store store) {
+    #pragma unroll
+    for (int nt = 0; nt < GDN_ATT_VB / 8; nt++) {
+        const int col = n0 + 8 * nt + 2 * (lane & 3);
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = m0 + (lane >> 2) + 8 * hr;
+            if (r < rows && col < cols) { store(r, col, f * acc[nt][2 * hr], f * acc[nt][2 * hr + 1]); }
+        }
+    }
+}
+
+// shared memory of the output kernel: A0 [BT][dkp + 8] (Q; per channel Qg), A1 [BT][max(dkp, BT) + 8] (Kw; per
+// channel Aqk), Hs [dkp][dvq + 8] (h_n), X [BT][dvq + 8] (Vn), G [BT] (per head); dvq = dv rounded up to GDN_ATT_VB.
+// The dvlocal kernel's: A0 (Kw; per channel Aqk, [BT][BT + 8]), A1 (Q; per channel none), X (dO), G.
+struct GdnAttendMmaSmem {
+    __nv_bfloat16 *A0, *A1, *Hs, *X;
+    float* G;
+    size_t bytes;
+    __host__ __device__ GdnAttendMmaSmem(size_t base, int dkp, int dvq, bool output) {
+        const int w = dkp > GDN_CHUNK ? dkp : GDN_CHUNK;
+        SmemCarver cv(base);
+        A0 = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (w + 8));
+        A1 = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (w + 8));
+        Hs = cv.take<__nv_bfloat16>(output ? (size_t)dkp * (dvq + 8) : 0);
+        X = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dvq + 8));
+        G = cv.take<float>(GDN_CHUNK);
+        bytes = cv.off;
+    }
+};
+
+template <GdnDecay DECAY>
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+gdn_fwd_output_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* Aqk_saved, const __nv_bfloat16* q,
+                          int ld_qkv, const __nv_bfloat16* kw, int ld_kw, const float* G_saved,
+                          const __nv_bfloat16* h_saved, const __nv_bfloat16* Vn_saved, const __nv_bfloat16* Qg_saved,
+                          int T, int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvq = gdn_round64(dv), lda = (dkp > BT ? dkp : BT) + 8, ldx = dvq + 8;
+    GdnAttendMmaSmem sm((size_t)gdn_smem, dkp, dvq, true);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
+    // the first product's tiles (per head Q, Kw and G), then h_n and Vn (per channel also Qg and Aqk)
+    if (!CH) {
+        tile_load_async(sm.A0, lda, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+        tile_load_async(sm.A1, lda, BT, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+        tile_load_async(sm.G, 0, 1, BT, G_saved + p.c * BT, 0, 1, BT);
+    }
+    cp_async_commit();
+    if (CH) {
+        tile_load_async(sm.A0, lda, BT, dkp, Qg_saved + p.c * BT * dk, dk, BT, dk);
+        tile_load_async(sm.A1, lda, BT, BT, Aqk_saved + p.c * BT * BT, BT, BT, BT);
+    }
+    tile_load_async(sm.Hs, ldx, dkp, dvq, h_saved + p.c * dk * dv, dv, dk, dv);
+    tile_load_async(sm.X, ldx, BT, dvq, Vn_saved + p.c * BT * dv, dv, BT, dv);
+    cp_async_commit();
+    uint32_t pa[BT / 16][4];   // per head the warp's rows of (Q Kw^T) (.) M
+    if (!CH) {
+        cp_async_wait<1>();
+        __syncthreads();
+        gdn_masked_product<true>(pa, sm.A0, sm.A1, lda, dkp, m0, sm.G, 1.0f, lane);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < dv; n0 += 2 * GDN_ATT_VB) {
+        float acc[GDN_ATT_VB / 8][4] = {};
+        gdn_rows_times<false>(acc, sm.A0, lda, nullptr, m0, dkp, sm.Hs, ldx, n0, lane);   // Q h_n (per channel Qg h_n)
+        if (CH) {
+            gdn_rows_times<false>(acc, sm.A1, lda, nullptr, m0, BT, sm.X, ldx, n0, lane);   // + Aqk Vn
+        } else {
+            const float e0 = expf(sm.G[m0 + (lane >> 2)]), e1 = expf(sm.G[m0 + (lane >> 2) + 8]);   // diag(gam)
+            #pragma unroll
+            for (int nt = 0; nt < GDN_ATT_VB / 8; nt++) {
+                acc[nt][0] *= e0; acc[nt][1] *= e0; acc[nt][2] *= e1; acc[nt][3] *= e1;
+            }
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);   // + ((Q Kw^T) (.) M) Vn
+        }
+        __nv_bfloat16* out = o + p.row0 * ld_o + (size_t)p.h * dv;
+        gdn_rows_store(acc, m0, n0, p.L, dv, CH ? 1.0f : scale, lane, [&](int r, int col, float x0, float x1) {
+            *reinterpret_cast<uint32_t*>(out + (size_t)r * ld_o + col) = pack_bf16(x0, x1);
+        });
+    }
+}
+
+template <GdnDecay DECAY>
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, const __nv_bfloat16* q, int ld_qkv,
+                           const __nv_bfloat16* kw, int ld_kw, const float* G_saved, const __nv_bfloat16* Aqk_saved,
+                           int T, int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK;
+    constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvq = gdn_round64(dv), lda = (dkp > BT ? dkp : BT) + 8, ldx = dvq + 8;
+    GdnAttendMmaSmem sm((size_t)gdn_smem, dkp, dvq, false);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
+    if (CH) {
+        tile_load_async(sm.A0, lda, BT, BT, Aqk_saved + p.c * BT * BT, BT, BT, BT);
+    } else {
+        tile_load_async(sm.A0, lda, BT, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+        tile_load_async(sm.A1, lda, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+        tile_load_async(sm.G, 0, 1, BT, G_saved + p.c * BT, 0, 1, BT);
+    }
+    cp_async_commit();
+    tile_load_async(sm.X, ldx, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
+    cp_async_commit();
+    uint32_t pa[BT / 16][4];   // per head the warp's rows of scale (Kw Q^T) (.) M^T
+    if (!CH) {
+        cp_async_wait<1>();
+        __syncthreads();
+        gdn_masked_product<false>(pa, sm.A0, sm.A1, lda, dkp, m0, sm.G, scale, lane);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < dv; n0 += 2 * GDN_ATT_VB) {
+        float acc[GDN_ATT_VB / 8][4] = {};
+        if (CH) {
+            gdn_rows_times<true>(acc, sm.A0, lda, nullptr, m0, BT, sm.X, ldx, n0, lane);   // Aqk^T dO
+        } else {
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);
+        }
+        float* out = dVn_work + p.c * BT * dv;
+        gdn_rows_store(acc, m0, n0, BT, dv, 1.0f, lane, [&](int r, int col, float x0, float x1) {
+            *reinterpret_cast<float2*>(out + (size_t)r * dv + col) = make_float2(x0, x1);
+        });
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
 // dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
 //   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
@@ -1783,7 +1992,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
                                      const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                      const float* beta, const float* g, int g_stride,
                                      int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                     cudaEvent_t* marks, bool state_registers) {
+                                     cudaEvent_t* marks, bool register_tiles) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -1807,14 +2016,14 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 0, stream);
     const dim3 state_grid(ceil_div(dv, GDN_STATE_BV), B * H);
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
-        if (state_registers) {
+        if (register_tiles) {
             const size_t s2 = GdnStateMmaSmem(0, dkp, false).bytes;
             gdn_set_smem(gdn_fwd_state_mma_kernel<DECAY>, s2);
             gdn_fwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s2, stream>>>(
                 h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
         }
     }
-    if (!std::is_same<Tc, __nv_bfloat16>::value || !state_registers) {
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
         const size_t s2 = GdnStateSmem<Tc>(0, dkp).bytes;
         gdn_set_smem(gdn_fwd_state_kernel<Tin, Tc, DECAY>, s2);
         gdn_fwd_state_kernel<Tin, Tc, DECAY><<<state_grid, GDN_STATE_THREADS, s2, stream>>>(
@@ -1822,23 +2031,33 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     }
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
-    const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
-    gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc, DECAY>, s3);
-    gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
-        o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+        if (register_tiles) {
+            const size_t s3 = GdnAttendMmaSmem(0, dkp, gdn_round64(dv), true).bytes;
+            gdn_set_smem(gdn_fwd_output_mma_kernel<DECAY>, s3);
+            gdn_fwd_output_mma_kernel<DECAY><<<nchunks, GDN_THREADS, s3, stream>>>(
+                o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+        }
+    }
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
+        const size_t s3 = GdnOutputSmem<Tc>(0, DECAY).bytes;
+        gdn_set_smem(gdn_fwd_output_kernel<Tin, Tc, DECAY>, s3);
+        gdn_fwd_output_kernel<Tin, Tc, DECAY><<<dim3(nchunks, ceil_div(dvp, GdnTile<Tc>::VO)), GDN_THREADS, s3, stream>>>(
+            o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);
 }
 
-// state_registers: with Tc = bf16 the state passes run on register tiles (gdn_fwd_state_mma_kernel and
-// gdn_bwd_state_mma_kernel); false runs the shared-memory kernels that Tc = float always runs (the labs' previous
-// version)
+// register_tiles: with Tc = bf16 the state passes, the output and the dvlocal kernel run on register tiles
+// (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel, gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel); false
+// runs the shared-memory kernels that Tc = float always runs (the labs' previous version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                    const float* beta, const float* g, int g_stride, GdnDecay decay,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                   cudaEvent_t* marks = nullptr, bool state_registers = true) {
+                                   cudaEvent_t* marks = nullptr, bool register_tiles = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -1850,11 +2069,11 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
         if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                              beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                             state_registers);
+                                                             register_tiles);
     } else {
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_HEAD>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                           beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                             state_registers);
+                                                             register_tiles);
     }
 }
 
@@ -1864,7 +2083,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                       void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                       const Tin* kw, int ld_kw, const float* beta,
                                       int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                      cudaEvent_t* marks, bool state_registers) {
+                                      cudaEvent_t* marks, bool register_tiles) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -1885,22 +2104,32 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
     Tc* Z = (Tc*)(wk + WL.Z);
     float* ce = (float*)(wk + WL.ce);
 
-    const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
-    gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY>, s2);
-    gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw,
-                                                                                G, Aqk, T, H, NT, dk, dv, scale);
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+        if (register_tiles) {
+            const size_t s2 = GdnAttendMmaSmem(0, dkp, gdn_round64(dv), false).bytes;
+            gdn_set_smem(gdn_bwd_dvlocal_mma_kernel<DECAY>, s2);
+            gdn_bwd_dvlocal_mma_kernel<DECAY><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw,
+                                                                                   G, Aqk, T, H, NT, dk, dv, scale);
+        }
+    }
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
+        const size_t s2 = GdnDvlocalSmem<Tc>(0).bytes;
+        gdn_set_smem(gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY>, s2);
+        gdn_bwd_dvlocal_kernel<Tin, Tc, DECAY><<<nchunks, GDN_THREADS, s2, stream>>>(dVn, dO, ld_o, q, ld_qkv, kw, ld_kw,
+                                                                                    G, Aqk, T, H, NT, dk, dv, scale);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
     const dim3 state_grid(ceil_div(dv, GDN_STATE_BV), B * H);
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
-        if (state_registers) {
+        if (register_tiles) {
             const size_t s3 = GdnStateMmaSmem(0, dkp, true).bytes;
             gdn_set_smem(gdn_bwd_state_mma_kernel<DECAY>, s3);
             gdn_bwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s3, stream>>>(
                 dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
         }
     }
-    if (!std::is_same<Tc, __nv_bfloat16>::value || !state_registers) {
+    if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
         const size_t s3 = GdnBwdStateSmem<Tc>(0, dkp).bytes;
         gdn_set_smem(gdn_bwd_state_kernel<Tin, Tc, DECAY>, s3);
         gdn_bwd_state_kernel<Tin, Tc, DECAY><<<state_grid, GDN_STATE_THREADS, s3, stream>>>(
@@ -1936,7 +2165,7 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
                                     void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                     const Tin* kw, int ld_kw, const float* beta, GdnDecay decay,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                    cudaEvent_t* marks = nullptr, bool state_registers = true) {
+                                    cudaEvent_t* marks = nullptr, bool register_tiles = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -1951,12 +2180,12 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                               grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                               ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                              state_registers);
+                                                              register_tiles);
     } else {
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_HEAD>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                            grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                            ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                              state_registers);
+                                                              register_tiles);
     }
 }
 

@@ -103,9 +103,8 @@ static void shortconv_silu_forward(floatX* out, const floatX* proj, int ld_proj,
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// backward (spec 1.6). dy [B*T, D] fp32 = dL/d(SiLU output), overwritten in place with
+// backward (spec 1.6). dy [B*T, D] fp32 = dL/d(SiLU output);
 //   dpre[t, ch]    = dy[t, ch] * SiLU'(pre[t, ch])                  (pre recomputed from proj)
-// then
 //   dproj[s, ch]   = sum_j w[ch, j] * dpre[s + (W-1-j), ch]          (terms past the sequence end dropped)
 //   dconv_w[ch, j] += sum_{b, t} dpre[t, ch] * in[t - (W-1-j), ch]   (terms before the sequence start dropped)
 
@@ -114,46 +113,65 @@ static size_t shortconv_backward_scratch_bytes(int B, int T, int D, int W) {
     return (size_t)B * ceil_div(T, SHORTCONV_T_TILE) * D * W * sizeof(float);
 }
 
-// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch walks the tokens of
-// its tile in order with the conv window in registers (one new input per token): it recomputes the
-// pre-activation, overwrites dy with dpre = dy SiLU'(pre), and sums dpre[t, ch] * in[t - (W-1-j), ch] for every
-// tap j into its partial row of dconv_w
+// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch walks the tokens t of
+// its tile and the W-1 after it in order, with a window of inputs and one of dpre in registers: at token t it
+// recomputes the pre-activation and dpre[t] (0 past the sequence end), adds dpre[t] * in[t - (W-1-j)] into its
+// partial of dconv_w[ch, j] (t in its tile only), and writes dproj[s] = sum_j w[j] dpre[s + W-1-j] for
+// s = t - (W-1) (s in its tile only). The W-1 tokens after the tile are the next tile's too, recomputed there, so
+// dpre never goes through global memory: one pass reads dy and proj and writes dproj.
 template <int W>
-__global__ void shortconv_dpre_dw_kernel(float* __restrict__ dy, float* __restrict__ dw_partial,
-                                         const floatX* __restrict__ proj, int ld_proj,
-                                         const float* __restrict__ conv_w, int T, int D) {
+__global__ void shortconv_backward_kernel(floatX* __restrict__ dproj, int ld_proj, float* __restrict__ dw_partial,
+                                          const float* __restrict__ dy, const floatX* __restrict__ proj,
+                                          const float* __restrict__ conv_w, int T, int D) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= D) { return; }
     const int b = blockIdx.z, tile = blockIdx.y;
     const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
     const floatX* in = proj + (size_t)b * T * ld_proj + ch;
-    float* d = dy + (size_t)b * T * D + ch;
-    float w[W], win[W], acc[W];
+    const float* d = dy + (size_t)b * T * D + ch;
+    floatX* out = dproj + (size_t)b * T * ld_proj + ch;
+    float w[W], win[W], dwin[W], acc[W];   // dwin[W-1-j] = dpre[t - j]
     #pragma unroll
     for (int j = 0; j < W; j++) {
         w[j] = conv_w[ch * W + j];
         const int s = t0 - (W - 1) + j;   // win[j] = the input at t - (W-1) + j, for t = t0
         win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
+        dwin[j] = 0.0f;
         acc[j] = 0.0f;
     }
-    for (int t = t0; t < t1; t++) {
-        float pre = 0.0f;
+    for (int t = t0; t < t1 + W - 1; t++) {
+        float dpre = 0.0f;
+        if (t < T) {
+            float pre = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
+            dpre = d[(size_t)t * D] * shortconv_dsilu(pre);
+        }
+        if (t < t1) {
+            #pragma unroll
+            for (int j = 0; j < W; j++) { acc[j] += dpre * win[j]; }
+        }
         #pragma unroll
-        for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
-        const float dpre = d[(size_t)t * D] * shortconv_dsilu(pre);
-        d[(size_t)t * D] = dpre;
-        #pragma unroll
-        for (int j = 0; j < W; j++) { acc[j] += dpre * win[j]; }
-        #pragma unroll
-        for (int j = 0; j < W - 1; j++) { win[j] = win[j + 1]; }
+        for (int j = 0; j < W - 1; j++) {
+            win[j] = win[j + 1];
+            dwin[j] = dwin[j + 1];
+        }
         win[W - 1] = t + 1 < T ? to_float(in[(size_t)(t + 1) * ld_proj]) : 0.0f;
+        dwin[W - 1] = dpre;
+        if (t - (W - 1) >= t0) {
+            float x = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < W; j++) { x += w[j] * dwin[W - 1 - j]; }
+            out[(size_t)(t - (W - 1)) * ld_proj] = from_float<floatX>(x);
+        }
     }
     float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
     #pragma unroll
     for (int j = 0; j < W; j++) { part[j] = acc[j]; }
 }
 
-// one thread per (row, channel): dproj[s, ch] = sum_j w[ch, j] dpre[s + W-1-j, ch] within the sequence
+// one thread per (row, channel): dproj[s, ch] = sum_j w[ch, j] dpre[s + W-1-j, ch] within the sequence, from dpre
+// in global memory (kernels/mixers/kalman.cuh, whose conv has a bias and its SiLU apart)
 template <int W>
 __global__ void shortconv_dproj_kernel(floatX* __restrict__ dproj, int ld_proj, const float* __restrict__ dpre,
                                        const float* __restrict__ conv_w, int BT, int T, int D) {
@@ -188,17 +206,16 @@ __global__ void shortconv_dw_reduce_kernel(float* dconv_w, const float* partial,
     }
 }
 
-// dproj[:, 0:D] is overwritten (the other columns are left alone); dconv_w is accumulated into; dy is
-// overwritten with dL/d(pre-activation). scratch: shortconv_backward_scratch_bytes(B, T, D, W).
-static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, float* scratch, float* dy,
+// dproj[:, 0:D] is overwritten (the other columns are left alone); dconv_w is accumulated into.
+// scratch: shortconv_backward_scratch_bytes(B, T, D, W).
+static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, float* scratch, const float* dy,
                                     const floatX* proj, const float* conv_w, int B, int T, int D, int W,
                                     cudaStream_t stream) {
-    const unsigned elem_blocks = (unsigned)ceil_div_z((size_t)B * T * D, 256);
     const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
     shortconv_dispatch_w(W, [&](auto w) {
         constexpr int WW = decltype(w)::value;
-        shortconv_dpre_dw_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dy, scratch, proj, ld_proj, conv_w, T, D);
-        shortconv_dproj_kernel<WW><<<elem_blocks, 256, 0, stream>>>(dproj, ld_proj, dy, conv_w, B * T, T, D);
+        shortconv_backward_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy, proj, conv_w,
+                                                                           T, D);
     });
     cudaCheckLaunch();
     const int rows = B * ceil_div(T, SHORTCONV_T_TILE);

@@ -15,11 +15,13 @@ Versions (first argument):
      output kernel on dv tiles of 2 SL columns (Q K^T once per chunk at dv <= 128, two CTAs per SM).
      Measured and dropped: prefetching the state kernel's next-chunk tiles into registers (0.548 -> 0.528 ms
      at 128 threads; at 256 threads it spills and is no faster than without), and 512 threads in the intra
-     kernel (0.436 vs 0.420 ms). It is now the trainer's kernels with the shared-memory state kernel
-     (gdn_fwd_state_kernel, which the fp32 build keeps)
-  5  the trainer's kernels (bf16 inputs): version 4 with the state pass on register tiles
-     (gdn_fwd_state_mma_kernel: the state in mma.sync fragments for the whole sequence, the next chunk's tiles
-     copied by cp.async during the current one)
+     kernel (0.436 vs 0.420 ms). It is now the trainer's kernels with the shared-memory state and output kernels
+     (which the fp32 build keeps)
+  5  the trainer's kernels (bf16 inputs): version 4 with the state pass and the output kernel on register tiles:
+     gdn_fwd_state_mma_kernel (the state in mma.sync fragments for the whole sequence, the next chunk's tiles
+     copied by cp.async during the current one; H200: state 0.476 -> 0.180 ms, forward 1.167 -> 0.872 ms) and
+     gdn_fwd_output_mma_kernel (one CTA of 8 warps per chunk, each warp's rows of the masked Q Kw^T kept as the A
+     fragments of the product with Vn)
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at three shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size), for GDN-like inputs

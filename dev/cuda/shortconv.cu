@@ -7,14 +7,17 @@ Every kernel is checked against a CPU reference in double precision; the conv is
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 shortconv.cu -o shortconv_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -DENABLE_FP32 shortconv.cu -o shortconv_fp32_bin
-./shortconv_bin 2        (the argument picks the conv version that is checked and timed; default 2)
+./shortconv_bin 3        (the argument picks the conv version that is checked and timed; default 3)
 
 version 1 is the direct port: the forward runs one thread per output element and loads all W taps from
 global memory; the backward makes three passes (dL/d(pre-activation) per element into a buffer, dproj per
 element from it, and dconv_w with one thread per tap summing every row in order).
-version 2 is kernels/shortconv.cuh: one thread per channel walks a tile of 64 tokens keeping the conv window
-in registers (each input loaded once), the backward fused into one pass with per-tile dconv_w partials that
-a second kernel sums in a fixed order.
+version 2: one thread per channel walks a tile of 64 tokens keeping the conv window in registers (each input
+loaded once); the backward writes dpre over dy with per-tile dconv_w partials (that a third kernel sums in a
+fixed order), then a second kernel forms dproj from dpre, one thread per element.
+version 3 is kernels/shortconv.cuh: version 2 with the backward in one pass: the thread of a channel also keeps
+a window of dpre and writes dproj as it walks (the W-1 tokens after its tile recomputed), so dpre never goes
+through global memory: dy and proj are read once and dproj written once.
 
 Checks: relative L2 error ||gpu - ref|| / ||ref|| per output, against a double reference fed the exact inputs
 the GPU sees (floatX inputs are rounded first). Tolerance 1e-5 in the fp32 build: the kernels compute in fp32,
@@ -92,6 +95,48 @@ __global__ void shortconv_dw_kernel1(float* dconv_w, const float* dpre, const fl
     dconv_w[idx] += acc;
 }
 
+// ----------------------------------------------------------------------------------------------------------
+// version 2 of the conv backward (see the header comment): dpre through global memory (over dy, in place)
+
+// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch walks the tokens of
+// its tile in order with the conv window in registers (one new input per token): it recomputes the
+// pre-activation, overwrites dy with dpre = dy SiLU'(pre), and sums dpre[t, ch] * in[t - (W-1-j), ch] for every
+// tap j into its partial row of dconv_w
+template <int W>
+__global__ void shortconv_dpre_dw_kernel2(float* __restrict__ dy, float* __restrict__ dw_partial,
+                                         const floatX* __restrict__ proj, int ld_proj,
+                                         const float* __restrict__ conv_w, int T, int D) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= D) { return; }
+    const int b = blockIdx.z, tile = blockIdx.y;
+    const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch;
+    float* d = dy + (size_t)b * T * D + ch;
+    float w[W], win[W], acc[W];
+    #pragma unroll
+    for (int j = 0; j < W; j++) {
+        w[j] = conv_w[ch * W + j];
+        const int s = t0 - (W - 1) + j;   // win[j] = the input at t - (W-1) + j, for t = t0
+        win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
+        acc[j] = 0.0f;
+    }
+    for (int t = t0; t < t1; t++) {
+        float pre = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
+        const float dpre = d[(size_t)t * D] * shortconv_dsilu(pre);
+        d[(size_t)t * D] = dpre;
+        #pragma unroll
+        for (int j = 0; j < W; j++) { acc[j] += dpre * win[j]; }
+        #pragma unroll
+        for (int j = 0; j < W - 1; j++) { win[j] = win[j + 1]; }
+        win[W - 1] = t + 1 < T ? to_float(in[(size_t)(t + 1) * ld_proj]) : 0.0f;
+    }
+    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
+    #pragma unroll
+    for (int j = 0; j < W; j++) { part[j] = acc[j]; }
+}
+
 static void conv_forward(int version, floatX* out, const floatX* proj, int ld_proj, const float* conv_w,
                          int B, int T, int D, int W) {
     const int block = 256;
@@ -101,7 +146,8 @@ static void conv_forward(int version, floatX* out, const floatX* proj, int ld_pr
                                                                                               conv_w, B * T, T, D, W);
             cudaCheckLaunch();
             break;
-        case 2: shortconv_silu_forward(out, proj, ld_proj, conv_w, B, T, D, W, 0); break;
+        case 2:
+        case 3: shortconv_silu_forward(out, proj, ld_proj, conv_w, B, T, D, W, 0); break;
         default: die("unknown version %d", version);
     }
 }
@@ -124,7 +170,20 @@ static void conv_backward(int version, floatX* dproj, int ld_proj, float* dconv_
             shortconv_dw_kernel1<<<ceil_div(D * W, block), block>>>(dconv_w, scratch, proj, ld_proj, B * T, T, D, W);
             cudaCheckLaunch();
             break;
-        case 2: shortconv_silu_backward(dproj, ld_proj, dconv_w, scratch, dy, proj, conv_w, B, T, D, W, 0); break;
+        case 2: {
+            const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
+            shortconv_dispatch_w(W, [&](auto w) {
+                constexpr int WW = decltype(w)::value;
+                shortconv_dpre_dw_kernel2<WW><<<grid, SHORTCONV_BLOCK>>>(dy, scratch, proj, ld_proj, conv_w, T, D);
+                shortconv_dproj_kernel<WW><<<elem_blocks, block>>>(dproj, ld_proj, dy, conv_w, B * T, T, D);
+            });
+            cudaCheckLaunch();
+            const int rows = B * ceil_div(T, SHORTCONV_T_TILE), cols = D * W;
+            shortconv_dw_reduce_kernel<<<ceil_div(cols, 32), dim3(32, SHORTCONV_RED_ROWS)>>>(dconv_w, scratch, rows, cols);
+            cudaCheckLaunch();
+            break;
+        }
+        case 3: shortconv_silu_backward(dproj, ld_proj, dconv_w, scratch, dy, proj, conv_w, B, T, D, W, 0); break;
         default: die("unknown version %d", version);
     }
 }
@@ -637,8 +696,8 @@ static void benchmark(int version, int B, int T, int H, int dk, int dv, int W) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 2;
-    if (version < 1 || version > 2) { die("usage: %s [version 1|2]", argv[0]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 3;
+    if (version < 1 || version > 3) { die("usage: %s [version 1|2|3]", argv[0]); }
     printf("precision %s, tolerance %.0e (relative L2)\n", PRECISION_NAME, TOLERANCE);
 
     const LayerDims small = {2, 80, 2, 16, 24}, large = {4, 1024, 6, 128, 128};

@@ -12,9 +12,10 @@
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
 #     the solve's state product must fail;
-#   gdn_state_mma.cu: gdn_chunk's register-tile state passes (the bf16 trainer's; ldmatrix, mma.sync and cp.async
-#     emulated) against the fp32 shared-memory state kernels, per-head and per-channel decay, bf16 build, at
-#     T, dk, dv = 150 24 40 and 100 136 24 (seconds); negative control: the backward without dE -= W^T dVn must fail;
+#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output and dvlocal kernels;
+#     ldmatrix, mma.sync and cp.async emulated) against the fp32 shared-memory kernels, per-head and per-channel decay,
+#     bf16 build, at T, dk, dv = 150 24 40 and 100 136 24 (seconds); negative controls: the backward state pass
+#     without dE -= W^T dVn, the output kernel without diag(gam) on Q h_n, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
 #     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
@@ -33,24 +34,24 @@ cp kernels/common.cuh kernels/column_sum.cuh kernels/chunk_tiles.cuh kernels/mma
     kernels/gdn_chunk.cuh kernels/kalman_scan.cuh dev/cuda/pdn_recurrent_backward.cuh "$tmp/src/"
 cp utils.h "$tmp/ok/"
 python3 dev/emu/transform.py "$tmp/src" "$tmp/ok/kernels" || exit 1
-cp dev/emu/emu.h dev/emu/gka_inputs.h dev/emu/gka_backward.cu dev/emu/gka_mma.cu dev/emu/gdn_state_mma.cu dev/emu/pdn_chunk.cu \
+cp dev/emu/emu.h dev/emu/gka_inputs.h dev/emu/gka_backward.cu dev/emu/gka_mma.cu dev/emu/gdn_mma.cu dev/emu/pdn_chunk.cu \
     dev/emu/kalman_filter.cu dev/cuda/kalman_reference.h \
     "$tmp/ok/"
 build() {   # build DIR NAME: the fp32 build, but the register-tile checks' (their kernels are the bf16 build's)
     local precision=FP32
-    case $2 in gka_mma | gdn_state_mma) precision=BF16 ;; esac
+    case $2 in gka_mma | gdn_mma) precision=BF16 ;; esac
     (cd "$1" && nvcc -std=c++20 -O1 -DENABLE_$precision -I. "$2.cu" -o "$2") || { echo "FAIL emulator build of $2"; return 1; }
 }
 failures=0
 shapes=("150 16 24" "150 32 48")
 [ "${EMU_FULL:-0}" = 1 ] && shapes+=("130 128 128")
 kalman_shapes=("2 150 20 32" "2 150 20 16" "1 40 36 5")
-for check in gka_backward gka_mma gdn_state_mma pdn_chunk kalman_filter; do
+for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
         gka_mma) runs=("100 16 24") ;;
-        gdn_state_mma) runs=("150 24 40" "100 136 24") ;;
+        gdn_mma) runs=("150 24 40" "100 136 24") ;;
         *) runs=("${shapes[@]}") ;;
     esac
     for shape in "${runs[@]}"; do
@@ -77,7 +78,9 @@ negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + 
 negative gka.cuh 's/gka_chunk_rows_product<true, true>(hy, sm.X/gka_chunk_rows_product<true, false>(hy, sm.X/' \
     "x's second bf16 piece in the register-tile solve's state product" gka_mma "100 16 24"
 negative gdn_chunk.cuh 's/^        gdn_state_update(st, sm.Z, sm.P, dkp, warp, lane);.*$//' \
-    "dE -= W^T dVn in the register-tile backward state pass" gdn_state_mma "150 24 40"
+    "dE -= W^T dVn in the register-tile backward state pass" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/acc\[nt\]\[0\] \*= e0; acc\[nt\]\[1\] \*= e0; acc\[nt\]\[2\] \*= e1; acc\[nt\]\[3\] \*= e1;//' \
+    "diag(gam) on Q h_n in the register-tile output kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \

@@ -1,22 +1,26 @@
 /*
-dev/emu/gdn_state_mma.cu: kernels/gdn_chunk.cuh's register-tile state passes (gdn_fwd_state_mma_kernel,
-gdn_bwd_state_mma_kernel: the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu version 5 / gdn_chunk_bwd.cu version 4)
-against the shared-memory state kernels with fp32 CUDA-core products (gdn_fwd_state_kernel<float, float>,
-gdn_bwd_state_kernel<float, float>), both run on the CPU by dev/emu/emu.h's emulator (ldmatrix, mma.sync and cp.async
-emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel: pkda). The kernels get the same
-inputs, drawn here as the intra kernel leaves them (W, U, Kwe, Qg zero on a partial chunk's padded rows, G a chunk
-cumsum of log decays in [-0.2, 0] per head, per channel of channel-dependent strength up to 2 per token), the bf16
-kernels as bf16 and the fp32 ones as the same values in fp32; dVl (fp32) is the dvlocal kernel's output.
-Outputs: h, Vn (forward), dE and dVn (backward), compared by relative L2 error.
-Tolerance 1e-2: the register tiles round the state operand (h, dE), the second product's operand (Vn exp(G_BT - G)
-or -dVn) and the scaled dO to bf16 (2^-9 relative each), where the fp32 kernels keep fp32; a few such roundings
-compound to a few 1e-3, while a missing or wrong term is O(1) off. Shapes: dk, dv = 24, 40 at T = 150 (dk padded
-to 32: warps without state rows; a CTA with 8 of its 32 columns; a partial last chunk), and dk, dv = 136, 24 at
-T = 100 (two state row blocks per warp). Measured at T = 150, dk, dv = 24, 40: per head h 2.3e-3, Vn 1.6e-3,
-dE 2.5e-3, dVn 7.8e-4; per channel h 2.5e-3, Vn 2.5e-3, dE 2.9e-3, dVn 2.3e-3 (h and Vn are stored in bf16: 2^-9
-relative rounding alone).
-Negative control (dev/emu/run.sh): the backward without dE -= W^T dVn must fail.
-Usage: gdn_state_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
+dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
+version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel), the
+output kernel (gdn_fwd_output_mma_kernel) and the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), against the
+shared-memory kernels with fp32 CUDA-core products (Tc = float), both run on the CPU by dev/emu/emu.h's emulator
+(ldmatrix, mma.sync and cp.async emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel:
+pkda). Each kernel gets the same inputs, drawn here as the kernels before it leave them (W, U, Vn, Kwe, Qg, Aqk zero
+on a partial chunk's padded rows, G a chunk cumsum of log decays in [-0.2, 0] per head, per channel of
+channel-dependent strength up to 2 per token), the bf16 kernels as bf16 and the fp32 ones as the same values in
+fp32; dVl (fp32) is the dvlocal kernel's output.
+Outputs: h, Vn (forward state), dE and dVn (backward state), o (output), dVl (dvlocal), by relative L2 error.
+Tolerance 1e-2: the register tiles round the state operand (h, dE), the state passes' second operand
+(Vn exp(G_BT - G) or -dVn), the scaled dO and the masked chunk products to bf16 (2^-9 relative each), where the fp32
+kernels keep fp32, and store h, Vn and o in bf16; a few such roundings compound to a few 1e-3, while a missing or
+wrong term is O(1) off. Shapes: dk, dv = 24, 40 at T = 150 (dk padded to 32: warps without state rows; a state
+CTA with 8 of its 32 columns, an output block of 64 with 40; a partial last chunk), and dk, dv = 136, 24 at T = 100
+(two state row blocks per warp, dk above the chunk length in the products).
+Measured at T = 150, dk, dv = 24, 40: per head h 2.5e-3, Vn 1.6e-3, dE 2.3e-3, dVn 8.0e-4, o 2.2e-3, dVl 1.7e-3;
+per channel h 2.5e-3, Vn 2.5e-3, dE 2.8e-3, dVn 2.3e-3, o 1.7e-3, dVl 3.9e-8 (h, Vn and o are stored in bf16: 2^-9
+relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between).
+Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, and the output kernel without
+the decay diag(gam) on Q h_n, must fail.
+Usage: gdn_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
 */
 #include "emu.h"
 #include "kernels/common.cuh"
@@ -57,6 +61,12 @@ static int check(int B, int T, int H, int dk, int dv) {
     };
     std::vector<float> W = chunk_rows(dk, 1.0f / sqrtf((float)dk)), Uw = chunk_rows(dv, 1.0f);
     std::vector<float> Kwe = chunk_rows(dk, 1.0f / sqrtf((float)dk)), Qg = chunk_rows(dk, scale / sqrtf((float)dk));
+    std::vector<float> Vn_in = chunk_rows(dv, 1.0f), Aqk((size_t)nch * BT * BT);
+    for (int c = 0; c < nch; c++) for (int i = 0; i < BT; i++) for (int j = 0; j < BT; j++) {   // lower, scale included
+        Aqk[((size_t)c * BT + i) * BT + j] = i >= j && (c % NT) * BT + i < T ? bf(scale * N(rng) / sqrtf(1.0f + i)) : 0.0f;
+    }
+    std::vector<float> h_in((size_t)nch * dk * dv);
+    for (auto& x : h_in) { x = bf(N(rng)); }
     std::vector<float> dVl((size_t)nch * BT * dv);
     for (auto& x : dVl) { x = N(rng); }
     std::vector<float> kw((size_t)B * T * H * dk), q(kw.size()), dO((size_t)B * T * H * dv);
@@ -73,7 +83,8 @@ static int check(int B, int T, int H, int dk, int dv) {
         }
     }
     const dim3 grid(ceil_div(dv, GDN_STATE_BV), B * H), block(GDN_STATE_THREADS);
-    std::vector<float> out[2][4];   // [fp32 kernels, register tiles][h, Vn, dE, dVn]
+    const int HV = H * dv;
+    std::vector<float> out[2][6];   // [fp32 kernels, register tiles][h, Vn, dE, dVn, o, dVl]
     {   // the shared-memory kernels, fp32
         std::vector<float> h((size_t)nch * dk * dv, NAN), Vn((size_t)nch * BT * dv, NAN), dE(h.size(), NAN), dVn = dVl;
         emu_launch(grid, block, [&]() {
@@ -85,7 +96,17 @@ static int check(int B, int T, int H, int dk, int dv) {
                                                       H * dk, G.data(), W.data(), Qg.data(), Kwe.data(), T, H, NT, dk, dv,
                                                       scale);
         });
-        out[0][0] = h; out[0][1] = Vn; out[0][2] = dE; out[0][3] = dVn;
+        std::vector<float> o((size_t)B * T * HV, NAN), dvl((size_t)nch * BT * dv, NAN);
+        emu_launch(dim3(nch, ceil_div(round16(dv), GdnTile<float>::VO)), block, [&]() {
+            gdn_fwd_output_kernel<float, float, DECAY>(o.data(), HV, Aqk.data(), q.data(), H * dk, kw.data(), H * dk,
+                                                       G.data(), h_in.data(), Vn_in.data(), Qg.data(), T, H, NT, dk, dv,
+                                                       scale);
+        });
+        emu_launch(dim3(nch), block, [&]() {
+            gdn_bwd_dvlocal_kernel<float, float, DECAY>(dvl.data(), dO.data(), HV, q.data(), H * dk, kw.data(), H * dk,
+                                                        G.data(), Aqk.data(), T, H, NT, dk, dv, scale);
+        });
+        out[0][0] = h; out[0][1] = Vn; out[0][2] = dE; out[0][3] = dVn; out[0][4] = o; out[0][5] = dvl;
     }
     {   // the register tiles, bf16
         const std::vector<bf16> Wb = to_bf16(W), Ub = to_bf16(Uw), Kweb = to_bf16(Kwe), Qgb = to_bf16(Qg), kwb = to_bf16(kw),
@@ -101,24 +122,36 @@ static int check(int B, int T, int H, int dk, int dv) {
             gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk, kwb.data(), H * dk,
                                             G.data(), Wb.data(), Qgb.data(), Kweb.data(), T, H, NT, dk, dv, scale);
         });
+        const std::vector<bf16> Aqkb = to_bf16(Aqk), hb = to_bf16(h_in), Vnb = to_bf16(Vn_in);
+        std::vector<bf16> o((size_t)B * T * HV, __float2bfloat16(NAN));
+        std::vector<float> dvl((size_t)nch * BT * dv, NAN);
+        emu_launch(dim3(nch), block, [&]() {
+            gdn_fwd_output_mma_kernel<DECAY>(o.data(), HV, Aqkb.data(), qb.data(), H * dk, kwb.data(), H * dk, G.data(),
+                                             hb.data(), Vnb.data(), Qgb.data(), T, H, NT, dk, dv, scale);
+        });
+        emu_launch(dim3(nch), block, [&]() {
+            gdn_bwd_dvlocal_mma_kernel<DECAY>(dvl.data(), dOb.data(), HV, qb.data(), H * dk, kwb.data(), H * dk, G.data(),
+                                              Aqkb.data(), T, H, NT, dk, dv, scale);
+        });
         out[1][0] = to_floats(h); out[1][1] = to_floats(Vn); out[1][2] = to_floats(dE); out[1][3] = dVn;
+        out[1][4] = to_floats(o); out[1][5] = dvl;
     }
-    const char* names[4] = {"h", "Vn", "dE", "dVn"};
+    const char* names[6] = {"h", "Vn", "dE", "dVn", "o", "dVl"};
     printf("%s decay, T=%d H=%d dk=%d dv=%d: register tiles against fp32 CUDA-core kernels, relative L2\n ",
            CH ? "per-channel" : "per-head", T, H, dk, dv);
     int ok = 1;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
         printf(" %s %.3e", names[i], e);
         ok &= e <= 1e-2;   // a NaN fails the comparison too
     }
-    printf("\n%s register-tile state passes = fp32 state kernels within 1e-2 (%s decay, T=%d dk=%d dv=%d)\n",
+    printf("\n%s register-tile kernels = fp32 kernels within 1e-2 (%s decay, T=%d dk=%d dv=%d)\n",
            ok ? "PASS" : "FAIL", CH ? "per-channel" : "per-head", T, dk, dv);
     return ok;
 }
 
 int main(int argc, char** argv) {
-    if (argc != 4) { fprintf(stderr, "usage: gdn_state_mma T dk dv\n"); return 1; }
+    if (argc != 4) { fprintf(stderr, "usage: gdn_mma T dk dv\n"); return 1; }
     const int T = atoi(argv[1]), dk = atoi(argv[2]), dv = atoi(argv[3]);
     const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv);
     return ok ? 0 : 1;
