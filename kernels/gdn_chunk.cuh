@@ -20,6 +20,7 @@ padded tokens neither write nor decay), so every kernel sees full BT-row chunks.
 Kernels (one CTA per chunk unless said otherwise):
   forward  1 gdn_fwd_intra_kernel   G = chunk cumsum of g; A = strictly_lower(diag(beta) K Kw^T (.) Gam);
                                     Tm = (I + A)^-1 (spec 3.2); W = Tm diag(beta gam) K; U = Tm diag(beta) V
+                                    (bf16 per head: gdn_fwd_intra_mma_kernel, the products on register tiles)
            2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
                                     h_n = S, Vn = U - W S, S <- gam_BT S + Kw^T diag(exp(G_BT - G)) Vn
                                     (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads)
@@ -1393,6 +1394,129 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// forward kernel 1 on register tiles, per head (Tc = bf16: gdn, kaczmarz, pdn, pgdn in the bf16 trainer): the same
+// math as gdn_fwd_intra_kernel. K, Kw and V are copied whole by cp.async; warp w forms A's rows 16 (w % 4) ..,
+// columns 32 (w / 4) .. of K Kw^T in mma.sync fragments and applies beta and the decay there; the solve is
+// gdn_solve_unit_lower's (fp32); then W = (Tm diag(beta gam)) K and U = (Tm diag(beta)) V with the A fragments cut
+// from fp32 Tm, its columns scaled before the rounding to bf16 (the shared-memory kernel rounds diag(beta gam) K and
+// diag(beta) V instead), each warp's 16 x 64 blocks written to global memory from its fragments.
+
+struct GdnIntraMmaSmem {
+    float *A, *Tm, *X, *G, *beta, *bg;
+    __nv_bfloat16 *K, *Kw, *V;
+    size_t bytes;
+    __host__ __device__ GdnIntraMmaSmem(size_t base, int dkq, int dvq, bool split) {   // dk, dv rounded up to 64
+        constexpr int LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+        SmemCarver cv(base);
+        A = cv.take<float>(GDN_CHUNK * LDF);
+        Tm = cv.take<float>(GDN_CHUNK * LDF);
+        X = cv.take<float>(3 * 256);   // the solve's scratch
+        G = cv.take<float>(GDN_CHUNK);
+        beta = cv.take<float>(GDN_CHUNK);
+        bg = cv.take<float>(GDN_CHUNK);
+        K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
+        Kw = cv.take<__nv_bfloat16>(split ? (size_t)GDN_CHUNK * (dkq + 8) : 0);
+        V = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dvq + 8));
+        bytes = cv.off;
+    }
+};
+
+// the A fragments pa[kc] (rows m0 .., columns 16 kc ..) of Tm diag(f), Tm fp32 [BT][LDF_BT], rounded to bf16
+__device__ __forceinline__ void gdn_scaled_tm_frags(uint32_t pa[GDN_CHUNK / 16][4], const float* Tm, const float* f,
+                                                    int m0, int lane) {
+    constexpr int LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+    const int r = m0 + (lane >> 2);
+    #pragma unroll
+    for (int kc = 0; kc < GDN_CHUNK / 16; kc++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {   // e: row r (+ 8 for odd e), columns c, c + 1 (+ 8 for e >= 2)
+            const int rr = r + 8 * (e & 1), c = 16 * kc + 2 * (lane & 3) + 8 * (e >> 1);
+            pa[kc][e] = pack_bf16(Tm[rr * LDF + c] * f[c], Tm[rr * LDF + c + 1] * f[c + 1]);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GDN_THREADS, 3)
+gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved, __nv_bfloat16* U_work,
+                         const __nv_bfloat16* k, const __nv_bfloat16* v, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
+                         const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv) {
+    constexpr int BT = GDN_CHUNK, LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const bool split = kw != k;
+    const int dkp = round16_dev(dk), dkq = gdn_round64(dk), dvq = gdn_round64(dv), ldk = dkq + 8, ldv = dvq + 8;
+    GdnIntraMmaSmem sm((size_t)gdn_smem, dkq, dvq, split);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
+    tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    if (split) { tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk); }
+    cp_async_commit();
+    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+    cp_async_commit();
+    // beta and g (0 on padded rows), then G = the cumulative sum of g from the chunk start (spec 3.1) by one thread
+    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+        sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
+    }
+    gdn_load_beta(sm.beta, beta, p, H);
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int r = 0; r < BT; r++) {
+            acc += sm.G[r];
+            sm.G[r] = acc;
+        }
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
+        G_saved[p.c * BT + r] = sm.G[r];
+        sm.bg[r] = sm.beta[r] * expf(sm.G[r]);
+    }
+    {   // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0: the warp's rows m0 .., columns n0 .. n0 + 31
+        const int n0 = 32 * (warp >> 2);
+        const __nv_bfloat16* Kw = split ? sm.Kw : sm.K;
+        float s[4][4] = {};
+        for (int k0 = 0; k0 < dkp; k0 += 16) {
+            uint32_t a[4];
+            ldsm_x4(a, sm.K + ldsm_a_off(ldk, m0, k0, lane));
+            #pragma unroll
+            for (int pr = 0; pr < 2; pr++) {
+                uint32_t b[4];
+                ldsm_x4(b, Kw + ldsm_b_nk_off(ldk, k0, n0 + 16 * pr, lane));
+                mma_bf16(s[2 * pr], a, b[0], b[1]);
+                mma_bf16(s[2 * pr + 1], a, b[2], b[3]);
+            }
+        }
+        #pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = m0 + (lane >> 2) + 8 * (e >> 1), j = n0 + 8 * nt + 2 * (lane & 3) + (e & 1);
+                sm.A[i * LDF + j] = i > j ? sm.beta[i] * s[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    cta_for_each(BT, BT, [&](int i, int j) { Tm_saved[(p.c * BT + i) * BT + j] = sm.Tm[i * LDF + j]; });
+    cp_async_wait<0>();
+    __syncthreads();   // V visible
+    // W = (Tm diag(beta gam)) K, then U = (Tm diag(beta)) V: the warp's 16 x 64 blocks
+    for (int pass = 0; pass < 2; pass++) {
+        const __nv_bfloat16* X = pass == 0 ? sm.K : sm.V;
+        const int cols = pass == 0 ? dk : dv, ldx = pass == 0 ? ldk : ldv;
+        __nv_bfloat16* out = pass == 0 ? W_saved + p.c * BT * dk : U_work + p.c * BT * dv;
+        uint32_t pa[BT / 16][4];
+        gdn_scaled_tm_frags(pa, sm.Tm, pass == 0 ? sm.bg : sm.beta, m0, lane);
+        for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < cols; n0 += 2 * GDN_ATT_VB) {
+            float acc[GDN_ATT_VB / 8][4] = {};
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane);
+            gdn_rows_store(acc, m0, n0, BT, cols, 1.0f, lane, [&](int r, int col, float x0, float x1) {
+                *reinterpret_cast<uint32_t*>(out + (size_t)r * cols + col) = pack_bf16(x0, x1);
+            });
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
 // dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
 //   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
@@ -2008,10 +2132,22 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     Tc* Kwe = (Tc*)(sv + L.Kwe);
     Tc* U = (Tc*)workspace;
 
-    const size_t s1 = GdnIntraSmem<Tc>(0, DECAY).bytes;
-    gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
-    gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_intra_threads(DECAY), s1, stream>>>(
-        Tm, G, W, U, A0, Aqk, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
+    bool intra_done = false;
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value && DECAY == GDN_DECAY_HEAD) {
+        if (register_tiles) {
+            const size_t s1 = GdnIntraMmaSmem(0, gdn_round64(dk), gdn_round64(dv), kw != k).bytes;
+            gdn_set_smem(gdn_fwd_intra_mma_kernel, s1);
+            gdn_fwd_intra_mma_kernel<<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta,
+                                                                          g, g_stride, T, H, NT, dk, dv);
+            intra_done = true;
+        }
+    }
+    if (!intra_done) {
+        const size_t s1 = GdnIntraSmem<Tc>(0, DECAY).bytes;
+        gdn_set_smem(gdn_fwd_intra_kernel<Tin, Tc, DECAY>, s1);
+        gdn_fwd_intra_kernel<Tin, Tc, DECAY><<<nchunks, gdn_intra_threads(DECAY), s1, stream>>>(
+            Tm, G, W, U, A0, Aqk, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T, H, NT, dk, dv, scale);
+    }
     cudaCheckLaunch();
     gdn_mark(marks, 0, stream);
     const dim3 state_grid(ceil_div(dv, GDN_STATE_BV), B * H);
@@ -2049,9 +2185,10 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 2, stream);
 }
 
-// register_tiles: with Tc = bf16 the state passes, the output and the dvlocal kernel run on register tiles
-// (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel, gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel); false
-// runs the shared-memory kernels that Tc = float always runs (the labs' previous version)
+// register_tiles: with Tc = bf16 the state passes, the output and the dvlocal kernel, and per head the intra kernel
+// run on register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel, gdn_fwd_output_mma_kernel,
+// gdn_bwd_dvlocal_mma_kernel, gdn_fwd_intra_mma_kernel); false runs the shared-memory kernels that Tc = float always
+// runs (the labs' previous version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,

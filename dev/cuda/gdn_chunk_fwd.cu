@@ -15,9 +15,11 @@ Versions (first argument):
      output kernel on dv tiles of 2 SL columns (Q K^T once per chunk at dv <= 128, two CTAs per SM).
      Measured and dropped: prefetching the state kernel's next-chunk tiles into registers (0.548 -> 0.528 ms
      at 128 threads; at 256 threads it spills and is no faster than without), and 512 threads in the intra
-     kernel (0.436 vs 0.420 ms). It is now the trainer's kernels with the shared-memory state and output kernels
-     (which the fp32 build keeps)
-  5  the trainer's kernels (bf16 inputs): version 4 with the state pass and the output kernel on register tiles:
+     kernel (0.436 vs 0.420 ms). It is now the trainer's kernels with the shared-memory intra, state and output
+     kernels (which the fp32 build keeps)
+  5  the trainer's kernels (bf16 inputs): version 4 with the intra kernel's products, the state pass and the output
+     kernel on register tiles: gdn_fwd_intra_mma_kernel (K Kw^T in fragments, W and U from A fragments cut from
+     fp32 Tm with diag(beta gam) / diag(beta) on its columns; the solve unchanged),
      gdn_fwd_state_mma_kernel (the state in mma.sync fragments for the whole sequence, the next chunk's tiles
      copied by cp.async during the current one; H200: state 0.476 -> 0.180 ms, forward 1.167 -> 0.872 ms) and
      gdn_fwd_output_mma_kernel (one CTA of 8 warps per chunk, each warp's rows of the masked Q Kw^T kept as the A

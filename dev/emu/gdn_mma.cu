@@ -1,14 +1,16 @@
 /*
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
 version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel), the
-output kernel (gdn_fwd_output_mma_kernel) and the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), against the
+output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel) and the per-head intra
+kernel (gdn_fwd_intra_mma_kernel, with the write key the read key's and apart), against the
 shared-memory kernels with fp32 CUDA-core products (Tc = float), both run on the CPU by dev/emu/emu.h's emulator
 (ldmatrix, mma.sync and cp.async emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel:
 pkda). Each kernel gets the same inputs, drawn here as the kernels before it leave them (W, U, Vn, Kwe, Qg, Aqk zero
 on a partial chunk's padded rows, G a chunk cumsum of log decays in [-0.2, 0] per head, per channel of
 channel-dependent strength up to 2 per token), the bf16 kernels as bf16 and the fp32 ones as the same values in
 fp32; dVl (fp32) is the dvlocal kernel's output.
-Outputs: h, Vn (forward state), dE and dVn (backward state), o (output), dVl (dvlocal), by relative L2 error.
+Outputs: h, Vn (forward state), dE and dVn (backward state), o (output), dVl (dvlocal), Tm, G, W and U (intra; k,
+v, beta in [0.05, 0.95] and g in [-0.2, 0] drawn per token), by relative L2 error.
 Tolerance 1e-2: the register tiles round the state operand (h, dE), the state passes' second operand
 (Vn exp(G_BT - G) or -dVn), the scaled dO and the masked chunk products to bf16 (2^-9 relative each), where the fp32
 kernels keep fp32, and store h, Vn and o in bf16; a few such roundings compound to a few 1e-3, while a missing or
@@ -17,9 +19,11 @@ CTA with 8 of its 32 columns, an output block of 64 with 40; a partial last chun
 (two state row blocks per warp, dk above the chunk length in the products).
 Measured at T = 150, dk, dv = 24, 40: per head h 2.5e-3, Vn 1.6e-3, dE 2.3e-3, dVn 8.0e-4, o 2.2e-3, dVl 1.7e-3;
 per channel h 2.5e-3, Vn 2.5e-3, dE 2.8e-3, dVn 2.3e-3, o 1.7e-3, dVl 3.9e-8 (h, Vn and o are stored in bf16: 2^-9
-relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between).
-Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, and the output kernel without
-the decay diag(gam) on Q h_n, must fail.
+relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between);
+intra (kw = k and apart) Tm 5.6e-9 (K Kw^T of bf16 inputs in fp32 on both sides, then the same fp32 solve), G 0
+(the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16).
+Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the output kernel without
+the decay diag(gam) on Q h_n, and the intra kernel without beta in A, must fail.
 Usage: gdn_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
 */
 #include "emu.h"
@@ -150,9 +154,65 @@ static int check(int B, int T, int H, int dk, int dv) {
     return ok;
 }
 
+// the per-head intra kernel (gdn_fwd_intra_mma_kernel) against gdn_fwd_intra_kernel<float, float>, with the write
+// key the read key's (gdn, kaczmarz) or its own (pdn, pgdn): Tm, G, W, U
+static int check_intra(int B, int T, int H, int dk, int dv, bool split) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, ld = H * dk + H * dv;
+    std::mt19937 rng(13);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    std::vector<float> kv((size_t)B * T * ld), kw((size_t)B * T * H * dk), beta((size_t)B * T * H), g(beta.size());
+    for (int r = 0; r < B * T; r++) {
+        for (int j = 0; j < H * dk; j++) { kv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
+        for (int j = 0; j < H * dv; j++) { kv[(size_t)r * ld + H * dk + j] = bf(N(rng)); }
+    }
+    for (auto& x : kw) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
+    for (auto& x : g) { x = -0.2f * U(rng); }
+    const float* k = kv.data();
+    const float* kwp = split ? kw.data() : k;
+    const int ld_kw = split ? H * dk : ld;
+    std::vector<float> out[2][4];   // [fp32 kernel, register tiles][Tm, G, W, U]
+    {
+        std::vector<float> Tm((size_t)nch * BT * BT, NAN), G((size_t)nch * BT, NAN), W((size_t)nch * BT * dk, NAN),
+            Uw((size_t)nch * BT * dv, NAN);
+        emu_launch(dim3(nch), dim3(GDN_THREADS), [&]() {
+            gdn_fwd_intra_kernel<float, float, GDN_DECAY_HEAD>(Tm.data(), G.data(), W.data(), Uw.data(), nullptr, nullptr,
+                                                               nullptr, nullptr, k, k, k + H * dk, ld, kwp, ld_kw,
+                                                               beta.data(), g.data(), 1, T, H, NT, dk, dv, 1.0f);
+        });
+        out[0][0] = Tm; out[0][1] = G; out[0][2] = W; out[0][3] = Uw;
+    }
+    {
+        const std::vector<bf16> kvb = to_bf16(kv), kwb = to_bf16(kw);
+        const bf16* kb = kvb.data();
+        std::vector<float> Tm((size_t)nch * BT * BT, NAN), G((size_t)nch * BT, NAN);
+        std::vector<bf16> W((size_t)nch * BT * dk, __float2bfloat16(NAN)), Uw((size_t)nch * BT * dv, __float2bfloat16(NAN));
+        emu_launch(dim3(nch), dim3(GDN_THREADS), [&]() {
+            gdn_fwd_intra_mma_kernel(Tm.data(), G.data(), W.data(), Uw.data(), kb, kb + H * dk, ld,
+                                     split ? kwb.data() : kb, ld_kw, beta.data(), g.data(), 1, T, H, NT, dk, dv);
+        });
+        out[1][0] = Tm; out[1][1] = G; out[1][2] = to_floats(W); out[1][3] = to_floats(Uw);
+    }
+    const char* names[4] = {"Tm", "G", "W", "U"};
+    printf("per-head intra kernel, %s, T=%d H=%d dk=%d dv=%d: register tiles against the fp32 kernel, relative L2\n ",
+           split ? "a write key of its own" : "kw = k", T, H, dk, dv);
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
+        printf(" %s %.3e", names[i], e);
+        ok &= e <= 1e-2;   // a NaN fails the comparison too
+    }
+    printf("\n%s register-tile intra kernel = fp32 kernel within 1e-2 (%s, T=%d dk=%d dv=%d)\n", ok ? "PASS" : "FAIL",
+           split ? "kw apart" : "kw = k", T, dk, dv);
+    return ok;
+}
+
 int main(int argc, char** argv) {
     if (argc != 4) { fprintf(stderr, "usage: gdn_mma T dk dv\n"); return 1; }
     const int T = atoi(argv[1]), dk = atoi(argv[2]), dv = atoi(argv[3]);
-    const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv);
+    const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv) &
+                   check_intra(1, T, 2, dk, dv, false) & check_intra(1, T, 2, dk, dv, true);
     return ok ? 0 : 1;
 }
