@@ -11,11 +11,13 @@ Tolerances (relative errors as in test_kla.c: max |ours - ref| / max |ref|, per 
   - BF16 build (default): weights and activations are rounded to bf16 (8 bits: 2^-9 = 2e-3 relative per
     rounding) at every matmul input and layer boundary, about 10-20 roundings deep in these 2-3 layer models,
     and the gdn core keeps bf16 q/k/v (spec 5 measures 4e-3 for the core alone). Logits and loss: 3e-2
-    (measured: 4e-3 to 6e-3); the 10 losses: 3e-2 (measured: 1e-4); gradients: 2.5e-1. Most tensors' gradients
+    (measured: 4e-3 to 6e-3); the 10 losses: 3e-2 (measured: 1e-4); gradients: 3e-1. Most tensors' gradients
     are within 1e-2, but the gate parameters (b_bias, A_log: H entries each) are sums over all B*T tokens whose
     terms cancel, so their bf16 error relative to their own largest entry is large and depends on the kernels'
-    summation order: measured on an H200 up to 5.2e-2 with the current gdn chunk kernels and 1.5e-1 (gdn
-    b_bias) with an earlier, equally correct version. The negative control scales a matrix by 1.5, which moves
+    summation order and roundings: measured on an H200 up to 5.2e-2 and 1.5e-1 (gdn b_bias) with two equally
+    correct versions of the gdn chunk kernels, and pdn's A_log_P (the preconditioner's decay, 2 entries) 1.63e-1
+    with the shared-memory backward chunk kernel and 2.62e-1 with the register-tile one, whose own outputs are
+    within 3.1e-3 of the fp32 kernel's at this model's shape (dev/emu/gdn_mma.cu, no decay as in pdn). The negative control scales a matrix by 1.5, which moves
     the gradients by 0.5 to 1.5 relative and the logits by 3e-2 to 1.3e-1. kalman and kalman_mamba (measured on an
     H200): logits 5.0e-3 and 3.5e-3, the 10 losses 3.2e-5 and 2.3e-5, gradients 6.3e-2 and 2.2e-2, the worst being
     lambda_skip, a single scalar summed over every token and channel (terms of both signs); the filter itself runs
@@ -57,7 +59,7 @@ static void test_scale_tensor(Model* m, const TensorInfo* t, float factor) {
 static const ParityTolerances GPU_TOLERANCES = {1e-5, 1e-5, 1e-4, 1e-4, 1.001f};
 #define TOL_DECODE 1e-5
 #else
-static const ParityTolerances GPU_TOLERANCES = {3e-2, 3e-2, 2.5e-1, 3e-2, 1.5f};
+static const ParityTolerances GPU_TOLERANCES = {3e-2, 3e-2, 3e-1, 3e-2, 1.5f};
 #define TOL_DECODE 3e-2
 #endif
 

@@ -32,6 +32,7 @@ Kernels (one CTA per chunk unless said otherwise):
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
                                     (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
+                                    (bf16 per head: gdn_bwd_chunk_mma_kernel, on register tiles, for dv <= 192)
   The forward saves Tm, G, h, Vn and W (per channel also A0, Aqk, Qg and Kwe), so the backward needs neither
   Kernel 0 nor Kernel 1.
 
@@ -1819,6 +1820,346 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// backward kernels 4, 5, 6 on register tiles, per head (Tc = bf16: gdn, kaczmarz, pdn, pgdn in the bf16 trainer):
+// gdn_bwd_chunk_kernel's phases and math, one CTA of 16 warps per chunk, every product in mma.sync fragments. Warp w
+// holds the rows 16 (w % 4) .. + 15 and, of every 64 columns, the 16 from 16 (w / 4): of P, dT and K Kw^T (64 x 64),
+// of dq, dk, dkw (a 64-column block of dk at a time) and of dv. dT and K Kw^T stay in registers from phase 1 to
+// phase 3; P, dW, Tm and the phase-3 operands pass through shared memory as bf16 (they are read transposed or by
+// other warps). dO, Vn and v are copied by cp.async, dVn and Tm converted from fp32 while phase 2's first dk block
+// (h, dE, q, k, kw) is in flight; vb = diag(beta) V and kbg = diag(beta gam) K enter as column factors of the fp32
+// products (the shared-memory kernel rounds them to bf16 first). Shared memory grows with dv: the launcher runs
+// gdn_bwd_chunk_kernel where it does not fit.
+
+#define GDN_BWD_KB 64   // columns of a dk block in phases 2 and 4
+
+// acc[2] += A B for the warp's 16 x 16 block at rows m0, columns n0, over k < kd: A from shared memory [m][k]
+// (A_KM: stored [k][m]), B stored [n][k] (B_NK) or [k][n]
+template <bool A_KM, bool B_NK>
+__device__ __forceinline__ void gdn_mma16(float acc[2][4], const __nv_bfloat16* A, int lda, int m0,
+                                          const __nv_bfloat16* Bm, int ldb, int n0, int kd, int lane) {
+    for (int k0 = 0; k0 < kd; k0 += 16) {
+        uint32_t a[4], b[4];
+        if (A_KM) { ldsm_x4_trans(a, A + ldsm_a_km_off(lda, m0, k0, lane)); }
+        else { ldsm_x4(a, A + ldsm_a_off(lda, m0, k0, lane)); }
+        if (B_NK) { ldsm_x4(b, Bm + ldsm_b_nk_off(ldb, k0, n0, lane)); }
+        else { ldsm_x4_trans(b, Bm + ldsm_b_kn_off(ldb, k0, n0, lane)); }
+        mma_bf16(acc[0], a, b[0], b[1]);
+        mma_bf16(acc[1], a, b[2], b[3]);
+    }
+}
+
+// f(nt, e, row, col) for the elements of the warp's 16 x 16 block at m0, n0 (fragment acc[nt][e])
+template <typename F>
+__device__ __forceinline__ void gdn_frag16_each(int m0, int n0, int lane, F f) {
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) { f(nt, e, m0 + (lane >> 2) + 8 * (e >> 1), n0 + 8 * nt + 2 * (lane & 3) + (e & 1)); }
+    }
+}
+
+// s[row][col..col+1] = bf16 of x0, x1 for the warp's block acc (the pairs e = 0, 1 and 2, 3)
+template <typename F>
+__device__ __forceinline__ void gdn_frag16_store(__nv_bfloat16* s, int lds, int m0, int n0, int lane, F value) {
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = m0 + (lane >> 2) + 8 * hr, c = n0 + 8 * nt + 2 * (lane & 3);
+            *reinterpret_cast<uint32_t*>(s + r * lds + c) = pack_bf16(value(nt, 2 * hr, r, c), value(nt, 2 * hr + 1, r, c + 1));
+        }
+    }
+}
+
+// the sum over the 4 lanes of a row (t4 = lane % 4) of x, on every lane
+__device__ __forceinline__ float gdn_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+#define GDN_BWD_PARTS 5   // per-row partial sums per column quarter: v.dvb, q.dQ, kw.dKw_a, k.dkbg, kw.dKw_int
+
+struct GdnBwdChunkMmaSmem {
+    __nv_bfloat16 *dO, *Vn, *dVn, *V;   // [BT][dvq + 8]
+    __nv_bfloat16 *Hs, *dE;             // [KB][dvq + 8]: a dk block's rows of h and dE
+    __nv_bfloat16 *Q, *K, *Kw;          // [BT][KB + 8]: a dk block's columns
+    __nv_bfloat16 *Tm, *P, *dW, *Z;     // [BT][BT + 8]
+    float *KK, *dAG;                    // [BT][LDF_BT], in Hs's and dE's memory (dead after phase 2)
+    float *G, *beta, *gam, *bg, *sg, *eg, *dbc, *dgc, *dGa, *dGb, *kd, *hde;
+    float* part;                        // [GDN_BWD_PARTS][4][BT]
+    size_t bytes;
+    __host__ __device__ GdnBwdChunkMmaSmem(size_t base, int dvq, bool split) {
+        constexpr int BT = GDN_CHUNK, LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+        SmemCarver cv(base);
+        dO = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        Vn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        dVn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        V = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        const size_t hde_elems = (size_t)GDN_BWD_KB * (dvq + 8), f_elems = (size_t)BT * LDF * 2;   // f: fp32 in bf16 units
+        Hs = cv.take<__nv_bfloat16>(hde_elems > f_elems ? hde_elems : f_elems);
+        dE = cv.take<__nv_bfloat16>(hde_elems > f_elems ? hde_elems : f_elems);
+        KK = reinterpret_cast<float*>(Hs);
+        dAG = reinterpret_cast<float*>(dE);
+        Q = cv.take<__nv_bfloat16>(BT * (GDN_BWD_KB + 8));
+        K = cv.take<__nv_bfloat16>(BT * (GDN_BWD_KB + 8));
+        Kw = split ? cv.take<__nv_bfloat16>(BT * (GDN_BWD_KB + 8)) : K;
+        Tm = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        P = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        dW = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        Z = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        float** vec[12] = {&G, &beta, &gam, &bg, &sg, &eg, &dbc, &dgc, &dGa, &dGb, &kd, &hde};
+        for (float** v : vec) { *v = cv.take<float>(BT); }
+        part = cv.take<float>((size_t)GDN_BWD_PARTS * 4 * BT);
+        bytes = cv.off;
+    }
+};
+
+__global__ void __launch_bounds__(GDN_BWD_THREADS, 1)
+gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                         float* grad_beta, float* grad_g, const __nv_bfloat16* dO, int ld_o, const __nv_bfloat16* q,
+                         const __nv_bfloat16* k, const __nv_bfloat16* v, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
+                         const float* beta, const float* Tm_saved, const float* G_saved, const __nv_bfloat16* h_saved,
+                         const __nv_bfloat16* Vn_saved, const float* dVn_work, const __nv_bfloat16* dE_work, int T,
+                         int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK, KB = GDN_BWD_KB, LB = BT + 8, LK = KB + 8, LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+    static_assert(GDN_BWD_THREADS == 512 && KB == BT, "16 warps: 4 row blocks x 4 column quarters of 64");
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const size_t c = p.c;
+    const bool split = kw != k;
+    const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x;
+    GdnBwdChunkMmaSmem sm((size_t)gdn_smem, dvq, split);
+    const int warp = tid >> 5, lane = tid & 31, m0 = 16 * (warp & 3), cq = warp >> 2, n16 = 16 * cq;
+    const float* dVn_c = dVn_work + c * BT * dv;
+
+    // dk block kb's h and dE rows, q, k and kw columns
+    const auto load_block = [&](int d0) {
+        tile_load_async(sm.Hs, ldv, KB, dvq, h_saved + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
+        tile_load_async(sm.dE, ldv, KB, dvq, dE_work + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
+        tile_load_async(sm.Q, LK, BT, KB, q + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+        tile_load_async(sm.K, LK, BT, KB, k + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+        if (split) { tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0); }
+        cp_async_commit();
+    };
+    tile_load_async(sm.dO, ldv, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
+    tile_load_async(sm.Vn, ldv, BT, dvq, Vn_saved + c * BT * dv, dv, BT, dv);
+    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+    cp_async_commit();
+    load_block(0);
+    // dVn and Tm to bf16 operands; beta (0 on padded rows), G and the row factors
+    for (int idx = tid; idx < BT * dvq / 4; idx += blockDim.x) {
+        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
+        const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+    for (int idx = tid; idx < BT * BT / 4; idx += blockDim.x) {
+        const int r = idx / (BT / 4), c4 = (idx - r * (BT / 4)) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Tm_saved + (c * BT + r) * BT + c4);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.Tm + r * LB + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+    const float G_last = G_saved[c * BT + BT - 1];
+    for (int r = tid; r < BT; r += blockDim.x) {
+        const float b = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
+        const float G = G_saved[c * BT + r], gam = expf(G);
+        sm.beta[r] = b;
+        sm.G[r] = G;
+        sm.gam[r] = gam;
+        sm.bg[r] = b * gam;
+        sm.sg[r] = scale * gam;
+        sm.eg[r] = expf(G_last - G);
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // phase 1: P = scale (dO Vn^T) (.) M (bf16, shared); dT1 = dU V^T diag(beta) (registers); dvb = Tm^T dU ->
+    // dv = diag(beta) dvb, v.dvb
+    float dT1[2][4] = {}, KKacc[2][4] = {}, dT2[2][4] = {};
+    {
+        float pacc[2][4] = {};
+        gdn_mma16<false, true>(pacc, sm.dO, ldv, m0, sm.Vn, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(dT1, sm.dVn, ldv, m0, sm.V, ldv, n16, dvq, lane);
+        gdn_frag16_store(sm.P, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+            return i >= j ? scale * pacc[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+        });
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int, int j) { dT1[nt][e] *= sm.beta[j]; });
+    }
+    float rv[2] = {0.0f, 0.0f};   // v.dvb of the thread's rows
+    for (int nb = 0; nb < dvq; nb += 64) {
+        float acc[2][4] = {};
+        gdn_mma16<true, false>(acc, sm.Tm, LB, m0, sm.dVn, ldv, nb + n16, BT, lane);
+        gdn_frag16_each(m0, nb + n16, lane, [&](int nt, int e, int i, int col) {
+            if (col < dv) {
+                rv[e >> 1] = fmaf(__bfloat162float(sm.V[i * ldv + col]), acc[nt][e], rv[e >> 1]);
+                if (i < p.L) { grad_v[(p.row0 + i) * ld_d + (size_t)p.h * dv + col] = sm.beta[i] * acc[nt][e]; }
+            }
+        });
+    }
+    __syncthreads();   // P complete
+
+    // phase 2, per dk block of KB columns d0 ..: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T; dQ = diag(scale gam) F0 + P Kw;
+    // dKw_int = diag(e) F1, dKw_a = dKw_int + P^T Q; dW = -F2; dT2 += dW K^T; dkbg = Tm^T dW; K Kw^T
+    float rq[2] = {}, rkw[2] = {}, rk[2] = {}, rki[2] = {}, hde = 0.0f;
+    const int nkb = (dk + KB - 1) / KB;
+    for (int kb = 0; kb < nkb; kb++) {
+        const int d0 = kb * KB;
+        cp_async_wait<0>();
+        __syncthreads();   // the block's h, dE, q, k, kw
+        for (int idx = tid; idx < KB * dvq; idx += blockDim.x) {   // <h, dE>_F, this thread's share
+            const int r = idx / dvq, cc = idx - r * dvq;
+            hde = fmaf(__bfloat162float(sm.Hs[r * ldv + cc]), __bfloat162float(sm.dE[r * ldv + cc]), hde);
+        }
+        float f0[2][4] = {}, f1[2][4] = {}, f2[2][4] = {};
+        gdn_mma16<false, true>(f0, sm.dO, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(f1, sm.Vn, ldv, m0, sm.dE, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(f2, sm.dVn, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            f0[nt][e] *= sm.sg[i];
+            f1[nt][e] *= sm.eg[i];   // dKw_int
+            rki[e >> 1] = fmaf(__bfloat162float(sm.Kw[i * LK + dl]), f1[nt][e], rki[e >> 1]);
+        });
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return -f2[nt][e]; });
+        gdn_mma16<false, false>(f0, sm.P, LB, m0, sm.Kw, LK, n16, BT, lane);   // dQ
+        gdn_mma16<true, false>(f1, sm.P, LB, m0, sm.Q, LK, n16, BT, lane);     // dKw_a
+        __syncthreads();   // dW complete
+        gdn_mma16<false, true>(dT2, sm.dW, LB, m0, sm.K, LK, n16, KB, lane);   // dT2 += dW K^T
+        gdn_mma16<false, true>(KKacc, sm.K, LK, m0, sm.Kw, LK, n16, KB, lane);  // K Kw^T
+        float dkbg[2][4] = {};
+        gdn_mma16<true, false>(dkbg, sm.Tm, LB, m0, sm.dW, LB, n16, BT, lane);
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            rq[e >> 1] = fmaf(__bfloat162float(sm.Q[i * LK + dl]), f0[nt][e], rq[e >> 1]);
+            rkw[e >> 1] = fmaf(__bfloat162float(sm.Kw[i * LK + dl]), f1[nt][e], rkw[e >> 1]);
+            rk[e >> 1] = fmaf(__bfloat162float(sm.K[i * LK + dl]), dkbg[nt][e], rk[e >> 1]);
+        });
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            if ((e & 1) || i >= p.L || d0 + dl >= dk) { return; }   // pairs (e, e + 1): dk is a multiple of 8
+            const size_t off = (p.row0 + i) * ld_d + (size_t)p.h * dk + d0 + dl;
+            *reinterpret_cast<float2*>(grad_q + off) = make_float2(f0[nt][e], f0[nt][e + 1]);
+            const float b0 = sm.bg[i] * dkbg[nt][e], b1 = sm.bg[i] * dkbg[nt][e + 1];
+            if (split) {   // dK_b and dKw_a; dK_c's two sides are added in phase 4
+                *reinterpret_cast<float2*>(grad_k + off) = make_float2(b0, b1);
+                *reinterpret_cast<float2*>(grad_kw + (p.row0 + i) * ld_dkw + (size_t)p.h * dk + d0 + dl) =
+                    make_float2(f1[nt][e], f1[nt][e + 1]);
+            } else {
+                *reinterpret_cast<float2*>(grad_k + off) = make_float2(f1[nt][e] + b0, f1[nt][e + 1] + b1);
+            }
+        });
+        __syncthreads();   // h, dE, q, k, kw and dW read by every warp
+        if (kb + 1 < nkb) { load_block(d0 + KB); }
+    }
+
+    // phase 3: dT = dT1 + dT2 diag(beta gam); dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dAG = dA (.) Gam
+    gdn_frag16_store(sm.Z, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+        return i > j ? dT1[nt][e] + sm.bg[j] * dT2[nt][e] : 0.0f;
+    });
+    gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int j) { sm.KK[i * LDF + j] = KKacc[nt][e]; });
+    __syncthreads();
+    {
+        float y[2][4] = {};
+        gdn_mma16<true, false>(y, sm.Tm, LB, m0, sm.Z, LB, n16, BT, lane);   // Tm^T strictly_lower(dT)
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return y[nt][e]; });
+    }
+    __syncthreads();
+    {
+        float r[2][4] = {};
+        gdn_mma16<false, true>(r, sm.dW, LB, m0, sm.Tm, LB, n16, BT, lane);   // (...) Tm^T
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int j) {
+            sm.dAG[i * LDF + j] = i > j ? -r[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+        });
+    }
+    __syncthreads();
+    // dbeta_c_i = sum_j dAG_ij (k_i.kw_j);  dG_c_i = sum_j (dA (.) A)_ij - (dA (.) A)_ji (as gdn_bwd_chunk_kernel)
+    cta_rows<2>(BT, BT, [&](int i, int j, float* acc) {
+        if (j < i) { acc[0] = fmaf(sm.dAG[i * LDF + j], sm.KK[i * LDF + j], acc[0]); }
+        if (j > i) { acc[1] = fmaf(sm.dAG[j * LDF + i] * sm.beta[j], sm.KK[j * LDF + i], acc[1]); }
+    }, [&](int i, const float* acc) {
+        sm.dbc[i] = acc[0];
+        sm.dgc[i] = sm.beta[i] * acc[0] - acc[1];
+    });
+    // Z = Z1 + Z1^T with Z1 = diag(beta) dAG where kw = k, else Z1
+    tile_fill(sm.Z, LB, BT, BT, [&](int i, int j) {
+        return sm.beta[i] * sm.dAG[i * LDF + j] + (split ? 0.0f : sm.beta[j] * sm.dAG[j * LDF + i]);
+    });
+
+    // phase 4: dk += Z K (with a write key of its own dk += Z1 Kw, dkw += Z1^T K), per dk block; phase 2's values
+    // are read back during the block's load
+    for (int d0 = 0; d0 < dk; d0 += KB) {
+        tile_load_async(sm.K, LK, BT, KB, k + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+        if (split) { tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0); }
+        cp_async_commit();
+        float pk[2][4] = {}, pkw[2][4] = {};
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            if (i < p.L && d0 + dl < dk) {
+                pk[nt][e] = grad_k[(p.row0 + i) * ld_d + (size_t)p.h * dk + d0 + dl];
+                if (split) { pkw[nt][e] = grad_kw[(p.row0 + i) * ld_dkw + (size_t)p.h * dk + d0 + dl]; }
+            }
+        });
+        cp_async_wait<0>();
+        __syncthreads();
+        gdn_mma16<false, false>(pk, sm.Z, LB, m0, split ? sm.Kw : sm.K, LK, n16, BT, lane);
+        if (split) { gdn_mma16<true, false>(pkw, sm.Z, LB, m0, sm.K, LK, n16, BT, lane); }
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            if ((e & 1) || i >= p.L || d0 + dl >= dk) { return; }
+            *reinterpret_cast<float2*>(grad_k + (p.row0 + i) * ld_d + (size_t)p.h * dk + d0 + dl) =
+                make_float2(pk[nt][e], pk[nt][e + 1]);
+            if (split) {
+                *reinterpret_cast<float2*>(grad_kw + (p.row0 + i) * ld_dkw + (size_t)p.h * dk + d0 + dl) =
+                    make_float2(pkw[nt][e], pkw[nt][e + 1]);
+            }
+        });
+        __syncthreads();   // K, Kw read by every warp
+    }
+
+    // phase 5: the row sums, in a fixed order: each thread's over its columns, its quad's, then the column quarters
+    const float mine[GDN_BWD_PARTS][2] = {{rv[0], rv[1]}, {rq[0], rq[1]}, {rkw[0], rkw[1]}, {rk[0], rk[1]}, {rki[0], rki[1]}};
+    #pragma unroll
+    for (int s = 0; s < GDN_BWD_PARTS; s++) {
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float x = gdn_quad_sum(mine[s][hr]);
+            if ((lane & 3) == 0) { sm.part[(s * 4 + cq) * BT + m0 + (lane >> 2) + 8 * hr] = x; }
+        }
+    }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { hde += __shfl_xor_sync(0xffffffffu, hde, o); }
+    if (lane == 0) { sm.hde[warp] = hde; }
+    __syncthreads();
+    if (tid < BT) {
+        const int r = tid;
+        float pv = 0.0f, pq = 0.0f, pkw = 0.0f, pk = 0.0f, pki = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            pv += sm.part[(0 * 4 + j) * BT + r];
+            pq += sm.part[(1 * 4 + j) * BT + r];
+            pkw += sm.part[(2 * 4 + j) * BT + r];
+            pk += sm.part[(3 * 4 + j) * BT + r];
+            pki += sm.part[(4 * 4 + j) * BT + r];
+        }
+        sm.dGa[r] = pq - pkw;
+        sm.dGb[r] = sm.bg[r] * pk + sm.dgc[r];
+        sm.dbc[r] += pv + sm.gam[r] * pk;   // dbeta
+        sm.kd[r] = pki;
+    }
+    __syncthreads();
+    if (tid == 0) {   // dG_a[BT-1] += gam_BT <h, dE>_F + sum_i kw_i.dKw_int_i
+        float s = 0.0f, kd = 0.0f;
+        for (int w = 0; w < GDN_BWD_THREADS / 32; w++) { s += sm.hde[w]; }
+        for (int r = 0; r < BT; r++) { kd += sm.kd[r]; }
+        sm.dGa[BT - 1] += expf(G_last) * s + kd;
+    }
+    __syncthreads();
+    for (int r = tid; r < p.L; r += blockDim.x) {
+        float s = 0.0f;
+        for (int j = BT - 1; j >= r; j--) { s += sm.dGa[j] + sm.dGb[j]; }
+        const size_t off = (p.row0 + r) * H + p.h;
+        grad_g[off] = s;
+        grad_beta[off] = sm.dbc[r];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // backward kernels 4, 5, 6 with a per-channel decay (spec/pdn.md 3.4; the steps of dev/cuda/pkda_chunk_check.py),
 // fused, one CTA per chunk, for a write key of its own (pkda). With dAqk = scale tril(dO Vn^T), Z1 = diag(beta) dA,
 // e = exp(G), el = exp(G_BT - G), the gdn_decay_rows / gdn_decay_cols products written rows(D, Y), cols(D, X):
@@ -2185,10 +2526,11 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 2, stream);
 }
 
-// register_tiles: with Tc = bf16 the state passes, the output and the dvlocal kernel, and per head the intra kernel
-// run on register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel, gdn_fwd_output_mma_kernel,
-// gdn_bwd_dvlocal_mma_kernel, gdn_fwd_intra_mma_kernel); false runs the shared-memory kernels that Tc = float always
-// runs (the labs' previous version)
+// register_tiles: with Tc = bf16 the state passes, the output and the dvlocal kernel, and per head the intra and the
+// backward chunk kernel run on register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel,
+// gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel, gdn_fwd_intra_mma_kernel, gdn_bwd_chunk_mma_kernel: the last
+// where its shared memory fits, dv <= 192 on an H100 / H200); false runs the shared-memory kernels that Tc = float
+// always runs (the labs' previous version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
@@ -2286,11 +2628,27 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         gdn_bwd_keys_channel_kernel<Tin, Tc><<<nchunks, GDN_KEYS_THREADS, s5, stream>>>(
             grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
     } else {
-        const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
-        gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
-        gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
-            grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
-            beta, Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
+        bool chunk_done = false;
+        if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+            int dev = 0, optin = 0;
+            cudaCheck(cudaGetDevice(&dev));
+            cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+            const size_t s4 = GdnBwdChunkMmaSmem(0, gdn_round64(dv), kw != k).bytes;
+            if (register_tiles && s4 <= (size_t)optin) {   // up to dv = 192 on an H100 / H200 (177 KB at dv = 128)
+                gdn_set_smem(gdn_bwd_chunk_mma_kernel, s4);
+                gdn_bwd_chunk_mma_kernel<<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+                    grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw,
+                    ld_kw, beta, Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
+                chunk_done = true;
+            }
+        }
+        if (!chunk_done) {
+            const size_t s4 = GdnBwdChunkSmem<Tc>(0).bytes;
+            gdn_set_smem(gdn_bwd_chunk_kernel<Tin, Tc>, s4);
+            gdn_bwd_chunk_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+                grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
+                beta, Tm, G, h, Vn, dVn, dE, T, H, NT, dk, dv, scale);
+        }
     }
     cudaCheckLaunch();
     gdn_mark(marks, 2, stream);

@@ -15,12 +15,15 @@ Versions (first argument):
      back during its K load instead of element by element), the state kernel on 256 threads instead of 128,
      and the forward changes of gdn_chunk_fwd version 4. (Prefetching the state kernel's next-chunk tiles into
      registers was measured slower at 128 threads: 0.84 vs 0.68 ms, register spills at 3 CTAs per SM.) It is
-     now the trainer's kernels with the shared-memory state, output and dvlocal kernels (which the fp32 build keeps)
+     now the trainer's kernels with the shared-memory kernels throughout (which the fp32 build keeps)
   4  the trainer's kernels (bf16 inputs): version 3 with both state passes, the output and the dvlocal kernel on
      register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel: the state in mma.sync fragments for the
      whole sequence, the next chunk's tiles copied by cp.async during the current one; H200: backward state
      0.643 -> 0.264 ms, forward+backward 3.77 -> 3.10 ms; gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel:
-     one CTA of 8 warps per chunk, the masked chunk product kept in registers as the next product's A fragments)
+     one CTA of 8 warps per chunk, the masked chunk product kept in registers as the next product's A fragments;
+     the intra kernel's products), and the fused chunk kernel on register tiles (gdn_bwd_chunk_mma_kernel: 16 warps,
+     dT and K Kw^T in fragments from phase 1 to phase 3, the tiles by cp.async; H200: chunk 1.789 -> 0.911 ms,
+     backward 2.601 -> 1.268 ms, forward+backward 3.768 -> 1.814 ms against version 3 in one run)
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at three shapes

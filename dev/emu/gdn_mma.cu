@@ -1,8 +1,9 @@
 /*
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
 version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel), the
-output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel) and the per-head intra
-kernel (gdn_fwd_intra_mma_kernel, with the write key the read key's and apart), against the
+output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), and per head the intra
+kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
+read key's and apart, against the
 shared-memory kernels with fp32 CUDA-core products (Tc = float), both run on the CPU by dev/emu/emu.h's emulator
 (ldmatrix, mma.sync and cp.async emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel:
 pkda). Each kernel gets the same inputs, drawn here as the kernels before it leave them (W, U, Vn, Kwe, Qg, Aqk zero
@@ -10,7 +11,8 @@ on a partial chunk's padded rows, G a chunk cumsum of log decays in [-0.2, 0] pe
 channel-dependent strength up to 2 per token), the bf16 kernels as bf16 and the fp32 ones as the same values in
 fp32; dVl (fp32) is the dvlocal kernel's output.
 Outputs: h, Vn (forward state), dE and dVn (backward state), o (output), dVl (dvlocal), Tm, G, W and U (intra; k,
-v, beta in [0.05, 0.95] and g in [-0.2, 0] drawn per token), by relative L2 error.
+v, beta in [0.05, 0.95] and g in [-0.2, 0] drawn per token), dq, dk, dv, dkw, dbeta and dg (backward chunk kernel;
+Tm unit lower triangular with entries of order 0.1), by relative L2 error.
 Tolerance 1e-2: the register tiles round the state operand (h, dE), the state passes' second operand
 (Vn exp(G_BT - G) or -dVn), the scaled dO and the masked chunk products to bf16 (2^-9 relative each), where the fp32
 kernels keep fp32, and store h, Vn and o in bf16; a few such roundings compound to a few 1e-3, while a missing or
@@ -21,9 +23,12 @@ Measured at T = 150, dk, dv = 24, 40: per head h 2.5e-3, Vn 1.6e-3, dE 2.3e-3, d
 per channel h 2.5e-3, Vn 2.5e-3, dE 2.8e-3, dVn 2.3e-3, o 1.7e-3, dVl 3.9e-8 (h, Vn and o are stored in bf16: 2^-9
 relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between);
 intra (kw = k and apart) Tm 5.6e-9 (K Kw^T of bf16 inputs in fp32 on both sides, then the same fp32 solve), G 0
-(the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16).
+(the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16); backward chunk kernel (kw = k / apart) dq
+1.4e-3, dk 2.2e-3 / 3.1e-3, dv 1.9e-3, dkw 1.7e-3, dbeta 1.9e-3 / 2.0e-3, dg 1.4e-3 / 1.9e-3 (the register tiles
+also round Tm and dVn to bf16, which the fp32 kernel keeps in fp32).
 Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the output kernel without
-the decay diag(gam) on Q h_n, and the intra kernel without beta in A, must fail.
+the decay diag(gam) on Q h_n, the intra kernel without beta in A, and the backward chunk kernel without phase 2's
+part of dT, must fail (the last: dk 1.5e-1, dg 1.5e-1).
 Usage: gdn_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
 */
 #include "emu.h"
@@ -209,10 +214,102 @@ static int check_intra(int B, int T, int H, int dk, int dv, bool split) {
     return ok;
 }
 
+// the per-head backward chunk kernel (gdn_bwd_chunk_mma_kernel) against gdn_bwd_chunk_kernel<float, float>, with the
+// write key the read key's or its own: dq, dk, dv, dkw, dbeta, dg. Tm is drawn unit lower triangular (the inverse
+// of I + A for a small strictly lower A: entries of order 0.1), the other saved and work tensors as above.
+static int check_bwd_chunk(int B, int T, int H, int dk, int dv, bool split) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, ld = 3 * H * dk + H * dv, HV = H * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    std::mt19937 rng(17);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    // inputs q | k | kw | v per row (kw used only with split), dO, beta; saved Tm, G, h, Vn; work dVn, dE
+    std::vector<float> qkv((size_t)B * T * ld), dO((size_t)B * T * HV), beta((size_t)B * T * H);
+    for (int r = 0; r < B * T; r++) {
+        for (int j = 0; j < 3 * H * dk; j++) { qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
+        for (int j = 0; j < H * dv; j++) { qkv[(size_t)r * ld + 3 * H * dk + j] = bf(N(rng)); }
+        for (int j = 0; j < HV; j++) { dO[(size_t)r * HV + j] = bf(2 * U(rng) - 1); }
+    }
+    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
+    std::vector<float> Tm((size_t)nch * BT * BT), G((size_t)nch * BT), h((size_t)nch * dk * dv), dE(h.size()),
+        Vn((size_t)nch * BT * dv), dVn(Vn.size());
+    for (int c = 0; c < nch; c++) {
+        float acc = 0.0f;
+        for (int i = 0; i < BT; i++) {
+            const bool valid = (c % NT) * BT + i < T;
+            if (valid) { acc -= 0.2f * U(rng); }
+            G[(size_t)c * BT + i] = acc;
+            for (int j = 0; j < BT; j++) {
+                Tm[((size_t)c * BT + i) * BT + j] = i == j ? 1.0f : i > j ? 0.1f * N(rng) : 0.0f;
+            }
+            for (int j = 0; j < dv; j++) {
+                Vn[((size_t)c * BT + i) * dv + j] = valid ? bf(N(rng)) : 0.0f;
+                dVn[((size_t)c * BT + i) * dv + j] = N(rng);
+            }
+        }
+    }
+    for (auto& x : h) { x = bf(N(rng)); }
+    for (auto& x : dE) { x = bf(N(rng)); }
+    const float* q = qkv.data();
+    const float* k = q + H * dk;
+    const float* kw = split ? q + 2 * H * dk : k;
+    const float* v = q + 3 * H * dk;
+    std::vector<float> out[2][6];   // [fp32 kernel, register tiles][dq, dk, dv, dkw, dbeta, dg] (dq | dk | dv share rows)
+    for (int version = 0; version < 2; version++) {
+        std::vector<float> dqkv((size_t)B * T * ld, NAN), dbeta((size_t)B * T * H, NAN), dg(dbeta.size(), NAN);
+        float* dq = dqkv.data();
+        float* dk_ = dq + H * dk;
+        float* dkw = split ? dq + 2 * H * dk : nullptr;
+        float* dv_ = dq + 3 * H * dk;
+        if (version == 0) {
+            emu_launch(dim3(nch), dim3(GDN_BWD_THREADS), [&]() {
+                gdn_bwd_chunk_kernel<float, float>(dq, dk_, dv_, ld, dkw, ld, dbeta.data(), dg.data(), dO.data(), HV, q, k, v,
+                                                   ld, kw, ld, beta.data(), Tm.data(), G.data(), h.data(), Vn.data(),
+                                                   dVn.data(), dE.data(), T, H, NT, dk, dv, scale);
+            });
+        } else {
+            const std::vector<bf16> qkvb = to_bf16(qkv), dOb = to_bf16(dO), hb = to_bf16(h), Vnb = to_bf16(Vn), dEb = to_bf16(dE);
+            const bf16* qb = qkvb.data();
+            emu_launch(dim3(nch), dim3(GDN_BWD_THREADS), [&]() {
+                gdn_bwd_chunk_mma_kernel(dq, dk_, dv_, ld, dkw, ld, dbeta.data(), dg.data(), dOb.data(), HV, qb, qb + H * dk,
+                                         qb + 3 * H * dk, ld, split ? qb + 2 * H * dk : qb + H * dk, ld, beta.data(),
+                                         Tm.data(), G.data(), hb.data(), Vnb.data(), dVn.data(), dEb.data(), T, H, NT, dk,
+                                         dv, scale);
+            });
+        }
+        const auto cols = [&](int off, int w) {
+            std::vector<float> x((size_t)B * T * w);
+            for (int r = 0; r < B * T; r++) for (int j = 0; j < w; j++) { x[(size_t)r * w + j] = dqkv[(size_t)r * ld + off + j]; }
+            return x;
+        };
+        out[version][0] = cols(0, H * dk);
+        out[version][1] = cols(H * dk, H * dk);
+        out[version][2] = cols(3 * H * dk, H * dv);
+        out[version][3] = split ? cols(2 * H * dk, H * dk) : std::vector<float>();
+        out[version][4] = dbeta;
+        out[version][5] = dg;
+    }
+    const char* names[6] = {"dq", "dk", "dv", "dkw", "dbeta", "dg"};
+    printf("per-head backward chunk kernel, %s, T=%d H=%d dk=%d dv=%d: register tiles against the fp32 kernel, "
+           "relative L2\n ", split ? "a write key of its own" : "kw = k", T, H, dk, dv);
+    int ok = 1;
+    for (int i = 0; i < 6; i++) {
+        if (out[0][i].empty()) { continue; }
+        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
+        printf(" %s %.3e", names[i], e);
+        ok &= e <= 1e-2;   // a NaN fails the comparison too
+    }
+    printf("\n%s register-tile backward chunk kernel = fp32 kernel within 1e-2 (%s, T=%d dk=%d dv=%d)\n",
+           ok ? "PASS" : "FAIL", split ? "kw apart" : "kw = k", T, dk, dv);
+    return ok;
+}
+
 int main(int argc, char** argv) {
     if (argc != 4) { fprintf(stderr, "usage: gdn_mma T dk dv\n"); return 1; }
     const int T = atoi(argv[1]), dk = atoi(argv[2]), dv = atoi(argv[3]);
     const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv) &
-                   check_intra(1, T, 2, dk, dv, false) & check_intra(1, T, 2, dk, dv, true);
+                   check_intra(1, T, 2, dk, dv, false) & check_intra(1, T, 2, dk, dv, true) &
+                   check_bwd_chunk(1, T, 2, dk, dv, false) & check_bwd_chunk(1, T, 2, dk, dv, true);
     return ok ? 0 : 1;
 }

@@ -12,11 +12,11 @@
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
 #     the solve's state product must fail;
-#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal and per-head
-#     intra kernels; ldmatrix, mma.sync and cp.async emulated) against the fp32 shared-memory kernels, per-head and
-#     per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and 100 136 24 (seconds); negative controls: the
-#     backward state pass without dE -= W^T dVn, the output kernel without diag(gam) on Q h_n, the intra kernel
-#     without beta in A, must fail;
+#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal, and per head
+#     the intra and backward chunk kernels; ldmatrix, mma.sync and cp.async emulated) against the fp32 shared-memory
+#     kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and 100 136 24 (about a minute
+#     each); negative controls: the backward state pass without dE -= W^T dVn, the output kernel without diag(gam)
+#     on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase 2's part of dT, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
 #     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
@@ -84,6 +84,8 @@ negative gdn_chunk.cuh 's/acc\[nt\]\[0\] \*= e0; acc\[nt\]\[1\] \*= e0; acc\[nt\
     "diag(gam) on Q h_n in the register-tile output kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/sm.A\[i \* LDF + j\] = i > j ? sm.beta\[i\] \* s\[nt\]\[e\]/sm.A[i * LDF + j] = i > j ? s[nt][e]/' \
     "beta in A in the register-tile intra kernel" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/return i > j ? dT1\[nt\]\[e\] + sm.bg\[j\] \* dT2\[nt\]\[e\] : 0.0f;/return i > j ? dT1[nt][e] : 0.0f;/' \
+    "phase 2's part of dT (dW kbg^T) in the register-tile backward chunk kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \
