@@ -1538,6 +1538,38 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
 // it loads the K slab. The per-row dot products and the gradient rows are done warp per row (cta_rows), so
 // the global writes are coalesced.
 
+// the per-row factors of both per-head backward chunk kernels: beta (0 on padded rows), G, gam = exp(G), beta gam,
+// scale gam, exp(G_BT - G); returns G_BT. No barrier.
+template <typename Smem>
+__device__ __forceinline__ float gdn_bwd_row_factors(Smem& sm, const float* beta, const float* G_saved,
+                                                     const GdnChunkPos& p, int H, float scale) {
+    const float G_last = G_saved[p.c * GDN_CHUNK + GDN_CHUNK - 1];
+    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
+        const float b = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
+        const float G = G_saved[p.c * GDN_CHUNK + r], gam = expf(G);
+        sm.beta[r] = b;
+        sm.G[r] = G;
+        sm.gam[r] = gam;
+        sm.bg[r] = b * gam;
+        sm.sg[r] = scale * gam;
+        sm.eg[r] = expf(G_last - G);
+    }
+    return G_last;
+}
+
+// phase 5's end in both per-head backward chunk kernels: dg_i = sum_{j >= i} (dG_a + dG_b)_j (Kernel 6, a reverse
+// cumulative sum in a fixed order) and dbeta, for the chunk's valid rows
+__device__ __forceinline__ void gdn_bwd_write_dg(float* grad_g, float* grad_beta, const float* dGa, const float* dGb,
+                                                 const float* dbeta, const GdnChunkPos& p, int H) {
+    for (int r = threadIdx.x; r < p.L; r += blockDim.x) {
+        float s = 0.0f;
+        for (int j = GDN_CHUNK - 1; j >= r; j--) { s += dGa[j] + dGb[j]; }
+        const size_t off = (p.row0 + r) * H + p.h;
+        grad_g[off] = s;
+        grad_beta[off] = dbeta[r];
+    }
+}
+
 // phase 1 of both backward chunk kernels, over dv slabs: P = dO Vn^T, dT = dU vb^T, dvb = Tm^T dU ->
 // dv = diag(beta) dvb, dbeta += v.dvb. Tm comes with the first slab into sm.Tm_op; sm.beta and sm.dbeta are set.
 template <typename Tin, typename Tc, typename Smem>
@@ -1653,16 +1685,8 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     Tc* const Skw = split ? sm.Skw : sm.Sk;
 
     // beta (0 on padded rows) and G in one round trip
-    const float G_last = G_saved[c * BT + BT - 1];
+    const float G_last = gdn_bwd_row_factors(sm, beta, G_saved, p, H, scale);
     for (int r = tid; r < BT; r += blockDim.x) {
-        const float b = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
-        const float G = G_saved[c * BT + r], gam = expf(G);
-        sm.beta[r] = b;
-        sm.G[r] = G;
-        sm.gam[r] = gam;
-        sm.bg[r] = b * gam;
-        sm.sg[r] = scale * gam;
-        sm.eg[r] = expf(G_last - G);
         sm.dGa[r] = 0.0f; sm.dGb[r] = 0.0f; sm.dbeta[r] = 0.0f; sm.kdKint[r] = 0.0f; sm.hdE[r] = 0.0f;
     }
     __syncthreads();
@@ -1810,13 +1834,7 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         if (tid == 0) { sm.dGa[BT - 1] += expf(G_last) * s + kd; }
     }
     __syncthreads();
-    for (int r = tid; r < p.L; r += blockDim.x) {
-        float s = 0.0f;
-        for (int j = BT - 1; j >= r; j--) { s += sm.dGa[j] + sm.dGb[j]; }
-        const size_t off = (p.row0 + r) * H + p.h;
-        grad_g[off] = s;
-        grad_beta[off] = sm.dbeta[r];
-    }
+    gdn_bwd_write_dg(grad_g, grad_beta, sm.dGa, sm.dGb, sm.dbeta, p, H);
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -1961,17 +1979,7 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         s[0] = pack_bf16(x.x, x.y);
         s[1] = pack_bf16(x.z, x.w);
     }
-    const float G_last = G_saved[c * BT + BT - 1];
-    for (int r = tid; r < BT; r += blockDim.x) {
-        const float b = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f;
-        const float G = G_saved[c * BT + r], gam = expf(G);
-        sm.beta[r] = b;
-        sm.G[r] = G;
-        sm.gam[r] = gam;
-        sm.bg[r] = b * gam;
-        sm.sg[r] = scale * gam;
-        sm.eg[r] = expf(G_last - G);
-    }
+    const float G_last = gdn_bwd_row_factors(sm, beta, G_saved, p, H, scale);
     cp_async_wait<1>();
     __syncthreads();
 
@@ -2150,13 +2158,7 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         sm.dGa[BT - 1] += expf(G_last) * s + kd;
     }
     __syncthreads();
-    for (int r = tid; r < p.L; r += blockDim.x) {
-        float s = 0.0f;
-        for (int j = BT - 1; j >= r; j--) { s += sm.dGa[j] + sm.dGb[j]; }
-        const size_t off = (p.row0 + r) * H + p.h;
-        grad_g[off] = s;
-        grad_beta[off] = sm.dbc[r];
-    }
+    gdn_bwd_write_dg(grad_g, grad_beta, sm.dGa, sm.dGb, sm.dbc, p, H);
 }
 
 // ----------------------------------------------------------------------------------------------------------
