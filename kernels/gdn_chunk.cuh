@@ -177,6 +177,23 @@ __device__ __forceinline__ void gdn_load_beta(float* bs, const float* beta, cons
     __syncthreads();
 }
 
+// per head: Gs = the cumulative sum of the chunk's log decays g from its start (spec 3.1; g = 0 on padded rows),
+// summed in a fixed order by one thread; visible to the CTA after the caller's next barrier. g_stride as in
+// gdn_fwd_intra_kernel.
+__device__ __forceinline__ void gdn_head_G(float* Gs, const float* g, int g_stride, const GdnChunkPos& p, int H) {
+    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
+        Gs[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int r = 0; r < GDN_CHUNK; r++) {
+            acc += Gs[r];
+            Gs[r] = acc;
+        }
+    }
+}
+
 // the tile of a chunk's rows of q, k (width dk), v or dO (width dv) at the head's columns col0 .. col0 + cols - 1,
 // zero outside the sequence or the head's columns
 template <typename Ts, typename Tin>
@@ -436,18 +453,8 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     if constexpr (CH) {
         gdn_load_beta(sm.beta, beta, p, H);
     } else {
-        for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-            sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
-        }
+        gdn_head_G(sm.G, g, g_stride, p, H);
         gdn_load_beta(sm.beta, beta, p, H);
-        if (threadIdx.x == 0) {
-            float acc = 0.0f;
-            for (int r = 0; r < BT; r++) {
-                acc += sm.G[r];
-                sm.G[r] = acc;
-            }
-        }
-        __syncthreads();
     }
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {
         if (!CH) { G_saved[p.c * BT + r] = sm.G[r]; }
@@ -1453,18 +1460,9 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
     cp_async_commit();
     tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
     cp_async_commit();
-    // beta and g (0 on padded rows), then G = the cumulative sum of g from the chunk start (spec 3.1) by one thread
-    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        sm.G[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
-    }
+    // G (spec 3.1) and beta, 0 on padded rows
+    gdn_head_G(sm.G, g, g_stride, p, H);
     gdn_load_beta(sm.beta, beta, p, H);
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (int r = 0; r < BT; r++) {
-            acc += sm.G[r];
-            sm.G[r] = acc;
-        }
-    }
     cp_async_wait<1>();
     __syncthreads();
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {

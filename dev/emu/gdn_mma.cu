@@ -51,6 +51,22 @@ static std::vector<float> to_floats(const std::vector<bf16>& v) {
     return out;
 }
 
+// prints the relative L2 error of every output (mine[i] against ref[i], empty ones skipped) and a PASS / FAIL line
+// naming what; returns 1 when all are within 1e-2 (a NaN fails the comparison too)
+static int report(const char* what, const char* const* names, const std::vector<float>* mine,
+                  const std::vector<float>* ref, int n) {
+    printf("%s: register tiles against the fp32 kernels, relative L2\n ", what);
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        if (ref[i].empty()) { continue; }
+        const double e = rel(mine[i], ref[i], 0, 1, 1, ref[i].size());
+        printf(" %s %.3e", names[i], e);
+        ok &= e <= 1e-2;
+    }
+    printf("\n%s %s: register tiles = fp32 kernels within 1e-2\n", ok ? "PASS" : "FAIL", what);
+    return ok;
+}
+
 template <GdnDecay DECAY>
 static int check(int B, int T, int H, int dk, int dv) {
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
@@ -146,17 +162,9 @@ static int check(int B, int T, int H, int dk, int dv) {
         out[1][4] = to_floats(o); out[1][5] = dvl;
     }
     const char* names[6] = {"h", "Vn", "dE", "dVn", "o", "dVl"};
-    printf("%s decay, T=%d H=%d dk=%d dv=%d: register tiles against fp32 CUDA-core kernels, relative L2\n ",
-           CH ? "per-channel" : "per-head", T, H, dk, dv);
-    int ok = 1;
-    for (int i = 0; i < 6; i++) {
-        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
-        printf(" %s %.3e", names[i], e);
-        ok &= e <= 1e-2;   // a NaN fails the comparison too
-    }
-    printf("\n%s register-tile kernels = fp32 kernels within 1e-2 (%s decay, T=%d dk=%d dv=%d)\n",
-           ok ? "PASS" : "FAIL", CH ? "per-channel" : "per-head", T, dk, dv);
-    return ok;
+    char what[160];
+    snprintf(what, sizeof what, "%s decay, T=%d H=%d dk=%d dv=%d", CH ? "per-channel" : "per-head", T, H, dk, dv);
+    return report(what, names, out[1], out[0], 6);
 }
 
 // the per-head intra kernel (gdn_fwd_intra_mma_kernel) against gdn_fwd_intra_kernel<float, float>, with the write
@@ -201,17 +209,10 @@ static int check_intra(int B, int T, int H, int dk, int dv, bool split) {
         out[1][0] = Tm; out[1][1] = G; out[1][2] = to_floats(W); out[1][3] = to_floats(Uw);
     }
     const char* names[4] = {"Tm", "G", "W", "U"};
-    printf("per-head intra kernel, %s, T=%d H=%d dk=%d dv=%d: register tiles against the fp32 kernel, relative L2\n ",
-           split ? "a write key of its own" : "kw = k", T, H, dk, dv);
-    int ok = 1;
-    for (int i = 0; i < 4; i++) {
-        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
-        printf(" %s %.3e", names[i], e);
-        ok &= e <= 1e-2;   // a NaN fails the comparison too
-    }
-    printf("\n%s register-tile intra kernel = fp32 kernel within 1e-2 (%s, T=%d dk=%d dv=%d)\n", ok ? "PASS" : "FAIL",
-           split ? "kw apart" : "kw = k", T, dk, dv);
-    return ok;
+    char what[160];
+    snprintf(what, sizeof what, "per-head intra kernel, %s, T=%d H=%d dk=%d dv=%d", split ? "kw apart" : "kw = k", T, H,
+             dk, dv);
+    return report(what, names, out[1], out[0], 4);
 }
 
 // the per-head backward chunk kernel (gdn_bwd_chunk_mma_kernel) against gdn_bwd_chunk_kernel<float, float>, with the
@@ -291,18 +292,10 @@ static int check_bwd_chunk(int B, int T, int H, int dk, int dv, bool split) {
         out[version][5] = dg;
     }
     const char* names[6] = {"dq", "dk", "dv", "dkw", "dbeta", "dg"};
-    printf("per-head backward chunk kernel, %s, T=%d H=%d dk=%d dv=%d: register tiles against the fp32 kernel, "
-           "relative L2\n ", split ? "a write key of its own" : "kw = k", T, H, dk, dv);
-    int ok = 1;
-    for (int i = 0; i < 6; i++) {
-        if (out[0][i].empty()) { continue; }
-        const double e = rel(out[1][i], out[0][i], 0, 1, 1, out[0][i].size());
-        printf(" %s %.3e", names[i], e);
-        ok &= e <= 1e-2;   // a NaN fails the comparison too
-    }
-    printf("\n%s register-tile backward chunk kernel = fp32 kernel within 1e-2 (%s, T=%d dk=%d dv=%d)\n",
-           ok ? "PASS" : "FAIL", split ? "kw apart" : "kw = k", T, dk, dv);
-    return ok;
+    char what[160];
+    snprintf(what, sizeof what, "per-head backward chunk kernel, %s, T=%d H=%d dk=%d dv=%d", split ? "kw apart" : "kw = k",
+             T, H, dk, dv);
+    return report(what, names, out[1], out[0], 6);
 }
 
 int main(int argc, char** argv) {
