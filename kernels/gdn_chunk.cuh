@@ -20,7 +20,8 @@ padded tokens neither write nor decay), so every kernel sees full BT-row chunks.
 Kernels (one CTA per chunk unless said otherwise):
   forward  1 gdn_fwd_intra_kernel   G = chunk cumsum of g; A = strictly_lower(diag(beta) K Kw^T (.) Gam);
                                     Tm = (I + A)^-1 (spec 3.2); W = Tm diag(beta gam) K; U = Tm diag(beta) V
-                                    (bf16 per head: gdn_fwd_intra_mma_kernel, the products on register tiles)
+                                    (bf16 per head: gdn_fwd_intra_mma_kernel, the products on register tiles;
+                                    per channel: gdn_fwd_intra_channel_mma_kernel)
            2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
                                     h_n = S, Vn = U - W S, S <- gam_BT S + Kw^T diag(exp(G_BT - G)) Vn
                                     (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads)
@@ -1516,6 +1517,248 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
 }
 
 // ----------------------------------------------------------------------------------------------------------
+// A diagonal 16-row block's decayed products may take the off-diagonal blocks' form, one tensor-core product of
+// operands scaled against a reference row of the block (its first or last), where the block's span, the largest
+// decay over its 16 rows of any channel, max_c (G_f[c] - G_{f+15}[c]), is at most GDN_SPAN_MAX: the factors stay
+// within e^-64 .. e^64, in bf16's and fp32's range with room for the operands themselves. Otherwise (a decay above
+// 4 per token on average) the block is summed per element with the exponent of each difference.
+#define GDN_SPAN_MAX 64.0f
+
+// ok[I] = 1 where block I's span is at most GDN_SPAN_MAX (warp I of the first GDN_NSUB; no barrier)
+__device__ __forceinline__ void gdn_span_ok(int* ok, const float* G, int ldg, int dk) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= GDN_NSUB) { return; }
+    const float* Gf = G + GDN_SUB * warp * ldg;
+    float m = 0.0f;
+    for (int c = lane; c < dk; c += 32) { m = fmaxf(m, Gf[c] - Gf[(GDN_SUB - 1) * ldg + c]); }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o)); }
+    if (lane == 0) { ok[warp] = m <= GDN_SPAN_MAX; }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// forward kernel 1 on register tiles, per channel (Tc = bf16: pkda in the bf16 trainer): gdn_fwd_intra_kernel's
+// per-channel math (the 16-row blocks of spec/pdn.md 3.2 above), one CTA of 8 warps per chunk and two per SM, K,
+// Kw, Q and the chunk's log decays g copied whole by cp.async:
+//   1. G = the cumulative sums of g per channel (gdn_chunk_cumsum_channels: the same sums in the same order)
+//   2. the blocks (I, J), J <= I, of the decayed K Kw^T and Q Kw^T, one per warp task, in mma.sync fragments: the
+//      raw tiles' fragments are scaled in registers, row r of block I by exp(G_r - G_f) and row s of Kw by
+//      exp(G_f - G_s), f = 16 I (gdn_decay_refer_rows' and gdn_decay_stack_before's operands without their tiles);
+//      a diagonal block so where its span allows (gdn_span_ok), else per element, four lanes per (block, r, s)
+//      taking every fourth group of 8 channels (conflict-free shared reads), k_r.kw_s and q_r.kw_s sharing one
+//      exp(G_r - G_s). A0's blocks go to shared memory, Aqk's (times scale) straight to its saved copy
+//   3. A0 saved, A = diag(beta) A0; K <- K (.) exp(G) in place, Qg, Kwe and G saved; V copied into Q's memory,
+//      in flight during the solve
+//   4. Tm = (I + A)^-1 (gdn_solve_unit_lower, fp32) in G's memory
+//   5. W = (Tm diag(beta)) (K (.) exp(G)) and U = (Tm diag(beta)) V, each warp its 16 rows' A fragments cut once
+//      from fp32 Tm with beta on its columns (the shared-memory kernel rounds beta K (.) exp(G) and beta V instead)
+
+struct GdnIntraChannelMmaSmem {
+    float *G, *A, *Tm, *X, *beta;   // Tm: in G's memory, once the exponentials are done
+    int* ok;                        // [GDN_NSUB] gdn_span_ok
+    __nv_bfloat16 *K, *Kw, *QV;   // QV: Q, then V
+    size_t bytes;
+    __host__ __device__ GdnIntraChannelMmaSmem(size_t base, int dkq, int dvq) {   // dk, dv rounded up to 64
+        constexpr int LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+        SmemCarver cv(base);
+        G = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
+        Tm = G;
+        A = cv.take<float>(GDN_CHUNK * LDF);
+        X = cv.take<float>(3 * 256);   // the cumulative sums' block totals, then the solve's scratch
+        beta = cv.take<float>(GDN_CHUNK);
+        ok = cv.take<int>(GDN_NSUB);
+        K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
+        Kw = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
+        QV = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * ((dkq > dvq ? dkq : dvq) + 8));
+        bytes = cv.off;
+    }
+};
+
+// the bf16 pair x times (f0, f1), rounded to bf16
+__device__ __forceinline__ uint32_t gdn_scale_pair(uint32_t x, float f0, float f1) {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&x);
+    return pack_bf16(__low2float(v) * f0, __high2float(v) * f1);
+}
+
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+gdn_fwd_intra_channel_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved, __nv_bfloat16* U_work,
+                                 float* A0_saved, __nv_bfloat16* Aqk_saved, __nv_bfloat16* Qg_saved,
+                                 __nv_bfloat16* Kwe_saved, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                 const __nv_bfloat16* v, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
+                                 const float* beta, const float* g, int T, int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK, LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+    constexpr int PAIRS = GDN_SUB * (GDN_SUB + 1) / 2;   // (r, s) with s <= r in a diagonal block
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dkq = gdn_round64(dk), dvq = gdn_round64(dv);
+    const int ldk = dkq + 8, ldg = dkq + 8, ldv = dvq + 8;
+    GdnIntraChannelMmaSmem sm((size_t)gdn_smem, dkq, dvq);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+    const size_t HK = (size_t)H * dk;
+    tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+    tile_load_async(sm.QV, ldk, BT, dkq, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    tile_load_async(sm.G, ldg, BT, dkq, g + p.row0 * HK + (size_t)p.h * dk, HK, p.L, dk);
+    cp_async_commit();
+    gdn_load_beta(sm.beta, beta, p, H);
+    cp_async_wait<0>();
+    __syncthreads();
+    gdn_chunk_cumsum_channels(sm.G, ldg, dkq, sm.X);
+    gdn_span_ok(sm.ok, sm.G, ldg, dk);
+    __syncthreads();
+
+    // 2. the blocks on tensor cores: task w < 20 forms block b = w % 10 = (I, J) of K Kw^T (w < 10) or of Q Kw^T;
+    // b = 0: (0, 0); 1, 2: (1, 0), (1, 1); 3, 4, 5: (2, 0) .. (2, 2); 6 .. 9: (3, 0) .. (3, 3); a diagonal block
+    // only where its span allows
+    __nv_bfloat16* Aqk_c = Aqk_saved + p.c * BT * BT;
+    for (int task = warp; task < 20; task += GDN_THREADS / 32) {
+        const int b = task % 10, I = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3, J = b - I * (I + 1) / 2, f = GDN_SUB * I;
+        if (J == I && !sm.ok[I]) { continue; }
+        const bool qk = task >= 10;
+        const __nv_bfloat16* X = qk ? sm.QV : sm.K;
+        const float* Gf = sm.G + f * ldg;
+        float acc[2][4] = {};
+        for (int k0 = 0; k0 < dkp; k0 += 16) {
+            uint32_t a[4], bk[4];
+            ldsm_x4(a, X + ldsm_a_off(ldk, f, k0, lane));
+            ldsm_x4(bk, sm.Kw + ldsm_b_nk_off(ldk, k0, GDN_SUB * J, lane));
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {   // a[e]: row f + g4 (+ 8 for odd e), columns c, c + 1 (+ 8 for e >= 2)
+                const int c = k0 + 2 * t4 + 8 * (e >> 1);
+                const float2 gr = *reinterpret_cast<const float2*>(sm.G + (f + g4 + 8 * (e & 1)) * ldg + c);
+                a[e] = gdn_scale_pair(a[e], gdn_decay_exp(gr.x - Gf[c]), gdn_decay_exp(gr.y - Gf[c + 1]));
+            }
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {   // bk[e]: Kw's row 16 J + g4 (+ 8 for e >= 2), columns c, c + 1 (+ 8 for odd e)
+                const int c = k0 + 2 * t4 + 8 * (e & 1);
+                const float2 gs = *reinterpret_cast<const float2*>(sm.G + (GDN_SUB * J + g4 + 8 * (e >> 1)) * ldg + c);
+                bk[e] = gdn_scale_pair(bk[e], gdn_decay_exp(Gf[c] - gs.x), gdn_decay_exp(Gf[c + 1] - gs.y));
+            }
+            mma_bf16(acc[0], a, bk[0], bk[1]);
+            mma_bf16(acc[1], a, bk[2], bk[3]);
+        }
+        #pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            #pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = f + g4 + 8 * hr, j = GDN_SUB * J + 8 * nt + 2 * t4;
+                if (qk) {   // lower, with the diagonal (a diagonal block's upper part is 0)
+                    *reinterpret_cast<uint32_t*>(Aqk_c + i * BT + j) =
+                        pack_bf16(j <= i ? scale * acc[nt][2 * hr] : 0.0f, j + 1 <= i ? scale * acc[nt][2 * hr + 1] : 0.0f);
+                } else {   // phase 3 keeps the strictly lower part
+                    sm.A[i * LDF + j] = acc[nt][2 * hr];
+                    sm.A[i * LDF + j + 1] = acc[nt][2 * hr + 1];
+                }
+            }
+        }
+    }
+    // the other diagonal blocks per element: job = ((I * PAIRS + pair) * 4 + quarter), the four lanes of a pair
+    // adjacent (whole warps per block: every lane of a warp takes part in the shuffles, or none), quarter q taking
+    // channels 8 q + 32 i ..
+    static_assert(PAIRS * 4 % 32 == 0, "whole warps of diagonal jobs per block");
+    for (int job = threadIdx.x; job < GDN_NSUB * PAIRS * 4; job += blockDim.x) {
+        if (sm.ok[(job >> 2) / PAIRS]) { continue; }
+        const int quarter = job & 3, pair = (job >> 2) % PAIRS, f = GDN_SUB * ((job >> 2) / PAIRS);
+        int r = (int)((sqrtf(8.0f * pair + 1.0f) - 1.0f) * 0.5f);
+        while (r * (r + 1) / 2 > pair) { r--; }
+        while ((r + 1) * (r + 2) / 2 <= pair) { r++; }
+        const int s = f + pair - r * (r + 1) / 2;
+        r += f;
+        float a0 = 0.0f, aq = 0.0f;
+        for (int c = 8 * quarter; c < dkq; c += 32) {
+            const uint4 kr = *reinterpret_cast<const uint4*>(sm.K + r * ldk + c);
+            const uint4 qr = *reinterpret_cast<const uint4*>(sm.QV + r * ldk + c);
+            const uint4 ks = *reinterpret_cast<const uint4*>(sm.Kw + s * ldk + c);
+            const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kr);
+            const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(&qr);
+            const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&ks);
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 gr = *reinterpret_cast<const float2*>(sm.G + r * ldg + c + 2 * u);
+                const float2 gs = *reinterpret_cast<const float2*>(sm.G + s * ldg + c + 2 * u);
+                const float t0 = __low2float(w2[u]) * gdn_decay_exp(gr.x - gs.x);
+                const float t1 = __high2float(w2[u]) * gdn_decay_exp(gr.y - gs.y);
+                a0 = fmaf(__low2float(k2[u]), t0, a0);
+                a0 = fmaf(__high2float(k2[u]), t1, a0);
+                aq = fmaf(__low2float(q2[u]), t0, aq);
+                aq = fmaf(__high2float(q2[u]), t1, aq);
+            }
+        }
+        #pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+            aq += __shfl_xor_sync(0xffffffffu, aq, o);
+        }
+        if (quarter == 0) {
+            sm.A[r * LDF + s] = a0;
+            Aqk_c[r * BT + s] = __float2bfloat16(scale * aq);
+        }
+    }
+    __syncthreads();
+
+    // 3. A_ij = beta_i A0_ij for i > j, else 0, A0 saved for dbeta; Aqk's upper part 0
+    cta_for_each(BT, BT, [&](int i, int j) {
+        float* a = sm.A + i * LDF + j;
+        const float a0 = i > j ? *a : 0.0f;
+        A0_saved[(p.c * BT + i) * BT + j] = a0;
+        *a = sm.beta[i] * a0;
+        if (j > i) { Aqk_c[i * BT + j] = __float2bfloat16(0.0f); }
+    });
+    // K <- K (.) exp(G); Qg = scale Q (.) exp(G), Kwe = Kw (.) exp(G_BT - G) and G saved; eight channels per step
+    for (int idx = threadIdx.x; idx < BT * (dk / 8); idx += blockDim.x) {
+        const int r = idx / (dk / 8), c = (idx - r * (dk / 8)) * 8;
+        const size_t off = (p.c * BT + r) * dk + c;
+        uint4 kr = *reinterpret_cast<const uint4*>(sm.K + r * ldk + c);
+        const uint4 qr = *reinterpret_cast<const uint4*>(sm.QV + r * ldk + c);
+        const uint4 wr = *reinterpret_cast<const uint4*>(sm.Kw + r * ldk + c);
+        uint4 qg, kwe;
+        uint32_t* kp = reinterpret_cast<uint32_t*>(&kr);
+        const uint32_t* qp = reinterpret_cast<const uint32_t*>(&qr);
+        const uint32_t* wp = reinterpret_cast<const uint32_t*>(&wr);
+        uint32_t* qgp = reinterpret_cast<uint32_t*>(&qg);
+        uint32_t* kwep = reinterpret_cast<uint32_t*>(&kwe);
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float2 G2 = *reinterpret_cast<const float2*>(sm.G + r * ldg + c + 2 * u);
+            const float2 L2 = *reinterpret_cast<const float2*>(sm.G + (BT - 1) * ldg + c + 2 * u);
+            const float e0 = gdn_decay_exp(G2.x), e1 = gdn_decay_exp(G2.y);
+            kp[u] = gdn_scale_pair(kp[u], e0, e1);
+            qgp[u] = gdn_scale_pair(qp[u], scale * e0, scale * e1);
+            kwep[u] = gdn_scale_pair(wp[u], gdn_decay_exp(L2.x - G2.x), gdn_decay_exp(L2.y - G2.y));
+        }
+        *reinterpret_cast<uint4*>(sm.K + r * ldk + c) = kr;
+        *reinterpret_cast<uint4*>(Qg_saved + off) = qg;
+        *reinterpret_cast<uint4*>(Kwe_saved + off) = kwe;
+        *reinterpret_cast<float4*>(G_saved + off) = *reinterpret_cast<const float4*>(sm.G + r * ldg + c);
+        *reinterpret_cast<float4*>(G_saved + off + 4) = *reinterpret_cast<const float4*>(sm.G + r * ldg + c + 4);
+    }
+    __syncthreads();   // Q and G read by every thread
+    tile_load_async(sm.QV, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+    cp_async_commit();
+
+    // 4. the solve; 5. W and U
+    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    cta_for_each(BT, BT, [&](int i, int j) { Tm_saved[(p.c * BT + i) * BT + j] = sm.Tm[i * LDF + j]; });
+    cp_async_wait<0>();
+    __syncthreads();   // V visible
+    const int m0 = 16 * (warp & 3);
+    uint32_t pa[BT / 16][4];
+    gdn_scaled_tm_frags(pa, sm.Tm, sm.beta, m0, lane);
+    for (int pass = 0; pass < 2; pass++) {
+        const __nv_bfloat16* X = pass == 0 ? sm.K : sm.QV;
+        const int cols = pass == 0 ? dk : dv, ldx = pass == 0 ? ldk : ldv;
+        __nv_bfloat16* out = pass == 0 ? W_saved + p.c * BT * dk : U_work + p.c * BT * dv;
+        for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < cols; n0 += 2 * GDN_ATT_VB) {
+            float acc[GDN_ATT_VB / 8][4] = {};
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane);
+            gdn_rows_store(acc, m0, n0, BT, cols, 1.0f, lane, [&](int r, int col, float x0, float x1) {
+                *reinterpret_cast<uint32_t*>(out + (size_t)r * cols + col) = pack_bf16(x0, x1);
+            });
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // backward kernels 4, 5, 6 of spec 3.4, fused: one CTA per chunk. With P = scale (dO Vn^T) (.) M,
 // dU = dVn, kbg = diag(beta gam) K, vb = diag(beta) V, e_i = exp(G_BT - G_i):
 //   phase 1 (dv slabs)  P; dT = dU vb^T; dvb = Tm^T dU -> dv = diag(beta) dvb, dbeta_b += v.dvb
@@ -2424,6 +2667,511 @@ gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw,
     }
 }
 
+// the same on register tiles (Tc = bf16: pkda in the bf16 trainer), one CTA of 8 warps per chunk, two per SM, Z1,
+// K, Kw and G copied whole by cp.async. Warp task (I, n0) takes the rows f = 16 I .. f + 15 and the columns
+// n0 .. n0 + 63 of both products, as mma.sync fragments:
+//   rows(Z1, Kw) = exp(G_r - G_f) (.) (Z1[rows, s < f] (Kw[s] (.) exp(G_f - G_s)))    (the blocks before I)
+//                  + sum over s in block I of Z1_rs Kw_s exp(G_r - G_s)                 (the diagonal block)
+//   cols(Z1, K)  = exp(G_e - G_s) (.) (Z1[r > e, rows]^T (K[r] (.) exp(G_r - G_e)))    (the blocks after I, e = f + 15)
+//                  + sum over r in block I of Z1_rs K_r exp(G_r - G_s)
+// where the diagonal block is one more block of the tensor-core sum when its span allows (gdn_span_ok), else summed
+// per element (Z1 is strictly lower: its zeros mask the diagonal block); the B fragments are scaled in registers. dk and dkw
+// add the products, dG = (the chunk kernel's partial) + k rows - kw cols goes to shared memory, and dg is the
+// reverse cumulative sum over the chunk per channel in a fixed order: each 16-row block's own sums, then the
+// chunk-end term ce and the totals of the blocks after it.
+
+struct GdnBwdKeysMmaSmem {
+    float *G, *dG, *ce, *X;         // G, dG [BT][dkq + 8]; ce [dkq]; X [GDN_NSUB][dkq] the blocks' totals in Z's memory
+    int* ok;                        // [GDN_NSUB] gdn_span_ok
+    __nv_bfloat16 *Z, *K, *Kw;      // Z1 [BT][BT + 8]; K, Kw [BT][dkq + 8]
+    size_t bytes;
+    __host__ __device__ GdnBwdKeysMmaSmem(size_t base, int dkq) {   // dk rounded up to 64
+        static_assert(GDN_NSUB * 256 * sizeof(float) <= GDN_CHUNK * (GDN_CHUNK + 8) * 2, "X fits in Z's memory");
+        SmemCarver cv(base);
+        G = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
+        dG = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
+        ce = cv.take<float>(dkq);
+        ok = cv.take<int>(GDN_NSUB);
+        Z = cv.take<__nv_bfloat16>(GDN_CHUNK * (GDN_CHUNK + 8));
+        X = (float*)Z;
+        K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
+        Kw = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
+        bytes = cv.off;
+    }
+};
+
+// acc[NT][4] (the warp's 16 rows m0 .., columns n0 .. n0 + 8 NT - 1) += A (Y (.) exp(s (G_ref - G_k))) over the row
+// blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's rows m0 .. at
+// columns 16 kb (ROWS) or Z^T's (Z's rows 16 kb .., columns m0 ..; !ROWS); s = +1 (ROWS: exp(G_ref - G_k)) or -1
+// (exp(G_k - G_ref)) on Y's rows k, each column c its own G[k][c] and G_ref[c]
+template <bool ROWS, int NT>
+__device__ __forceinline__ void gdn_keys_block_product(float acc[NT][4], const __nv_bfloat16* Z, const __nv_bfloat16* Y,
+                                                       int ldy, const float* G, int ldg, const float* Gref, int m0,
+                                                       int n0, int kb0, int kb1, int lane) {
+    constexpr int LDZ = GDN_CHUNK + 8;
+    const int g4 = lane >> 2, t4 = lane & 3;
+    for (int kb = kb0; kb < kb1; kb++) {
+        uint32_t a[4];
+        if (ROWS) {
+            ldsm_x4(a, Z + ldsm_a_off(LDZ, m0, 16 * kb, lane));
+        } else {
+            ldsm_x4_trans(a, Z + ldsm_a_km_off(LDZ, m0, 16 * kb, lane));
+        }
+        #pragma unroll
+        for (int pr = 0; pr < NT / 2; pr++) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, Y + ldsm_b_kn_off(ldy, 16 * kb, n0 + 16 * pr, lane));
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {   // b[e]: Y's rows k, k + 1 (k = 16 kb + 2 t4, + 8 for odd e), column c
+                const int k = 16 * kb + 2 * t4 + 8 * (e & 1), c = n0 + 16 * pr + 8 * (e >> 1) + g4;
+                const float d0 = G[k * ldg + c] - Gref[c], d1 = G[(k + 1) * ldg + c] - Gref[c];
+                b[e] = gdn_scale_pair(b[e], gdn_decay_exp(ROWS ? -d0 : d0), gdn_decay_exp(ROWS ? -d1 : d1));
+            }
+            mma_bf16(acc[2 * pr], a, b[0], b[1]);
+            mma_bf16(acc[2 * pr + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// the end of rows(D, Y) on the warp's fragments acc (rows r = f + g4, + 8 of a row block f; columns c = n0 + 8 nt +
+// 2 t4, + 1): acc <- exp(G_r - G_f) acc, acc holding gdn_keys_block_product<true>'s sum over the blocks before f, or
+// (where the block's span allows, gdn_span_ok) before and in it; else (elementwise) the diagonal block's terms are
+// added per element: + sum_{s in the block} D_rs Y_s exp(G_r - G_s). D [BT][BT + 8] is lower triangular (DIAG: with
+// its diagonal) with zeros above; the zero terms' exponents G_r - G_s > 0 are clamped to 0 so that no exp
+// overflows into 0 * inf. The s loop is outermost: its 16 products per s are independent (latency overlaps).
+template <bool DIAG, int NT>
+__device__ __forceinline__ void gdn_rows_finish(float acc[NT][4], const __nv_bfloat16* D, const __nv_bfloat16* Y, int ldy,
+                                                const float* G, int ldg, int f, int n0, bool elementwise, int lane) {
+    constexpr int LDZ = GDN_CHUNK + 8, NU = NT < 4 ? NT : 4;
+    const int r0 = f + (lane >> 2), r1 = r0 + 8, c0 = n0 + 2 * (lane & 3);
+    #pragma unroll
+    for (int half = 0; half < NT / NU; half++) {   // at most four n-tiles at a time (registers)
+        float2 ga[NU], gb[NU];
+        #pragma unroll
+        for (int u = 0; u < NU; u++) {
+            const int nt = NU * half + u, col = c0 + 8 * nt;
+            const float2 gf = *reinterpret_cast<const float2*>(G + f * ldg + col);
+            ga[u] = *reinterpret_cast<const float2*>(G + r0 * ldg + col);
+            gb[u] = *reinterpret_cast<const float2*>(G + r1 * ldg + col);
+            acc[nt][0] *= gdn_decay_exp(ga[u].x - gf.x);
+            acc[nt][1] *= gdn_decay_exp(ga[u].y - gf.y);
+            acc[nt][2] *= gdn_decay_exp(gb[u].x - gf.x);
+            acc[nt][3] *= gdn_decay_exp(gb[u].y - gf.y);
+        }
+        for (int s = f; elementwise && s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {
+            const float z0 = __bfloat162float(D[r0 * LDZ + s]), z1 = __bfloat162float(D[r1 * LDZ + s]);
+            #pragma unroll
+            for (int u = 0; u < NU; u++) {
+                const int nt = NU * half + u, col = c0 + 8 * nt;
+                const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162*>(Y + s * ldy + col);
+                const float2 gs = *reinterpret_cast<const float2*>(G + s * ldg + col);
+                const float y0 = __low2float(y), y1 = __high2float(y);
+                acc[nt][0] = fmaf(z0 * y0, gdn_decay_exp(fminf(ga[u].x - gs.x, 0.0f)), acc[nt][0]);
+                acc[nt][1] = fmaf(z0 * y1, gdn_decay_exp(fminf(ga[u].y - gs.y, 0.0f)), acc[nt][1]);
+                acc[nt][2] = fmaf(z1 * y0, gdn_decay_exp(fminf(gb[u].x - gs.x, 0.0f)), acc[nt][2]);
+                acc[nt][3] = fmaf(z1 * y1, gdn_decay_exp(fminf(gb[u].y - gs.y, 0.0f)), acc[nt][3]);
+            }
+        }
+    }
+}
+
+// the same for cols(D, X) on the fragments of the column block's rows s = f + g4, + 8: acc <- exp(G_e - G_s) acc
+// (+ sum_{r in the block} D_rs X_r exp(G_r - G_s) elementwise), e = f + 15, acc holding gdn_keys_block_product<false>'s
+// sum over the blocks after it (and the block itself where its span allows)
+template <bool DIAG, int NT>
+__device__ __forceinline__ void gdn_cols_finish(float acc[NT][4], const __nv_bfloat16* D, const __nv_bfloat16* X, int ldx,
+                                                const float* G, int ldg, int f, int n0, bool elementwise, int lane) {
+    constexpr int LDZ = GDN_CHUNK + 8, NU = NT < 4 ? NT : 4;
+    const int s0 = f + (lane >> 2), s1 = s0 + 8, c0 = n0 + 2 * (lane & 3), e = f + GDN_SUB - 1;
+    #pragma unroll
+    for (int half = 0; half < NT / NU; half++) {   // at most four n-tiles at a time (registers)
+        float2 ga[NU], gb[NU];
+        #pragma unroll
+        for (int u = 0; u < NU; u++) {
+            const int nt = NU * half + u, col = c0 + 8 * nt;
+            const float2 ge = *reinterpret_cast<const float2*>(G + e * ldg + col);
+            ga[u] = *reinterpret_cast<const float2*>(G + s0 * ldg + col);
+            gb[u] = *reinterpret_cast<const float2*>(G + s1 * ldg + col);
+            acc[nt][0] *= gdn_decay_exp(ge.x - ga[u].x);
+            acc[nt][1] *= gdn_decay_exp(ge.y - ga[u].y);
+            acc[nt][2] *= gdn_decay_exp(ge.x - gb[u].x);
+            acc[nt][3] *= gdn_decay_exp(ge.y - gb[u].y);
+        }
+        for (int r = f + (DIAG ? 0 : 1); elementwise && r <= e; r++) {
+            const float z0 = __bfloat162float(D[r * LDZ + s0]), z1 = __bfloat162float(D[r * LDZ + s1]);
+            #pragma unroll
+            for (int u = 0; u < NU; u++) {
+                const int nt = NU * half + u, col = c0 + 8 * nt;
+                const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(X + r * ldx + col);
+                const float2 gr = *reinterpret_cast<const float2*>(G + r * ldg + col);
+                const float x0 = __low2float(x), x1 = __high2float(x);
+                acc[nt][0] = fmaf(z0 * x0, gdn_decay_exp(fminf(gr.x - ga[u].x, 0.0f)), acc[nt][0]);
+                acc[nt][1] = fmaf(z0 * x1, gdn_decay_exp(fminf(gr.y - ga[u].y, 0.0f)), acc[nt][1]);
+                acc[nt][2] = fmaf(z1 * x0, gdn_decay_exp(fminf(gr.x - gb[u].x, 0.0f)), acc[nt][2]);
+                acc[nt][3] = fmaf(z1 * x1, gdn_decay_exp(fminf(gr.y - gb[u].y, 0.0f)), acc[nt][3]);
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(GDN_THREADS, 2)
+gdn_bwd_keys_channel_mma_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw, float* grad_g,
+                                const __nv_bfloat16* k, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
+                                const float* G_saved, const __nv_bfloat16* Z_work, const float* ce_work, int T, int H,
+                                int NT, int dk) {
+    constexpr int BT = GDN_CHUNK, LDZ = GDN_CHUNK + 8;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkq = gdn_round64(dk), ldk = dkq + 8, ldg = dkq + 8;
+    GdnBwdKeysMmaSmem sm((size_t)gdn_smem, dkq);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+    const size_t c = p.c, HK = (size_t)H * dk;
+    tile_load_async(sm.Z, LDZ, BT, BT, Z_work + c * BT * BT, BT, BT, BT);
+    tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+    tile_load_async(sm.G, ldg, BT, dkq, G_saved + c * BT * dk, dk, BT, dk);
+    cp_async_commit();
+    for (int d = threadIdx.x; d < dkq; d += blockDim.x) { sm.ce[d] = d < dk ? ce_work[c * dk + d] : 0.0f; }
+    cp_async_wait<0>();
+    __syncthreads();
+    gdn_span_ok(sm.ok, sm.G, ldg, dk);
+    __syncthreads();
+
+    // one task per warp at dk <= 128: 4 row blocks x 2 column blocks of 64
+    for (int task = warp; task < GDN_NSUB * (dkq / 64); task += GDN_THREADS / 32) {
+        const int f = GDN_SUB * (task % GDN_NSUB), n0 = 64 * (task / GDN_NSUB), I = f / GDN_SUB;
+        const int r0 = f + g4, r1 = r0 + 8, full = sm.ok[I];
+        float acc[8][4] = {};
+        // rows(Z1, Kw): the blocks before I on tensor cores (and I itself, full), then I per element if not;
+        // dk += it, dG = k rows
+        gdn_keys_block_product<true, 8>(acc, sm.Z, sm.Kw, ldk, sm.G, ldg, sm.G + f * ldg, f, n0, 0, I + full, lane);
+        gdn_rows_finish<false, 8>(acc, sm.Z, sm.Kw, ldk, sm.G, ldg, f, n0, !full, lane);
+        #pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            #pragma unroll
+            for (int hr = 0; hr < 2; hr++) {   // the pairs (2 hr, 2 hr + 1): columns cc, cc + 1 (dk is a multiple of 8)
+                const int r = hr ? r1 : r0, cc = n0 + 8 * nt + 2 * t4;
+                const float x0 = acc[nt][2 * hr], x1 = acc[nt][2 * hr + 1];
+                const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(sm.K + r * ldk + cc);
+                *reinterpret_cast<float2*>(sm.dG + r * ldg + cc) = make_float2(__low2float(kv) * x0, __high2float(kv) * x1);
+                if (r < p.L && cc < dk) {
+                    float2* g = reinterpret_cast<float2*>(grad_k + (p.row0 + r) * ld_d + (size_t)p.h * dk + cc);
+                    const float2 old = *g;
+                    *g = make_float2(old.x + x0, old.y + x1);
+                }
+                acc[nt][2 * hr] = acc[nt][2 * hr + 1] = 0.0f;
+            }
+        }
+        // cols(Z1, K): the blocks after I, then the diagonal block; dkw += it, dG += the partial - kw cols
+        gdn_keys_block_product<false, 8>(acc, sm.Z, sm.K, ldk, sm.G, ldg, sm.G + (f + GDN_SUB - 1) * ldg, f, n0,
+                                         I + 1 - full, GDN_NSUB, lane);
+        gdn_cols_finish<false, 8>(acc, sm.Z, sm.K, ldk, sm.G, ldg, f, n0, !full, lane);
+        #pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            #pragma unroll
+            for (int hr = 0; hr < 2; hr++) {   // the lane's own dG elements from the rows part
+                const int r = hr ? r1 : r0, cc = n0 + 8 * nt + 2 * t4;
+                const float x0 = acc[nt][2 * hr], x1 = acc[nt][2 * hr + 1];
+                const __nv_bfloat162 kwv = *reinterpret_cast<const __nv_bfloat162*>(sm.Kw + r * ldk + cc);
+                float2* d = reinterpret_cast<float2*>(sm.dG + r * ldg + cc);
+                float2 dv = make_float2(d->x - __low2float(kwv) * x0, d->y - __high2float(kwv) * x1);
+                if (r < p.L && cc < dk) {
+                    const size_t row = p.row0 + r;
+                    float2* g = reinterpret_cast<float2*>(grad_kw + row * ld_dkw + (size_t)p.h * dk + cc);
+                    const float2 old = *g;
+                    *g = make_float2(old.x + x0, old.y + x1);
+                    const float2 part = *reinterpret_cast<const float2*>(grad_g + row * HK + (size_t)p.h * dk + cc);
+                    dv.x += part.x;
+                    dv.y += part.y;
+                }
+                *d = dv;
+            }
+        }
+    }
+    __syncthreads();   // dG complete, Z dead (X in its memory)
+    // dg: each block's reverse cumulative sums in place and its total, then the chunk end and the later blocks'
+    for (int i = threadIdx.x; i < GDN_NSUB * dkq; i += blockDim.x) {
+        const int d = i % dkq, f = GDN_SUB * (i / dkq);
+        float s = 0.0f;
+        for (int r = f + GDN_SUB - 1; r >= f; r--) {
+            s += sm.dG[r * ldg + d];
+            sm.dG[r * ldg + d] = s;
+        }
+        sm.X[i] = s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < BT * dk; i += blockDim.x) {
+        const int r = i / dk, d = i - r * dk, I = r / GDN_SUB;
+        if (r >= p.L) { continue; }
+        float base = sm.ce[d];
+        for (int J = GDN_NSUB - 1; J > I; J--) { base += sm.X[J * dkq + d]; }
+        grad_g[(p.row0 + r) * HK + (size_t)p.h * dk + d] = base + sm.dG[r * ldg + d];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward kernels 4, 5 of spec/pdn.md 3.4 on register tiles, per channel (Tc = bf16: pkda in the bf16 trainer):
+// gdn_bwd_chunk_channel_kernel's phases and math with gdn_bwd_chunk_mma_kernel's layout, one CTA of 16 warps per
+// chunk, warp w holding the rows f = 16 (w % 4) .. + 15 (row block I = w % 4) and the 16 columns from 16 (w / 4) of
+// every 64 (P, dT; a dk block's dq, dk, dkw, dg; dv). The decayed products rows(dAqk, Kw) and cols(dAqk, Q) are
+// gdn_keys_block_product and gdn_rows_finish / gdn_cols_finish on the warp's 16 x 16 block (their diagonal blocks
+// on tensor cores where the dk block's span allows, else per element). kbg = diag(beta) (K (.) exp(G)) enters as
+// the bf16 tile K (.) exp(G) with beta a column factor of dT. The key gradients' Z1 terms follow in
+// gdn_bwd_keys_channel_mma_kernel. Shared memory grows with dv: the launcher runs gdn_bwd_chunk_channel_kernel
+// where it does not fit.
+
+#define GDN_BWD_CH_PARTS 3   // per-row partial sums per column quarter: v.dvb, (k e).dkbg, dA.A0
+
+struct GdnBwdChannelMmaSmem {
+    __nv_bfloat16 *dO, *Vn, *dVn, *V;   // [BT][dvq + 8]
+    __nv_bfloat16 *Hs, *dE;             // [KB][dvq + 8]: a dk block's rows of h and dE
+    __nv_bfloat16 *Q, *K, *Kw, *Ke;     // [BT][KB + 8]: a dk block's columns (Ke = K (.) exp(G))
+    __nv_bfloat16 *Tm, *P, *dW, *Z;     // [BT][BT + 8]
+    float* Gb;                          // [BT][KB + 8]: the dk block's G
+    float *beta, *ce, *hde, *cpart, *part;   // ce [256]; hde [KB]; cpart [GDN_NSUB][KB]; part [PARTS][4][BT]
+    int* ok;                            // [GDN_NSUB] gdn_span_ok of the dk block
+    size_t bytes;
+    __host__ __device__ GdnBwdChannelMmaSmem(size_t base, int dvq) {
+        constexpr int BT = GDN_CHUNK, KB = GDN_BWD_KB;
+        SmemCarver cv(base);
+        dO = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        Vn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        dVn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        V = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        Hs = cv.take<__nv_bfloat16>((size_t)KB * (dvq + 8));
+        dE = cv.take<__nv_bfloat16>((size_t)KB * (dvq + 8));
+        Q = cv.take<__nv_bfloat16>(BT * (KB + 8));
+        K = cv.take<__nv_bfloat16>(BT * (KB + 8));
+        Kw = cv.take<__nv_bfloat16>(BT * (KB + 8));
+        Ke = cv.take<__nv_bfloat16>(BT * (KB + 8));
+        Tm = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        P = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        dW = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        Z = cv.take<__nv_bfloat16>(BT * (BT + 8));
+        Gb = cv.take<float>(BT * (KB + 8));
+        beta = cv.take<float>(BT);
+        ce = cv.take<float>(256);
+        hde = cv.take<float>(KB);
+        cpart = cv.take<float>(GDN_NSUB * KB);
+        part = cv.take<float>((size_t)GDN_BWD_CH_PARTS * 4 * BT);
+        ok = cv.take<int>(GDN_NSUB);
+        bytes = cv.off;
+    }
+};
+
+__global__ void __launch_bounds__(GDN_BWD_THREADS, 1)
+gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, float* grad_kw, int ld_dkw,
+                                 float* grad_beta, float* grad_g, const __nv_bfloat16* dO, int ld_o,
+                                 const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int ld_qkv,
+                                 const __nv_bfloat16* kw, int ld_kw, const float* beta, const float* Tm_saved,
+                                 const float* G_saved, const __nv_bfloat16* h_saved, const __nv_bfloat16* Vn_saved,
+                                 const float* A0_saved, const float* dVn_work, const __nv_bfloat16* dE_work,
+                                 __nv_bfloat16* Z_work, float* ce_work, int T, int H, int NT, int dk, int dv,
+                                 float scale) {
+    constexpr int BT = GDN_CHUNK, KB = GDN_BWD_KB, LB = BT + 8, LK = KB + 8;
+    static_assert(GDN_BWD_THREADS == 512 && KB == BT, "16 warps: 4 row blocks x 4 column quarters of 64");
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const size_t c = p.c, HK = (size_t)H * dk;
+    const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x;
+    GdnBwdChannelMmaSmem sm((size_t)gdn_smem, dvq);
+    const int warp = tid >> 5, lane = tid & 31, m0 = 16 * (warp & 3), I = warp & 3, cq = warp >> 2, n16 = 16 * cq;
+    const float* dVn_c = dVn_work + c * BT * dv;
+
+    // dk block d0's h and dE rows, q, k, kw and G columns
+    const auto load_block = [&](int d0) {
+        tile_load_async(sm.Hs, ldv, KB, dvq, h_saved + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
+        tile_load_async(sm.dE, ldv, KB, dvq, dE_work + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
+        tile_load_async(sm.Q, LK, BT, KB, q + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+        tile_load_async(sm.K, LK, BT, KB, k + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+        tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0);
+        tile_load_async(sm.Gb, LK, BT, KB, G_saved + c * BT * dk + d0, dk, BT, dk - d0);
+        cp_async_commit();
+    };
+    tile_load_async(sm.dO, ldv, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
+    tile_load_async(sm.Vn, ldv, BT, dvq, Vn_saved + c * BT * dv, dv, BT, dv);
+    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+    cp_async_commit();
+    load_block(0);
+    // dVn and Tm to bf16 operands; beta (0 on padded rows)
+    for (int idx = tid; idx < BT * dvq / 4; idx += blockDim.x) {
+        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
+        const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+    for (int idx = tid; idx < BT * BT / 4; idx += blockDim.x) {
+        const int r = idx / (BT / 4), c4 = (idx - r * (BT / 4)) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Tm_saved + (c * BT + r) * BT + c4);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.Tm + r * LB + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+    for (int r = tid; r < BT; r += blockDim.x) { sm.beta[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f; }
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // phase 1: dAqk = scale tril(dO Vn^T) (bf16, shared, P); dT1 = dU V^T diag(beta) (registers); dvb = Tm^T dU ->
+    // dv = diag(beta) dvb, v.dvb
+    float dT1[2][4] = {}, dT2[2][4] = {};
+    {
+        float pacc[2][4] = {};
+        gdn_mma16<false, true>(pacc, sm.dO, ldv, m0, sm.Vn, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(dT1, sm.dVn, ldv, m0, sm.V, ldv, n16, dvq, lane);
+        gdn_frag16_store(sm.P, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+            return i >= j ? scale * pacc[nt][e] : 0.0f;
+        });
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int, int j) { dT1[nt][e] *= sm.beta[j]; });
+    }
+    float rv[2] = {0.0f, 0.0f}, rk[2] = {0.0f, 0.0f};   // v.dvb and (k e).dkbg of the thread's rows
+    for (int nb = 0; nb < dvq; nb += 64) {
+        float acc[2][4] = {};
+        gdn_mma16<true, false>(acc, sm.Tm, LB, m0, sm.dVn, ldv, nb + n16, BT, lane);
+        gdn_frag16_each(m0, nb + n16, lane, [&](int nt, int e, int i, int col) {
+            if (col < dv) {
+                rv[e >> 1] = fmaf(__bfloat162float(sm.V[i * ldv + col]), acc[nt][e], rv[e >> 1]);
+                if (i < p.L) { grad_v[(p.row0 + i) * ld_d + (size_t)p.h * dv + col] = sm.beta[i] * acc[nt][e]; }
+            }
+        });
+    }
+
+    // phase 2, per dk block of KB columns d0 ..: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T;
+    // dQ = scale (F0 (.) e) + rows(dAqk, Kw); dKw_st = F1 (.) el, dKw_a = dKw_st + cols(dAqk, Q); dW = -F2;
+    // dT2 += dW Ke^T; dkbg = Tm^T dW; the chunk-end terms ce = exp(G_BT) rowsum(h (.) dE) + colsum(kw (.) dKw_st)
+    const float* Gl = sm.Gb + (BT - 1) * LK;
+    for (int d0 = 0; d0 < dk; d0 += KB) {
+        cp_async_wait<0>();
+        __syncthreads();   // the block's h, dE, q, k, kw, G; P complete (first block); the last block's ce read
+        gdn_span_ok(sm.ok, sm.Gb, LK, min(KB, dk - d0));
+        {   // rowsum(h (.) dE) per channel: 8 lanes per channel
+            const int d = tid >> 3, part = tid & 7;
+            float s = 0.0f;
+            for (int cc = part; cc < dvq; cc += 8) {
+                s = fmaf(__bfloat162float(sm.Hs[d * ldv + cc]), __bfloat162float(sm.dE[d * ldv + cc]), s);
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            if (part == 0) { sm.hde[d] = s; }
+        }
+        for (int idx = tid; idx < BT * KB / 2; idx += blockDim.x) {   // Ke = K (.) exp(G), pairs
+            const int r = idx / (KB / 2), cc = 2 * (idx - r * (KB / 2));
+            const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(sm.K + r * LK + cc);
+            *reinterpret_cast<uint32_t*>(sm.Ke + r * LK + cc) =
+                gdn_scale_pair(*reinterpret_cast<const uint32_t*>(&kv), gdn_decay_exp(sm.Gb[r * LK + cc]),
+                               gdn_decay_exp(sm.Gb[r * LK + cc + 1]));
+        }
+        float f0[2][4] = {}, f1[2][4] = {}, f2[2][4] = {};
+        gdn_mma16<false, true>(f0, sm.dO, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(f1, sm.Vn, ldv, m0, sm.dE, ldv, n16, dvq, lane);
+        gdn_mma16<false, true>(f2, sm.dVn, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
+        float colk[2][2] = {};   // kw . dKw_st over the warp's rows, per column (nt, e & 1)
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            const float G = sm.Gb[i * LK + dl];
+            f0[nt][e] *= scale * gdn_decay_exp(G);
+            f1[nt][e] *= gdn_decay_exp(Gl[dl] - G);   // dKw_st
+            colk[nt][e & 1] = fmaf(__bfloat162float(sm.Kw[i * LK + dl]), f1[nt][e], colk[nt][e & 1]);
+        });
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return -f2[nt][e]; });
+        #pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            #pragma unroll
+            for (int x = 0; x < 2; x++) {   // over the 8 row lanes g4 (xor 4, 8, 16): a fixed tree
+                float s = colk[nt][x];
+                s += __shfl_xor_sync(0xffffffffu, s, 4);
+                s += __shfl_xor_sync(0xffffffffu, s, 8);
+                s += __shfl_xor_sync(0xffffffffu, s, 16);
+                if (lane < 4) { sm.cpart[I * KB + n16 + 8 * nt + 2 * lane + x] = s; }
+            }
+        }
+        __syncthreads();   // dW, ok, hde, Ke, cpart complete
+        {   // dQ += rows(dAqk, Kw); dKw_a = dKw_st + cols(dAqk, Q)
+            const int full = sm.ok[I];
+            float r16[2][4] = {}, c16[2][4] = {};
+            gdn_keys_block_product<true, 2>(r16, sm.P, sm.Kw, LK, sm.Gb, LK, sm.Gb + m0 * LK, m0, n16, 0, I + full, lane);
+            gdn_rows_finish<true, 2>(r16, sm.P, sm.Kw, LK, sm.Gb, LK, m0, n16, !full, lane);
+            gdn_keys_block_product<false, 2>(c16, sm.P, sm.Q, LK, sm.Gb, LK, sm.Gb + (m0 + GDN_SUB - 1) * LK, m0, n16,
+                                             I + 1 - full, GDN_NSUB, lane);
+            gdn_cols_finish<true, 2>(c16, sm.P, sm.Q, LK, sm.Gb, LK, m0, n16, !full, lane);
+            #pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) { f0[nt][e] += r16[nt][e]; f1[nt][e] += c16[nt][e]; }
+            }
+        }
+        if (tid < KB && d0 + tid < dk) {   // the chunk-end terms of the block's channels
+            sm.ce[d0 + tid] = gdn_decay_exp(Gl[tid]) * sm.hde[tid] + sm.cpart[tid] + sm.cpart[KB + tid] +
+                              sm.cpart[2 * KB + tid] + sm.cpart[3 * KB + tid];
+        }
+        gdn_mma16<false, true>(dT2, sm.dW, LB, m0, sm.Ke, LK, n16, KB, lane);   // dT2 += dW Ke^T
+        float dkbg[2][4] = {};
+        gdn_mma16<true, false>(dkbg, sm.Tm, LB, m0, sm.dW, LB, n16, BT, lane);
+        gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
+            if (e & 1) { return; }   // pairs (e, e + 1): dk is a multiple of 8
+            float dkb[2], dg[2];
+            #pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const float ex = gdn_decay_exp(sm.Gb[i * LK + dl + x]), kv = __bfloat162float(sm.K[i * LK + dl + x]);
+                rk[e >> 1] = fmaf(kv * ex, dkbg[nt][e + x], rk[e >> 1]);
+                dkb[x] = sm.beta[i] * ex * dkbg[nt][e + x];
+                dg[x] = __bfloat162float(sm.Q[i * LK + dl + x]) * f0[nt][e + x] + kv * dkb[x] -
+                        __bfloat162float(sm.Kw[i * LK + dl + x]) * f1[nt][e + x];
+            }
+            if (i >= p.L || d0 + dl >= dk) { return; }
+            const size_t row = p.row0 + i, col = (size_t)p.h * dk + d0 + dl;
+            *reinterpret_cast<float2*>(grad_q + row * ld_d + col) = make_float2(f0[nt][e], f0[nt][e + 1]);
+            *reinterpret_cast<float2*>(grad_k + row * ld_d + col) = make_float2(dkb[0], dkb[1]);
+            *reinterpret_cast<float2*>(grad_kw + row * ld_dkw + col) = make_float2(f1[nt][e], f1[nt][e + 1]);
+            *reinterpret_cast<float2*>(grad_g + row * HK + col) = make_float2(dg[0], dg[1]);
+        });
+        __syncthreads();   // h, dE, q, k, kw, G, Ke and dW read by every warp
+        if (d0 + KB < dk) { load_block(d0 + KB); }
+    }
+
+    // phase 3: dT = dT1 + dT2 diag(beta); dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dbeta_c_i =
+    // sum_j dA_ij A0_ij; Z1 = diag(beta) dA and the chunk-end terms to the workspace
+    gdn_frag16_store(sm.Z, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+        return i > j ? dT1[nt][e] + sm.beta[j] * dT2[nt][e] : 0.0f;
+    });
+    __syncthreads();
+    {
+        float y[2][4] = {};
+        gdn_mma16<true, false>(y, sm.Tm, LB, m0, sm.Z, LB, n16, BT, lane);   // Tm^T strictly_lower(dT)
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return y[nt][e]; });
+    }
+    __syncthreads();
+    float rc[2] = {0.0f, 0.0f};   // dA.A0 of the thread's rows
+    {
+        float r[2][4] = {};
+        gdn_mma16<false, true>(r, sm.dW, LB, m0, sm.Tm, LB, n16, BT, lane);   // (...) Tm^T = -dA below the diagonal
+        gdn_frag16_store(Z_work + c * BT * BT, BT, m0, n16, lane, [&](int nt, int e, int i, int j) {
+            if (i <= j) { return 0.0f; }
+            rc[e >> 1] = fmaf(-r[nt][e], A0_saved[(c * BT + i) * BT + j], rc[e >> 1]);
+            return -sm.beta[i] * r[nt][e];
+        });
+    }
+    for (int d = tid; d < dk; d += blockDim.x) { ce_work[c * dk + d] = sm.ce[d]; }
+    // dbeta: the row sums in a fixed order: each thread's over its columns, its quad's, then the column quarters
+    const float mine[GDN_BWD_CH_PARTS][2] = {{rv[0], rv[1]}, {rk[0], rk[1]}, {rc[0], rc[1]}};
+    #pragma unroll
+    for (int s = 0; s < GDN_BWD_CH_PARTS; s++) {
+        #pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float x = gdn_quad_sum(mine[s][hr]);
+            if ((lane & 3) == 0) { sm.part[(s * 4 + cq) * BT + m0 + (lane >> 2) + 8 * hr] = x; }
+        }
+    }
+    __syncthreads();
+    if (tid < p.L) {
+        float b = 0.0f;
+        for (int s = 0; s < GDN_BWD_CH_PARTS; s++) {
+            for (int j = 0; j < 4; j++) { b += sm.part[(s * 4 + j) * BT + tid]; }
+        }
+        grad_beta[(p.row0 + tid) * H + p.h] = b;
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------------
 // host launchers. gdn_chunk_forward_impl / gdn_chunk_backward_impl take the operand type Tc explicitly
 // (the dev/cuda labs run Tin = bf16 with Tc = float as the CUDA-core version, and time each kernel through
@@ -2445,6 +3193,18 @@ static void gdn_check_vec8(const void* ptr, int ld, const char* what) {
 // the labs time each kernel: marks (optional) are events recorded after kernel i of a launcher
 static void gdn_mark(cudaEvent_t* marks, int i, cudaStream_t stream) {
     if (marks) { cudaCheck(cudaEventRecord(marks[i], stream)); }
+}
+
+// the shared memory a block may opt in to on this process's device (queried once: the kernels whose shared memory
+// grows with dk or dv run where it fits)
+static size_t gdn_smem_optin() {
+    static int optin = -1;
+    if (optin < 0) {
+        int dev = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    }
+    return (size_t)optin;
 }
 
 template <typename K>
@@ -2480,6 +3240,15 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
             gdn_set_smem(gdn_fwd_intra_mma_kernel, s1);
             gdn_fwd_intra_mma_kernel<<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta,
                                                                           g, g_stride, T, H, NT, dk, dv);
+            intra_done = true;
+        }
+    }
+    if constexpr (std::is_same<Tc, __nv_bfloat16>::value && DECAY == GDN_DECAY_CHANNEL) {
+        const size_t s1 = GdnIntraChannelMmaSmem(0, gdn_round64(dk), gdn_round64(dv)).bytes;
+        if (register_tiles && s1 <= gdn_smem_optin()) {   // every dk, dv <= 256 on an H100 / H200 (105 KB at 128)
+            gdn_set_smem(gdn_fwd_intra_channel_mma_kernel, s1);
+            gdn_fwd_intra_channel_mma_kernel<<<nchunks, GDN_THREADS, s1, stream>>>(
+                Tm, G, W, U, A0, Aqk, Qg, Kwe, q, k, v, ld_qkv, kw, ld_kw, beta, g, T, H, NT, dk, dv, scale);
             intra_done = true;
         }
     }
@@ -2617,24 +3386,46 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
     cudaCheckLaunch();
     gdn_mark(marks, 1, stream);
     if constexpr (DECAY == GDN_DECAY_CHANNEL) {
-        const size_t s4 = GdnBwdChannelSmem<Tc>(0).bytes;
-        gdn_set_smem(gdn_bwd_chunk_channel_kernel<Tin, Tc>, s4);
-        gdn_bwd_chunk_channel_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
-            grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
-            beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
+        bool chunk_done = false;
+        if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+            const size_t s4 = GdnBwdChannelMmaSmem(0, gdn_round64(dv)).bytes;
+            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 192 on an H100 / H200 (193 KB at dv = 128)
+                gdn_set_smem(gdn_bwd_chunk_channel_mma_kernel, s4);
+                gdn_bwd_chunk_channel_mma_kernel<<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+                    grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw,
+                    ld_kw, beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
+                chunk_done = true;
+            }
+        }
+        if (!chunk_done) {
+            const size_t s4 = GdnBwdChannelSmem<Tc>(0).bytes;
+            gdn_set_smem(gdn_bwd_chunk_channel_kernel<Tin, Tc>, s4);
+            gdn_bwd_chunk_channel_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
+                grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
+                beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
+        }
         cudaCheckLaunch();
-        const size_t s5 = GdnBwdKeysSmem<Tc>(0).bytes;
-        gdn_set_smem(gdn_bwd_keys_channel_kernel<Tin, Tc>, s5);
-        gdn_bwd_keys_channel_kernel<Tin, Tc><<<nchunks, GDN_KEYS_THREADS, s5, stream>>>(
-            grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
+        bool keys_done = false;
+        if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
+            if (register_tiles) {   // 112 KB at dk = 128 (two CTAs per SM), 218 KB at 256
+                const size_t s5 = GdnBwdKeysMmaSmem(0, gdn_round64(dk)).bytes;
+                gdn_set_smem(gdn_bwd_keys_channel_mma_kernel, s5);
+                gdn_bwd_keys_channel_mma_kernel<<<nchunks, GDN_THREADS, s5, stream>>>(
+                    grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
+                keys_done = true;
+            }
+        }
+        if (!keys_done) {
+            const size_t s5 = GdnBwdKeysSmem<Tc>(0).bytes;
+            gdn_set_smem(gdn_bwd_keys_channel_kernel<Tin, Tc>, s5);
+            gdn_bwd_keys_channel_kernel<Tin, Tc><<<nchunks, GDN_KEYS_THREADS, s5, stream>>>(
+                grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
+        }
     } else {
         bool chunk_done = false;
         if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
-            int dev = 0, optin = 0;
-            cudaCheck(cudaGetDevice(&dev));
-            cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
             const size_t s4 = GdnBwdChunkMmaSmem(0, gdn_round64(dv), kw != k).bytes;
-            if (register_tiles && s4 <= (size_t)optin) {   // up to dv = 192 on an H100 / H200 (177 KB at dv = 128)
+            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 192 on an H100 / H200 (177 KB at dv = 128)
                 gdn_set_smem(gdn_bwd_chunk_mma_kernel, s4);
                 gdn_bwd_chunk_mma_kernel<<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
                     grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw,

@@ -1,9 +1,9 @@
 /*
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
 version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel), the
-output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), and per head the intra
+output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), per head the intra
 kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
-read key's and apart, against the
+read key's and apart, and per channel the intra kernel (gdn_fwd_intra_channel_mma_kernel), against the
 shared-memory kernels with fp32 CUDA-core products (Tc = float), both run on the CPU by dev/emu/emu.h's emulator
 (ldmatrix, mma.sync and cp.async emulated), for both decay kinds (per head: gdn, kaczmarz, pdn, pgdn; per channel:
 pkda). Each kernel gets the same inputs, drawn here as the kernels before it leave them (W, U, Vn, Kwe, Qg, Aqk zero
@@ -25,10 +25,13 @@ relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both side
 intra (kw = k and apart) Tm 5.6e-9 (K Kw^T of bf16 inputs in fp32 on both sides, then the same fp32 solve), G 0
 (the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16); backward chunk kernel (kw = k / apart) dq
 1.4e-3, dk 2.2e-3 / 3.1e-3, dv 1.9e-3, dkw 1.7e-3, dbeta 1.9e-3 / 2.0e-3, dg 1.4e-3 / 1.9e-3 (the register tiles
-also round Tm and dVn to bf16, which the fp32 kernel keeps in fp32).
+also round Tm and dVn to bf16, which the fp32 kernel keeps in fp32); per-channel intra Tm 1.3e-4, G 0, W 2.8e-3, U
+2.2e-3, A0 1.0e-3, Aqk 1.9e-3, Qg 1.7e-3, Kwe 1.3e-3 (both kernels round the decayed operands of the blocks to bf16,
+each its own way; W, U, Aqk, Qg and Kwe are stored in bf16).
 Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the output kernel without
-the decay diag(gam) on Q h_n, the intra kernel without beta in A, and the backward chunk kernel without phase 2's
-part of dT, must fail (the last: dk 1.5e-1, dg 1.5e-1).
+the decay diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase 2's
+part of dT (dk 1.5e-1, dg 1.5e-1), and the per-channel intra kernel without exp(G_r - G_f) on its row blocks'
+rows (A0 5.5e-1), must fail.
 Usage: gdn_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
 */
 #include "emu.h"
@@ -215,6 +218,117 @@ static int check_intra(int B, int T, int H, int dk, int dv, bool split) {
     return report(what, names, out[1], out[0], 4);
 }
 
+// the per-channel intra kernel (gdn_fwd_intra_channel_mma_kernel) against gdn_fwd_intra_kernel<float, float,
+// GDN_DECAY_CHANNEL> (pkda: a write key of its own): Tm, G, W, U, A0, Aqk, Qg, Kwe. The log decays per channel are
+// drawn channel j of strength up to strength (j + 1) / dk per token: at strength 2 (as check's) the last channels
+// decay by up to e^-32 over a 16-row block and e^-128 over a chunk, beyond fp32's range, which the blocked products
+// must survive, and every diagonal block is within GDN_SPAN_MAX (on tensor cores); at 16 the strongest channels
+// decay by about e^-120 over a block, and the diagonal blocks take the per-element path.
+static int check_intra_channel(int B, int T, int H, int dk, int dv, float strength) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, ld = 2 * H * dk + H * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    std::mt19937 rng(17);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    std::vector<float> qkv((size_t)B * T * ld), kw((size_t)B * T * H * dk), beta((size_t)B * T * H);
+    std::vector<float> g((size_t)B * T * H * dk);
+    for (int r = 0; r < B * T; r++) {
+        for (int j = 0; j < 2 * H * dk; j++) { qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
+        for (int j = 0; j < H * dv; j++) { qkv[(size_t)r * ld + 2 * H * dk + j] = bf(N(rng)); }
+        for (int j = 0; j < H * dk; j++) { g[(size_t)r * H * dk + j] = -strength * (j % dk + 1) / dk * U(rng); }
+    }
+    for (auto& x : kw) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
+    const float* q = qkv.data();
+    std::vector<float> out[2][8];   // [fp32 kernel, register tiles][Tm, G, W, U, A0, Aqk, Qg, Kwe]
+    {
+        std::vector<float> Tm((size_t)nch * BT * BT, NAN), G((size_t)nch * BT * dk, NAN), W(G.size(), NAN),
+            Uw((size_t)nch * BT * dv, NAN), A0(Tm.size(), NAN), Aqk(Tm.size(), NAN), Qg(G.size(), NAN), Kwe(G.size(), NAN);
+        emu_launch(dim3(nch), dim3(gdn_intra_threads(GDN_DECAY_CHANNEL)), [&]() {
+            gdn_fwd_intra_kernel<float, float, GDN_DECAY_CHANNEL>(Tm.data(), G.data(), W.data(), Uw.data(), A0.data(),
+                                                                  Aqk.data(), Qg.data(), Kwe.data(), q, q + H * dk,
+                                                                  q + 2 * H * dk, ld, kw.data(), H * dk, beta.data(),
+                                                                  g.data(), dk, T, H, NT, dk, dv, scale);
+        });
+        out[0][0] = Tm; out[0][1] = G; out[0][2] = W; out[0][3] = Uw; out[0][4] = A0; out[0][5] = Aqk; out[0][6] = Qg;
+        out[0][7] = Kwe;
+    }
+    {
+        const std::vector<bf16> qkvb = to_bf16(qkv), kwb = to_bf16(kw);
+        const bf16* qb = qkvb.data();
+        std::vector<float> Tm((size_t)nch * BT * BT, NAN), G((size_t)nch * BT * dk, NAN), A0(Tm.size(), NAN);
+        std::vector<bf16> W(G.size(), __float2bfloat16(NAN)), Uw((size_t)nch * BT * dv, __float2bfloat16(NAN)),
+            Aqk(Tm.size(), __float2bfloat16(NAN)), Qg(G.size(), __float2bfloat16(NAN)), Kwe(G.size(), __float2bfloat16(NAN));
+        emu_launch(dim3(nch), dim3(GDN_THREADS), [&]() {
+            gdn_fwd_intra_channel_mma_kernel(Tm.data(), G.data(), W.data(), Uw.data(), A0.data(), Aqk.data(), Qg.data(),
+                                             Kwe.data(), qb, qb + H * dk, qb + 2 * H * dk, ld, kwb.data(), H * dk,
+                                             beta.data(), g.data(), T, H, NT, dk, dv, scale);
+        });
+        out[1][0] = Tm; out[1][1] = G; out[1][2] = to_floats(W); out[1][3] = to_floats(Uw); out[1][4] = A0;
+        out[1][5] = to_floats(Aqk); out[1][6] = to_floats(Qg); out[1][7] = to_floats(Kwe);
+    }
+    const char* names[8] = {"Tm", "G", "W", "U", "A0", "Aqk", "Qg", "Kwe"};
+    char what[160];
+    snprintf(what, sizeof what, "per-channel intra kernel, decay strength %g, T=%d H=%d dk=%d dv=%d", strength, T, H,
+             dk, dv);
+    return report(what, names, out[1], out[0], 8);
+}
+
+// the per-channel key-gradient kernel (gdn_bwd_keys_channel_mma_kernel) against gdn_bwd_keys_channel_kernel<float,
+// float>: dk, dkw, dg after the kernel adds to the chunk kernel's partial ones (drawn here, as Z1 strictly lower with
+// entries of order 0.1, the chunk-end terms ce and the partial dg of order 0.01, below the kernels' own terms, and G
+// per channel as check_intra_channel's decays of the same strength make it)
+static int check_keys_channel(int B, int T, int H, int dk, float strength) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, HK = H * dk;
+    std::mt19937 rng(19);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    std::vector<float> kk((size_t)B * T * HK), kw(kk.size()), dk0(kk.size()), dkw0(kk.size()), dg0(kk.size());
+    for (auto& x : kk) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : kw) { x = bf(N(rng) / sqrtf((float)dk)); }
+    for (auto& x : dk0) { x = N(rng); }
+    for (auto& x : dkw0) { x = N(rng); }
+    for (auto& x : dg0) { x = 0.01f * N(rng); }   // small beside k rows - kw cols, which the check is about
+    std::vector<float> Z((size_t)nch * BT * BT), ce((size_t)nch * dk), G((size_t)nch * BT * dk);
+    for (int c = 0; c < nch; c++) for (int i = 0; i < BT; i++) for (int j = 0; j < BT; j++) {
+        Z[((size_t)c * BT + i) * BT + j] = i > j && (c % NT) * BT + i < T ? bf(0.1f * N(rng)) : 0.0f;
+    }
+    for (auto& x : ce) { x = 0.01f * N(rng); }
+    for (int c = 0; c < nch; c++) for (int d = 0; d < dk; d++) {
+        float acc = 0.0f;
+        for (int r = 0; r < BT; r++) {
+            if ((c % NT) * BT + r < T) { acc -= strength * (d + 1) / dk * U(rng); }
+            G[((size_t)c * BT + r) * dk + d] = acc;
+        }
+    }
+    std::vector<float> out[2][3];   // [fp32 kernel, register tiles][dk, dkw, dg]
+    for (int v = 0; v < 2; v++) {
+        std::vector<float> dkv = dk0, dkwv = dkw0, dgv = dg0;
+        if (v == 0) {
+            emu_launch(dim3(nch), dim3(GDN_KEYS_THREADS), [&]() {
+                gdn_bwd_keys_channel_kernel<float, float>(dkv.data(), HK, dkwv.data(), HK, dgv.data(), kk.data(), HK,
+                                                          kw.data(), HK, G.data(), Z.data(), ce.data(), T, H, NT, dk);
+            });
+        } else {
+            const std::vector<bf16> kb = to_bf16(kk), kwb = to_bf16(kw), Zb = to_bf16(Z);
+            emu_launch(dim3(nch), dim3(GDN_THREADS), [&]() {
+                gdn_bwd_keys_channel_mma_kernel(dkv.data(), HK, dkwv.data(), HK, dgv.data(), kb.data(), HK, kwb.data(),
+                                                HK, G.data(), Zb.data(), ce.data(), T, H, NT, dk);
+            });
+        }
+        // the kernels' own parts: what they added to the partial gradients
+        for (size_t i = 0; i < dkv.size(); i++) { dkv[i] -= dk0[i]; dkwv[i] -= dkw0[i]; }
+        out[v][0] = dkv; out[v][1] = dkwv; out[v][2] = dgv;
+    }
+    const char* names[3] = {"dk", "dkw", "dg"};
+    char what[160];
+    snprintf(what, sizeof what, "per-channel key-gradient kernel, decay strength %g, T=%d H=%d dk=%d", strength, T, H,
+             dk);
+    return report(what, names, out[1], out[0], 3);
+}
+
 // the per-head backward chunk kernel (gdn_bwd_chunk_mma_kernel) against gdn_bwd_chunk_kernel<float, float>, with the
 // write key the read key's or its own: dq, dk, dv, dkw, dbeta, dg. Tm is drawn unit lower triangular (the inverse
 // of I + A for a small strictly lower A: entries of order 0.1), the other saved and work tensors as above.
@@ -298,11 +412,103 @@ static int check_bwd_chunk(int B, int T, int H, int dk, int dv, bool split) {
     return report(what, names, out[1], out[0], 6);
 }
 
+// the per-channel backward chunk kernel (gdn_bwd_chunk_channel_mma_kernel) against gdn_bwd_chunk_channel_kernel<float,
+// float> (pkda): dq, dk, dv, dkw, dbeta, dg (the partial ones the key-gradient kernel completes), Z1 and the
+// chunk-end terms ce. Tm as check_bwd_chunk's, A0 strictly lower of order 0.1, G per channel of the given strength
+// (check_intra_channel's), the other saved and work tensors as check_bwd_chunk's.
+static int check_bwd_chunk_channel(int B, int T, int H, int dk, int dv, float strength) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, ld = 3 * H * dk + H * dv, HV = H * dv, HK = H * dk;
+    const float scale = 1.0f / sqrtf((float)dk);
+    std::mt19937 rng(23);
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    std::vector<float> qkv((size_t)B * T * ld), dO((size_t)B * T * HV), beta((size_t)B * T * H);
+    for (int r = 0; r < B * T; r++) {
+        for (int j = 0; j < 3 * HK; j++) { qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
+        for (int j = 0; j < HV; j++) { qkv[(size_t)r * ld + 3 * HK + j] = bf(N(rng)); }
+        for (int j = 0; j < HV; j++) { dO[(size_t)r * HV + j] = bf(2 * U(rng) - 1); }
+    }
+    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
+    std::vector<float> Tm((size_t)nch * BT * BT), A0(Tm.size()), G((size_t)nch * BT * dk), h((size_t)nch * dk * dv),
+        dE(h.size()), Vn((size_t)nch * BT * dv), dVn(Vn.size());
+    for (int c = 0; c < nch; c++) {
+        for (int i = 0; i < BT; i++) {
+            const bool valid = (c % NT) * BT + i < T;
+            for (int j = 0; j < BT; j++) {
+                Tm[((size_t)c * BT + i) * BT + j] = i == j ? 1.0f : i > j ? 0.1f * N(rng) : 0.0f;
+                A0[((size_t)c * BT + i) * BT + j] = i > j && valid ? 0.1f * N(rng) : 0.0f;
+            }
+            for (int j = 0; j < dv; j++) {
+                Vn[((size_t)c * BT + i) * dv + j] = valid ? bf(N(rng)) : 0.0f;
+                dVn[((size_t)c * BT + i) * dv + j] = N(rng);
+            }
+        }
+        for (int d = 0; d < dk; d++) {
+            float acc = 0.0f;
+            for (int i = 0; i < BT; i++) {
+                if ((c % NT) * BT + i < T) { acc -= strength * (d + 1) / dk * U(rng); }
+                G[((size_t)c * BT + i) * dk + d] = acc;
+            }
+        }
+    }
+    for (auto& x : h) { x = bf(N(rng)); }
+    for (auto& x : dE) { x = bf(N(rng)); }
+    const float* q = qkv.data();
+    std::vector<float> out[2][8];   // [fp32 kernel, register tiles][dq, dk, dv, dkw, dbeta, dg, Z1, ce]
+    for (int version = 0; version < 2; version++) {
+        std::vector<float> dqkv((size_t)B * T * ld, NAN), dbeta((size_t)B * T * H, NAN), dg((size_t)B * T * HK, NAN),
+            Z((size_t)nch * BT * BT, NAN), ce((size_t)nch * dk, NAN);
+        float* dq = dqkv.data();
+        if (version == 0) {
+            emu_launch(dim3(nch), dim3(GDN_BWD_THREADS), [&]() {
+                gdn_bwd_chunk_channel_kernel<float, float>(dq, dq + HK, dq + 3 * HK, ld, dq + 2 * HK, ld, dbeta.data(),
+                                                           dg.data(), dO.data(), HV, q, q + HK, q + 3 * HK, ld, q + 2 * HK,
+                                                           ld, beta.data(), Tm.data(), G.data(), h.data(), Vn.data(),
+                                                           A0.data(), dVn.data(), dE.data(), Z.data(), ce.data(), T, H, NT,
+                                                           dk, dv, scale);
+            });
+        } else {
+            const std::vector<bf16> qkvb = to_bf16(qkv), dOb = to_bf16(dO), hb = to_bf16(h), Vnb = to_bf16(Vn), dEb = to_bf16(dE);
+            std::vector<bf16> Zb(Z.size(), __float2bfloat16(NAN));
+            const bf16* qb = qkvb.data();
+            emu_launch(dim3(nch), dim3(GDN_BWD_THREADS), [&]() {
+                gdn_bwd_chunk_channel_mma_kernel(dq, dq + HK, dq + 3 * HK, ld, dq + 2 * HK, ld, dbeta.data(), dg.data(),
+                                                 dOb.data(), HV, qb, qb + HK, qb + 3 * HK, ld, qb + 2 * HK, ld, beta.data(),
+                                                 Tm.data(), G.data(), hb.data(), Vnb.data(), A0.data(), dVn.data(),
+                                                 dEb.data(), Zb.data(), ce.data(), T, H, NT, dk, dv, scale);
+            });
+            Z = to_floats(Zb);
+        }
+        const auto cols = [&](int off, int w) {
+            std::vector<float> x((size_t)B * T * w);
+            for (int r = 0; r < B * T; r++) for (int j = 0; j < w; j++) { x[(size_t)r * w + j] = dqkv[(size_t)r * ld + off + j]; }
+            return x;
+        };
+        out[version][0] = cols(0, HK);
+        out[version][1] = cols(HK, HK);
+        out[version][2] = cols(3 * HK, HV);
+        out[version][3] = cols(2 * HK, HK);
+        out[version][4] = dbeta;
+        out[version][5] = dg;
+        out[version][6] = Z;
+        out[version][7] = ce;
+    }
+    const char* names[8] = {"dq", "dk", "dv", "dkw", "dbeta", "dg", "Z1", "ce"};
+    char what[160];
+    snprintf(what, sizeof what, "per-channel backward chunk kernel, decay strength %g, T=%d H=%d dk=%d dv=%d", strength,
+             T, H, dk, dv);
+    return report(what, names, out[1], out[0], 8);
+}
+
 int main(int argc, char** argv) {
     if (argc != 4) { fprintf(stderr, "usage: gdn_mma T dk dv\n"); return 1; }
     const int T = atoi(argv[1]), dk = atoi(argv[2]), dv = atoi(argv[3]);
     const int ok = check<GDN_DECAY_HEAD>(1, T, 2, dk, dv) & check<GDN_DECAY_CHANNEL>(1, T, 2, dk, dv) &
                    check_intra(1, T, 2, dk, dv, false) & check_intra(1, T, 2, dk, dv, true) &
+                   check_intra_channel(1, T, 2, dk, dv, 2.0f) & check_intra_channel(1, T, 2, dk, dv, 16.0f) &
+                   check_keys_channel(1, T, 2, dk, 2.0f) & check_keys_channel(1, T, 2, dk, 16.0f) &
+                   check_bwd_chunk_channel(1, T, 2, dk, dv, 2.0f) & check_bwd_chunk_channel(1, T, 2, dk, dv, 16.0f) &
                    check_bwd_chunk(1, T, 2, dk, dv, false) & check_bwd_chunk(1, T, 2, dk, dv, true);
     return ok ? 0 : 1;
 }

@@ -12,11 +12,16 @@
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
 #     the solve's state product must fail;
-#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal, and per head
-#     the intra and backward chunk kernels; ldmatrix, mma.sync and cp.async emulated) against the fp32 shared-memory
-#     kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and 100 136 24 (about a minute
-#     each); negative controls: the backward state pass without dE -= W^T dVn, the output kernel without diag(gam)
-#     on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase 2's part of dT, must fail;
+#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal, the intra
+#     kernels per head and per channel, the backward chunk kernels per head and per channel, the per-channel
+#     key-gradient kernel; ldmatrix, mma.sync and cp.async emulated)
+#     against the fp32 shared-memory kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and
+#     100 136 24 (about a minute each); negative controls: the backward state pass without dE -= W^T dVn, the output
+#     kernel without diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase
+#     2's part of dT, the per-channel intra kernel without the decay of its row blocks' rows or without its
+#     per-element diagonal blocks (strong decay), the key-gradient kernel without the diagonal blocks of rows(Z1, Kw)
+#     per element (strong decay) or on tensor cores (weak decay), the per-channel backward chunk kernel without
+#     cols(dAqk, Q) in dkw, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
 #     bit for bit; negative controls: the backward's second half replayed from the tile's start, the forward
@@ -86,6 +91,16 @@ negative gdn_chunk.cuh 's/sm.A\[i \* LDF + j\] = i > j ? sm.beta\[i\] \* s\[nt\]
     "beta in A in the register-tile intra kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/return i > j ? dT1\[nt\]\[e\] + sm.bg\[j\] \* dT2\[nt\]\[e\] : 0.0f;/return i > j ? dT1[nt][e] : 0.0f;/' \
     "phase 2's part of dT (dW kbg^T) in the register-tile backward chunk kernel" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/^                a\[e\] = gdn_scale_pair(a\[e\], gdn_decay_exp(gr.x - Gf\[c\]), gdn_decay_exp(gr.y - Gf\[c + 1\]));//' \
+    "the decay of the row blocks' own rows in the register-tile per-channel intra kernel" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/        if (sm.ok\[(job >> 2) \/ PAIRS\]) { continue; }/        if (1) { continue; }/' \
+    "the per-element diagonal blocks (strong decay) in the register-tile per-channel intra kernel" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/        for (int s = f; elementwise \&\& s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {/        for (int s = f; s < f; s++) {/' \
+    "the per-element diagonal blocks (strong decay) of the key-gradient kernel's rows(Z1, Kw)" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/sm.G + f \* ldg, f, n0, 0, I + full, lane);/sm.G + f * ldg, f, n0, 0, I, lane);/' \
+    "the tensor-core diagonal blocks (weak decay) of the key-gradient kernel's rows(Z1, Kw)" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/{ f0\[nt\]\[e\] += r16\[nt\]\[e\]; f1\[nt\]\[e\] += c16\[nt\]\[e\]; }/{ f0[nt][e] += r16[nt][e]; }/' \
+    "cols(dAqk, Q) in dkw of the register-tile per-channel backward chunk kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \
