@@ -5,7 +5,8 @@ chunkwise-parallel, forward and backward
 The decay kind is a template parameter (GdnDecay): one log decay per token and head (gdn, kaczmarz, pdn, pgdn), or
 one per token, head and key channel (pkda, spec/pdn.md 3.2), whose intra-chunk products are formed on 16-row
 blocks (gdn_decay_product / _rows / _cols below), whose intra kernel also forms the decayed Q Kw^T for the output
-kernel, and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel with gdn_bwd_keys_channel_kernel after it.
+kernel, and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel with gdn_bwd_keys_channel_kernel after it
+(bf16: gdn_bwd_chunk_channel_mma_kernel and gdn_bwd_keys_channel_mma_kernel, on register tiles).
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
     Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + kw_t u^T;  o_t = S^T (scale q_t)
@@ -33,7 +34,8 @@ Kernels (one CTA per chunk unless said otherwise):
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
                                     (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
-                                    (bf16 per head: gdn_bwd_chunk_mma_kernel, on register tiles, for dv <= 192)
+                                    (bf16 per head: gdn_bwd_chunk_mma_kernel, on register tiles, for dv <= 192;
+                                    per channel: gdn_bwd_chunk_channel_mma_kernel, the same bound)
   The forward saves Tm, G, h, Vn and W (per channel also A0, Aqk, Qg and Kwe), so the backward needs neither
   Kernel 0 nor Kernel 1.
 
