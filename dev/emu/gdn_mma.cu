@@ -25,13 +25,18 @@ relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both side
 intra (kw = k and apart) Tm 5.6e-9 (K Kw^T of bf16 inputs in fp32 on both sides, then the same fp32 solve), G 0
 (the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16); backward chunk kernel (kw = k / apart) dq
 1.4e-3, dk 2.2e-3 / 3.1e-3, dv 1.9e-3, dkw 1.7e-3, dbeta 1.9e-3 / 2.0e-3, dg 1.4e-3 / 1.9e-3 (the register tiles
-also round Tm and dVn to bf16, which the fp32 kernel keeps in fp32); per-channel intra Tm 1.3e-4, G 0, W 2.8e-3, U
-2.2e-3, A0 1.0e-3, Aqk 1.9e-3, Qg 1.7e-3, Kwe 1.3e-3 (both kernels round the decayed operands of the blocks to bf16,
-each its own way; W, U, Aqk, Qg and Kwe are stored in bf16).
+also round Tm and dVn to bf16, which the fp32 kernel keeps in fp32). Per channel, at decay strength 2 / 16 (every
+diagonal block on tensor cores / per element): intra Tm 2.8e-4 / 2.2e-5, G 0, W 2.8e-3, U 2.2e-3, A0 2.2e-3 /
+5.6e-4, Aqk 2.7e-3 / 1.8e-3, Qg 1.7e-3 / 1.4e-3, Kwe 1.3e-3 / 5.9e-4 (both kernels round the decayed operands to
+bf16, each its own way; W, U, Aqk, Qg and Kwe are stored in bf16); key-gradient kernel dk 1.6e-3 / 5.3e-4, dkw 1.6e-3
+/ 4.9e-4, dg 1.3e-3 / 1.1e-4; backward chunk kernel dq 2.0e-3 / 1.6e-3, dk 2.6e-3 / 2.2e-3, dv 1.9e-3, dkw 3.8e-4 /
+2.8e-4, dbeta 2.1e-3 / 2.0e-3, dg 1.1e-3 / 7.1e-4, Z1 3.4e-3, ce 7.8e-8.
 Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the output kernel without
 the decay diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase 2's
-part of dT (dk 1.5e-1, dg 1.5e-1), and the per-channel intra kernel without exp(G_r - G_f) on its row blocks'
-rows (A0 5.5e-1), must fail.
+part of dT (dk 1.5e-1, dg 1.5e-1), the per-channel intra kernel without exp(G_r - G_f) on its row blocks' rows (A0
+5.5e-1) or without its per-element diagonal blocks, the key-gradient kernel without the diagonal blocks of rows(Z1,
+Kw) per element (dk 8.8e-1) or on tensor cores, and the per-channel backward chunk kernel without cols(dAqk, Q)
+(dkw 1.7e-1), must fail.
 Usage: gdn_mma T dk dv. Exit status 1 when an output misses its tolerance or holds a NaN.
 */
 #include "emu.h"
