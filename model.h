@@ -232,8 +232,13 @@ typedef struct {
     TensorInfo t[MAX_TENSORS];
     int num_tensors;
     size_t num_parameters;  // floats the layout spans (the parameters, plus the padding of an aligned layout)
-    size_t align;           // every tensor starts at a multiple of this many floats (1: contiguous, as in files)
+    size_t align;           // every tensor starts at a multiple of this many floats (1: contiguous, as in files;
+                            // above 1 a 2-D tensor's rows are also padded to a multiple of 8, see add_tensor)
 } TensorTable;
+
+// P rounded up to a multiple of 8: the rows of a 2-D tensor in an aligned layout, and the row stride of the
+// recurrent mixers' in_proj outputs
+static inline int rows_padded(int P) { return (P + 7) / 8 * 8; }
 
 static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const char* name, int decay, int init,
                           float std, int ndim, int d0, int d1) {
@@ -249,7 +254,11 @@ static float** add_tensor(TensorTable* tt, float** ptr_slot, float* base, const 
     t->lr_scale = 1.0f;
     t->init = init;
     t->std = std;
-    tt->num_parameters = t->offset + t->numel;
+    // an aligned layout also leaves a 2-D tensor's rows padded to a multiple of 8 (the padding zero, never
+    // updated): a weight of P rows is then a weight of rows_padded(P) rows whose last ones are zero (the fused
+    // in_proj of the recurrent mixers: one product over P rounded up, kernels/mixers/mixer.cuh)
+    const size_t span = ndim > 1 && tt->align > 1 ? (size_t)rows_padded(d0) * d1 : t->numel;
+    tt->num_parameters = t->offset + span;
     if (base != NULL) { *ptr_slot = base + t->offset; }
     return ptr_slot;
 }

@@ -146,7 +146,8 @@ typedef struct {
 typedef struct {
     Config config;
     TensorTable table;                  // the files' contiguous layout (FORMATS.md), of host_params
-    TensorTable dev_table;              // the device layout: the same tensors, each on a 256-byte boundary
+    TensorTable dev_table;              // the device layout: the same tensors, each on a 256-byte boundary (rows of
+                                        // 2-D tensors padded to a multiple of 8)
     ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (dev_table layout)
     float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32, dev_table.num_parameters floats
     floatX* params_x;                   // device floatX copy of the parameters (== params_memory in the FP32 build)
@@ -267,7 +268,8 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->num_parameters = m->table.num_parameters;
     // on the device every tensor starts on a 256-byte boundary (64 floats, 128 bytes of its bf16 copy): in the
     // files' layout small tensors (gate biases of H floats) leave the following ones 4-byte aligned, and
-    // cuBLASLt and the vectorised kernels then fall back to slow paths
+    // cuBLASLt and the vectorised kernels then fall back to slow paths; and a 2-D tensor's rows are padded to a
+    // multiple of 8 with zeros (the recurrent mixers' in_proj is then one fast product, kernels/mixers/mixer.cuh)
     build_parameter_layout_aligned(c, &m->dev_table, NULL, NULL, 64);
     m->num_device_floats = m->dev_table.num_parameters;
     size_t slice_unit = 64 * (size_t)multi.num_ranks;

@@ -9,8 +9,9 @@ gelu_forward, gelu_backward, swiglu_forward and swiglu_backward in train_kla.c.
   swiglu_forward          out[r, j] = SiLU(gate[r, j]) * up[r, j], rows of inp are [gate (Hm) | up (Hm)]
   swiglu_backward         dinp = (d gate | d up), overwritten
 
-Inputs and outputs are floatX; the math is fp32. One thread per element; every kernel is a pure map, so the
-results do not depend on the launch configuration.
+Inputs and outputs are floatX; the math is fp32. One thread per 16-byte pack of elements where the sizes and
+addresses allow (XPack, kernels/common.cuh), else per smaller pack; every kernel is a pure map, so the results do not
+depend on the launch configuration.
 */
 #ifndef TRAIN_KLA_KERNELS_ACTIVATIONS_CUH
 #define TRAIN_KLA_KERNELS_ACTIVATIONS_CUH
@@ -35,83 +36,108 @@ __device__ __forceinline__ float gelu_tanh_derivative(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
 }
 
-static inline unsigned int act_grid(size_t n) { return (unsigned int)ceil_div_z(n, ACT_BLOCK); }
+// a grid of one thread per V elements
+static inline unsigned int act_grid(size_t n, int V) { return (unsigned int)ceil_div_z(n / V, ACT_BLOCK); }
 
 // ----------------------------------------------------------------------------------------------------------
-// kernels: one thread per element
+// kernels: one thread per V consecutive elements (one XPack<V> access per operand; V divides n and, for swiglu, Hm)
 
-__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = from_float<floatX>(to_float(a[i]) + to_float(b[i])); }
+template <int V> __global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) { return; }
+    const XPack<V> x = pack_load<V>(a + i), y = pack_load<V>(b + i);
+    XPack<V> o;
+    for (int k = 0; k < V; k++) { o.v[k] = from_float<floatX>(to_float(x.v[k]) + to_float(y.v[k])); }
+    pack_store(out + i, o);
 }
 
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = from_float<floatX>(gelu_tanh(to_float(inp[i]))); }
+template <int V> __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) { return; }
+    const XPack<V> x = pack_load<V>(inp + i);
+    XPack<V> o;
+    for (int k = 0; k < V; k++) { o.v[k] = from_float<floatX>(gelu_tanh(to_float(x.v[k]))); }
+    pack_store(out + i, o);
 }
 
-__global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* pre, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { d[i] = from_float<floatX>(to_float(d[i]) * gelu_tanh_derivative(to_float(pre[i]))); }
+template <int V> __global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* pre, size_t n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (i >= n) { return; }
+    const XPack<V> x = pack_load<V>(pre + i);
+    XPack<V> g = pack_load<V>(d + i);
+    for (int k = 0; k < V; k++) { g.v[k] = from_float<floatX>(to_float(g.v[k]) * gelu_tanh_derivative(to_float(x.v[k]))); }
+    pack_store(d + i, g);
 }
 
-// element i = r * Hm + j of the output; gate at inp[r * 2Hm + j], up at inp[r * 2Hm + Hm + j]
-__global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, size_t n, int Hm) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+// elements i .. i + V - 1 = r * Hm + j .. of the output; gate at inp[r * 2Hm + j], up at inp[r * 2Hm + Hm + j]
+template <int V> __global__ void swiglu_forward_kernel(floatX* out, const floatX* inp, size_t n, int Hm) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) { return; }
     const size_t r = i / Hm, j = i % Hm;
-    const float gate = to_float(inp[r * 2 * Hm + j]), up = to_float(inp[r * 2 * Hm + Hm + j]);
-    out[i] = from_float<floatX>(gate * sigmoidf_dev(gate) * up);
+    const XPack<V> g = pack_load<V>(inp + r * 2 * Hm + j), u = pack_load<V>(inp + r * 2 * Hm + Hm + j);
+    XPack<V> o;
+    for (int k = 0; k < V; k++) {
+        const float gate = to_float(g.v[k]);
+        o.v[k] = from_float<floatX>(gate * sigmoidf_dev(gate) * to_float(u.v[k]));
+    }
+    pack_store(out + i, o);
 }
 
 // d up = d * SiLU(gate) = d * gate * sigmoid(gate);
 // d gate = d * up * SiLU'(gate), SiLU'(u) = sigmoid(u) (1 + u (1 - sigmoid(u)))
+template <int V>
 __global__ void swiglu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n, int Hm) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (i >= n) { return; }
     const size_t r = i / Hm, j = i % Hm;
-    const float gate = to_float(inp[r * 2 * Hm + j]), up = to_float(inp[r * 2 * Hm + Hm + j]);
-    const float d = to_float(dout[i]), sg = sigmoidf_dev(gate);
-    dinp[r * 2 * Hm + j] = from_float<floatX>(d * up * sg * (1.0f + gate * (1.0f - sg)));
-    dinp[r * 2 * Hm + Hm + j] = from_float<floatX>(d * gate * sg);
+    const XPack<V> g = pack_load<V>(inp + r * 2 * Hm + j), u = pack_load<V>(inp + r * 2 * Hm + Hm + j);
+    const XPack<V> d = pack_load<V>(dout + i);
+    XPack<V> dg, du;
+    for (int k = 0; k < V; k++) {
+        const float gate = to_float(g.v[k]), up = to_float(u.v[k]), dk = to_float(d.v[k]), sg = sigmoidf_dev(gate);
+        dg.v[k] = from_float<floatX>(dk * up * sg * (1.0f + gate * (1.0f - sg)));
+        du.v[k] = from_float<floatX>(dk * gate * sg);
+    }
+    pack_store(dinp + r * 2 * Hm + j, dg);
+    pack_store(dinp + r * 2 * Hm + Hm + j, du);
 }
 
 // ----------------------------------------------------------------------------------------------------------
-// launchers
+// launchers: the widest pack that n (Hm for swiglu) and the buffers' addresses allow
 
 static void residual_forward(floatX* out, const floatX* a, const floatX* b, size_t n, cudaStream_t stream) {
     if (n == 0) { return; }
-    residual_forward_kernel<<<act_grid(n), ACT_BLOCK, 0, stream>>>(out, a, b, n);
-    cudaCheckLaunch();
+    const int V = xpack_width(n, {out, a, b});
+    PACK_DISPATCH(V, residual_forward_kernel<VW><<<act_grid(n, VW), ACT_BLOCK, 0, stream>>>(out, a, b, n));
 }
 
 static void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
     if (n == 0) { return; }
-    gelu_forward_kernel<<<act_grid(n), ACT_BLOCK, 0, stream>>>(out, inp, n);
-    cudaCheckLaunch();
+    const int V = xpack_width(n, {out, inp});
+    PACK_DISPATCH(V, gelu_forward_kernel<VW><<<act_grid(n, VW), ACT_BLOCK, 0, stream>>>(out, inp, n));
 }
 
 // d = d * GELU'(pre), elementwise (d: the gradient of GELU(pre) in, the gradient of pre out)
 static void gelu_backward_inplace(floatX* d, const floatX* pre, size_t n, cudaStream_t stream) {
     if (n == 0) { return; }
-    gelu_backward_inplace_kernel<<<act_grid(n), ACT_BLOCK, 0, stream>>>(d, pre, n);
-    cudaCheckLaunch();
+    const int V = xpack_width(n, {d, pre});
+    PACK_DISPATCH(V, gelu_backward_inplace_kernel<VW><<<act_grid(n, VW), ACT_BLOCK, 0, stream>>>(d, pre, n));
 }
 
-// out [N, Hm] = SiLU(gate) * up, inp [N, 2Hm]
+// out [N, Hm] from inp [N, 2Hm]
 static void swiglu_forward(floatX* out, const floatX* inp, int N, int Hm, cudaStream_t stream) {
     const size_t n = (size_t)N * Hm;
     if (n == 0) { return; }
-    swiglu_forward_kernel<<<act_grid(n), ACT_BLOCK, 0, stream>>>(out, inp, n, Hm);
-    cudaCheckLaunch();
+    const int V = xpack_width(Hm, {out, inp});
+    PACK_DISPATCH(V, swiglu_forward_kernel<VW><<<act_grid(n, VW), ACT_BLOCK, 0, stream>>>(out, inp, n, Hm));
 }
 
 // dinp [N, 2Hm] = (d gate | d up) from dout [N, Hm], overwritten (not accumulated)
 static void swiglu_backward(floatX* dinp, const floatX* inp, const floatX* dout, int N, int Hm, cudaStream_t stream) {
     const size_t n = (size_t)N * Hm;
     if (n == 0) { return; }
-    swiglu_backward_kernel<<<act_grid(n), ACT_BLOCK, 0, stream>>>(dinp, inp, dout, n, Hm);
-    cudaCheckLaunch();
+    const int V = xpack_width(Hm, {dinp, inp, dout});
+    PACK_DISPATCH(V, swiglu_backward_kernel<VW><<<act_grid(n, VW), ACT_BLOCK, 0, stream>>>(dinp, inp, dout, n, Hm));
 }
 
 #endif // TRAIN_KLA_KERNELS_ACTIVATIONS_CUH

@@ -27,12 +27,8 @@ ARGMAX_BLOCK threads per row; only the N indices go to the host, not the logits.
 #include "common.cuh"
 
 #define CLASSIFIER_BLOCK 1024
-#define CLASSIFIER_VEC ((int)(16 / sizeof(floatX)))   // elements per 16-byte access
-
-// 16 bytes of a logits row, loaded and stored as one access
-struct alignas(16) ClassifierPack {
-    floatX v[CLASSIFIER_VEC];
-};
+#define CLASSIFIER_VEC XPACK   // elements per 16-byte access of a logits row
+typedef XPack<XPACK> ClassifierPack;
 
 // (m, s) := the (max, sum of exp(x - max)) of the union of two sets given as (m, s) and (m2, s2).
 // An empty set is (-inf, 0), and contributes nothing (without computing exp(-inf - -inf) = exp(nan)).

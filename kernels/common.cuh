@@ -19,6 +19,8 @@ gradients accumulated in fp32"):
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
+#include <initializer_list>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
@@ -89,6 +91,71 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// N consecutive elements moved as one access of N * sizeof(T) bytes: the memory-bound kernels move 16-byte packs
+// (XPACK floatX: 8 bf16 or 4 fp32) where the sizes and the addresses allow, else smaller ones
+template <typename T, int N> struct alignas(N * sizeof(T)) Pack {
+    T v[N];
+};
+template <int N> using XPack = Pack<floatX, N>;
+#define XPACK ((int)(16 / sizeof(floatX)))
+template <int N, typename T> __device__ __forceinline__ Pack<T, N> pack_load(const T* p) {
+    return *reinterpret_cast<const Pack<T, N>*>(p);
+}
+template <int N, typename T> __device__ __forceinline__ void pack_store(T* p, const Pack<T, N>& x) {
+    *reinterpret_cast<Pack<T, N>*>(p) = x;
+}
+
+// the V floatX at src (one pack, V * sizeof(floatX)-byte aligned) as floats, and V floats rounded into one at dst
+template <int V> __device__ __forceinline__ void xpack_to_floats(float* dst, const floatX* src) {
+    const XPack<V> x = pack_load<V>(src);
+#pragma unroll
+    for (int k = 0; k < V; k++) { dst[k] = to_float(x.v[k]); }
+}
+template <int V> __device__ __forceinline__ void floats_to_xpack(floatX* dst, const float* src) {
+    XPack<V> x;
+#pragma unroll
+    for (int k = 0; k < V; k++) { x.v[k] = from_float<floatX>(src[k]); }
+    pack_store(dst, x);
+}
+
+// the largest pack (XPACK, .., 2, 1 elements) that divides n and keeps every address in ptrs aligned to it
+static inline int xpack_width(size_t n, std::initializer_list<const void*> ptrs) {
+    int w = XPACK;
+    while (w > 1) {
+        bool ok = n % w == 0;
+        for (const void* p : ptrs) { ok = ok && (uintptr_t)p % (w * sizeof(floatX)) == 0; }
+        if (ok) { break; }
+        w /= 2;
+    }
+    return w;
+}
+
+// the pack V of a warp that walks a row of len elements, lane l at V (l + 32 j): xpack_width's, also dividing every
+// leading dimension in lds, leaving every lane a pack (32 V <= len), and with fp32 rows among ptrs 4V-byte aligned
+static inline int warp_row_pack(int len, std::initializer_list<int> lds, std::initializer_list<const void*> ptrs) {
+    int w = xpack_width(len, ptrs);
+    const auto fits = [&](int v) {
+        bool ok = 32 * v <= len;
+        for (int ld : lds) { ok = ok && ld % v == 0; }
+        for (const void* p : ptrs) { ok = ok && (uintptr_t)p % (v * sizeof(float)) == 0; }
+        return ok;
+    };
+    while (w > 1 && !fits(w)) { w /= 2; }
+    return w;
+}
+
+// runs the statement with the compile-time pack width VW = V (8, 4, 2 or 1): a kernel launch templated on it
+#define PACK_DISPATCH(V, ...)                                          \
+    do {                                                               \
+        switch (V) {                                                   \
+            case 8: { constexpr int VW = 8; __VA_ARGS__; break; }      \
+            case 4: { constexpr int VW = 4; __VA_ARGS__; break; }      \
+            case 2: { constexpr int VW = 2; __VA_ARGS__; break; }      \
+            default: { constexpr int VW = 1; __VA_ARGS__; break; }     \
+        }                                                              \
+        cudaCheckLaunch();                                             \
+    } while (0)
 
 __device__ __forceinline__ float warp_reduce_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }

@@ -135,18 +135,7 @@ __global__ void encoder_iota_kernel(int* pos, int n) {
     if (i < n) { pos[i] = i; }
 }
 
-// VEC channels: 16-byte loads of dout when possible (template VEC = 16 / sizeof(floatX)), else 1
-template <int VEC> __device__ __forceinline__ void encoder_load_x(float* dst, const floatX* src) {
-    if constexpr (VEC * sizeof(floatX) == 16) {
-        const int4 t = *reinterpret_cast<const int4*>(src);
-        const floatX* e = reinterpret_cast<const floatX*>(&t);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { dst[k] = to_float(e[k]); }
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { dst[k] = to_float(src[k]); }
-    }
-}
+// VEC channels: 16-byte loads of dout when possible (template VEC = 16 / sizeof(floatX), xpack_to_floats), else 1
 // dst[k] += src[k] (fp32 row of dwte; float4 when VEC is a multiple of 4)
 template <int VEC> __device__ __forceinline__ void encoder_add_f(float* dst, const float* src) {
     if constexpr (VEC % 4 == 0) {
@@ -209,7 +198,7 @@ encoder_backward_blocks_kernel(float* dwte, float* partial_own, float* partial_c
         float v[ENCODER_PREFETCH][VEC];
 #pragma unroll
         for (int u = 0; u < ENCODER_PREFETCH; u++) {
-            if (j0 + u < n) { encoder_load_x<VEC>(v[u], dout + (size_t)s_pos[j0 + u] * C + c0); }
+            if (j0 + u < n) { xpack_to_floats<VEC>(v[u], dout + (size_t)s_pos[j0 + u] * C + c0); }
         }
 #pragma unroll
         for (int u = 0; u < ENCODER_PREFETCH; u++) {

@@ -31,7 +31,9 @@ __device__ __forceinline__ float norm_dgate(int gate, float z) {
 // gated RMSNorm (spec 1.2 step 8), one warp per (row, head):
 //   rstd = 1 / sqrt(mean_i o_i^2 + eps),  y = o * rstd * w * SiLU(z)
 // z = proj + D with row stride ld_z = P; w [dv] is shared by the heads. gate: NORM_GATE_* (NONE: z unread).
+// Lane l takes the packs of V columns starting at i = V (l + 32 k) (warp_row_pack picks V).
 
+template <int V>
 __global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
                                              const float* w, int BT, int H, int dv, float eps, int gate) {
     const int pair = blockIdx.x * GATED_NORM_WARPS + threadIdx.x / 32;
@@ -42,15 +44,21 @@ __global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const float
     const floatX* oh = o + off;
     const floatX* zh = z + (size_t)r * ld_z + hh * dv;
     float ss = 0.0f;
-    for (int i = lane; i < dv; i += 32) {
-        const float oi = to_float(oh[i]);
-        ss += oi * oi;
+    for (int i = lane * V; i < dv; i += 32 * V) {
+        const XPack<V> op = pack_load<V>(oh + i);
+        for (int k = 0; k < V; k++) { ss += to_float(op.v[k]) * to_float(op.v[k]); }
     }
     ss = warp_reduce_sum(ss);
     const float rs = 1.0f / sqrtf(ss / dv + eps);
-    for (int i = lane; i < dv; i += 32) {
-        const float sg = gate == NORM_GATE_NONE ? 1.0f : norm_gate(gate, to_float(zh[i]));
-        y[off + i] = from_float<floatX>(to_float(oh[i]) * rs * w[i] * sg);
+    for (int i = lane * V; i < dv; i += 32 * V) {
+        const XPack<V> op = pack_load<V>(oh + i);
+        XPack<V> zp, yp;
+        if (gate != NORM_GATE_NONE) { zp = pack_load<V>(zh + i); }
+        for (int k = 0; k < V; k++) {
+            const float sg = gate == NORM_GATE_NONE ? 1.0f : norm_gate(gate, to_float(zp.v[k]));
+            yp.v[k] = from_float<floatX>(to_float(op.v[k]) * rs * w[i + k] * sg);
+        }
+        pack_store(y + off + i, yp);
     }
     if (lane == 0) { rstd[(size_t)r * H + hh] = rs; }
 }
@@ -58,9 +66,10 @@ __global__ void gated_rmsnorm_forward_kernel(floatX* y, float* rstd, const float
 static void gated_rmsnorm_forward_mode(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z,
                                        const float* w, int BT, int H, int dv, float eps, int gate,
                                        cudaStream_t stream) {
-    gated_rmsnorm_forward_kernel<<<ceil_div(BT * H, GATED_NORM_WARPS), GATED_NORM_WARPS * 32, 0, stream>>>(
-        y, rstd, o, z, ld_z, w, BT, H, dv, eps, gate);
-    cudaCheckLaunch();
+    const bool gated = gate != NORM_GATE_NONE;
+    const int V = warp_row_pack(dv, {gated ? ld_z : dv}, {y, o, gated ? z : o});
+    PACK_DISPATCH(V, gated_rmsnorm_forward_kernel<VW><<<ceil_div(BT * H, GATED_NORM_WARPS), GATED_NORM_WARPS * 32, 0,
+                                                        stream>>>(y, rstd, o, z, ld_z, w, BT, H, dv, eps, gate));
 }
 
 static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const floatX* z, int ld_z, const float* w,
@@ -72,15 +81,16 @@ static void gated_rmsnorm_forward(floatX* y, float* rstd, const floatX* o, const
 //   dz = dy xh w s'(z) (not written for NORM_GATE_NONE),  dxh = dy w s,  do = rstd (dxh - xh mean_i(dxh xh)),
 //   dw += sum over rows and heads of dy xh s
 // A block of GATED_NORM_WARPS warps takes GATED_NORM_WARPS * GATED_NORM_PAIRS_PER_WARP consecutive (row, head) pairs,
-// each warp GATED_NORM_PAIRS_PER_WARP of them in order. Lane l owns columns i = l (mod 32) of its warp's dw
-// accumulator in shared memory; at the end the warps' accumulators are added in warp order into the block's
-// partial row dw_partial [blocks, dv], which ordered_column_sum reduces. dout_o may alias dy (each element
+// each warp GATED_NORM_PAIRS_PER_WARP of them in order. Lane l owns the columns of its packs (as in the forward) in
+// its warp's dw accumulator in shared memory; at the end the warps' accumulators are added in warp order into the
+// block's partial row dw_partial [blocks, dv], which ordered_column_sum reduces. dout_o may alias dy (each element
 // is read before the same thread writes it).
 
 static inline int gated_rmsnorm_backward_blocks(int BT, int H) {
     return ceil_div(BT * H, GATED_NORM_WARPS * GATED_NORM_PAIRS_PER_WARP);
 }
 
+template <int V>
 __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld_z, float* dw_partial,
                                               const floatX* dy, const floatX* o, const floatX* z, const float* rstd,
                                               const float* w, int BT, int H, int dv, int gate) {
@@ -99,22 +109,33 @@ __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld
         const size_t zoff = (size_t)r * ld_z + hh * dv;
         const float rs = rstd[(size_t)r * H + hh];
         float m = 0.0f;
-        for (int i = lane; i < dv; i += 32) {
-            const float dyi = to_float(dy[off + i]);
-            const float xh = to_float(o[off + i]) * rs;
-            const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(z[zoff + i]);
-            const float sw = norm_gate(gate, zi);
-            acc[i] += dyi * xh * sw;
-            if (gate != NORM_GATE_NONE) { dz[zoff + i] = from_float<floatX>(dyi * xh * w[i] * norm_dgate(gate, zi)); }
-            m += dyi * w[i] * sw * xh;
+        for (int i = lane * V; i < dv; i += 32 * V) {
+            const XPack<V> dyp = pack_load<V>(dy + off + i), op = pack_load<V>(o + off + i);
+            XPack<V> zp, dzp;
+            if (gate != NORM_GATE_NONE) { zp = pack_load<V>(z + zoff + i); }
+            for (int k = 0; k < V; k++) {
+                const float dyi = to_float(dyp.v[k]);
+                const float xh = to_float(op.v[k]) * rs;
+                const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(zp.v[k]);
+                const float sw = norm_gate(gate, zi);
+                acc[i + k] += dyi * xh * sw;
+                if (gate != NORM_GATE_NONE) { dzp.v[k] = from_float<floatX>(dyi * xh * w[i + k] * norm_dgate(gate, zi)); }
+                m += dyi * w[i + k] * sw * xh;
+            }
+            if (gate != NORM_GATE_NONE) { pack_store(dz + zoff + i, dzp); }
         }
         m = warp_reduce_sum(m) / dv;
-        for (int i = lane; i < dv; i += 32) {
-            const float dyi = to_float(dy[off + i]);
-            const float oi = to_float(o[off + i]);
-            const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(z[zoff + i]);
-            const float dxh = dyi * w[i] * norm_gate(gate, zi);
-            dout_o[off + i] = from_float<floatX>(rs * (dxh - oi * rs * m));
+        for (int i = lane * V; i < dv; i += 32 * V) {
+            const XPack<V> dyp = pack_load<V>(dy + off + i), op = pack_load<V>(o + off + i);
+            XPack<V> zp, dop;
+            if (gate != NORM_GATE_NONE) { zp = pack_load<V>(z + zoff + i); }
+            for (int k = 0; k < V; k++) {
+                const float oi = to_float(op.v[k]);
+                const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(zp.v[k]);
+                const float dxh = to_float(dyp.v[k]) * w[i + k] * norm_gate(gate, zi);
+                dop.v[k] = from_float<floatX>(rs * (dxh - oi * rs * m));
+            }
+            pack_store(dout_o + off + i, dop);
         }
     }
     __syncthreads();
@@ -141,9 +162,10 @@ static void gated_rmsnorm_backward_mode(floatX* dout_o, floatX* dz, int ld_z, fl
     }
     float* dw_partial = scratch;
     float* partials = dw_partial + (size_t)blocks * dv;
-    gated_rmsnorm_backward_kernel<<<blocks, GATED_NORM_WARPS * 32, smem, stream>>>(dout_o, dz, ld_z, dw_partial, dy,
-                                                                                  o, z, rstd, w, BT, H, dv, gate);
-    cudaCheckLaunch();
+    const bool gated = gate != NORM_GATE_NONE;
+    const int V = warp_row_pack(dv, {gated ? ld_z : dv}, {dout_o, dy, o, gated ? z : o, gated ? dz : o});
+    PACK_DISPATCH(V, gated_rmsnorm_backward_kernel<VW><<<blocks, GATED_NORM_WARPS * 32, smem, stream>>>(
+                         dout_o, dz, ld_z, dw_partial, dy, o, z, rstd, w, BT, H, dv, gate));
     ordered_column_sum(dw, partials, dw_partial, blocks, dv, 1, stream);
 }
 

@@ -2140,6 +2140,62 @@ __device__ __forceinline__ float gdn_quad_sum(float x) {
 
 #define GDN_BWD_PARTS 5   // per-row partial sums per column quarter: v.dvb, q.dQ, kw.dKw_a, k.dkbg, kw.dKw_int
 
+// The two register-tile backward chunk kernels' common start (gdn_bwd_chunk_mma_kernel, per head, and
+// gdn_bwd_chunk_channel_mma_kernel, per channel; Smem is either layout): the chunk's dO, Vn and V rows by cp.async
+// as one group, then dVn and Tm from fp32 to the bf16 operands (dVn's padded columns dv .. dvq zero).
+template <typename Smem>
+__device__ __forceinline__ void gdn_bwd_mma_load_values(Smem& sm, int dvq, const __nv_bfloat16* dO, int ld_o,
+                                                        const __nv_bfloat16* v, int ld_qkv,
+                                                        const __nv_bfloat16* Vn_saved, const GdnChunkPos& p, int dv) {
+    constexpr int BT = GDN_CHUNK;
+    const int ldv = dvq + 8;
+    tile_load_async(sm.dO, ldv, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
+    tile_load_async(sm.Vn, ldv, BT, dvq, Vn_saved + p.c * BT * dv, dv, BT, dv);
+    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+    cp_async_commit();
+}
+
+template <typename Smem>
+__device__ __forceinline__ void gdn_bwd_mma_stage(Smem& sm, int dvq, const float* dVn_work, const float* Tm_saved,
+                                                  const GdnChunkPos& p, int dv) {
+    constexpr int BT = GDN_CHUNK, LB = BT + 8;
+    const int ldv = dvq + 8;
+    const float* dVn_c = dVn_work + p.c * BT * dv;
+    for (int idx = threadIdx.x; idx < BT * dvq / 4; idx += blockDim.x) {
+        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
+        const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+    for (int idx = threadIdx.x; idx < BT * BT / 4; idx += blockDim.x) {
+        const int r = idx / (BT / 4), c4 = (idx - r * (BT / 4)) * 4;
+        const float4 x = *reinterpret_cast<const float4*>(Tm_saved + (p.c * BT + r) * BT + c4);
+        uint32_t* s = reinterpret_cast<uint32_t*>(sm.Tm + r * LB + c4);
+        s[0] = pack_bf16(x.x, x.y);
+        s[1] = pack_bf16(x.z, x.w);
+    }
+}
+
+// phase 1's dvb = Tm^T dU in both register-tile backward chunk kernels, warp (m0, n16) of 4 x 4, over dv slabs of
+// 64: dv = diag(beta) dvb into grad_v, rv[e >> 1] += v.dvb over the thread's two rows
+template <typename Smem>
+__device__ __forceinline__ void gdn_bwd_mma_dv(Smem& sm, float rv[2], float* grad_v, int ld_d, int dvq,
+                                               const GdnChunkPos& p, int dv, int m0, int n16, int lane) {
+    constexpr int BT = GDN_CHUNK, LB = BT + 8;
+    const int ldv = dvq + 8;
+    for (int nb = 0; nb < dvq; nb += 64) {
+        float acc[2][4] = {};
+        gdn_mma16<true, false>(acc, sm.Tm, LB, m0, sm.dVn, ldv, nb + n16, BT, lane);
+        gdn_frag16_each(m0, nb + n16, lane, [&](int nt, int e, int i, int col) {
+            if (col < dv) {
+                rv[e >> 1] = fmaf(__bfloat162float(sm.V[i * ldv + col]), acc[nt][e], rv[e >> 1]);
+                if (i < p.L) { grad_v[(p.row0 + i) * ld_d + (size_t)p.h * dv + col] = sm.beta[i] * acc[nt][e]; }
+            }
+        });
+    }
+}
+
 struct GdnBwdChunkMmaSmem {
     __nv_bfloat16 *dO, *Vn, *dVn, *V;   // [BT][dvq + 8]
     __nv_bfloat16 *Hs, *dE;             // [KB][dvq + 8]: a dk block's rows of h and dE
@@ -2191,7 +2247,6 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
     const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x;
     GdnBwdChunkMmaSmem sm((size_t)gdn_smem, dvq, split);
     const int warp = tid >> 5, lane = tid & 31, m0 = 16 * (warp & 3), cq = warp >> 2, n16 = 16 * cq;
-    const float* dVn_c = dVn_work + c * BT * dv;
 
     // dk block kb's h and dE rows, q, k and kw columns
     const auto load_block = [&](int d0) {
@@ -2202,26 +2257,10 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         if (split) { tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0); }
         cp_async_commit();
     };
-    tile_load_async(sm.dO, ldv, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
-    tile_load_async(sm.Vn, ldv, BT, dvq, Vn_saved + c * BT * dv, dv, BT, dv);
-    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
-    cp_async_commit();
+    gdn_bwd_mma_load_values(sm, dvq, dO, ld_o, v, ld_qkv, Vn_saved, p, dv);
     load_block(0);
     // dVn and Tm to bf16 operands; beta (0 on padded rows), G and the row factors
-    for (int idx = tid; idx < BT * dvq / 4; idx += blockDim.x) {
-        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
-        const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
-        uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
-        s[0] = pack_bf16(x.x, x.y);
-        s[1] = pack_bf16(x.z, x.w);
-    }
-    for (int idx = tid; idx < BT * BT / 4; idx += blockDim.x) {
-        const int r = idx / (BT / 4), c4 = (idx - r * (BT / 4)) * 4;
-        const float4 x = *reinterpret_cast<const float4*>(Tm_saved + (c * BT + r) * BT + c4);
-        uint32_t* s = reinterpret_cast<uint32_t*>(sm.Tm + r * LB + c4);
-        s[0] = pack_bf16(x.x, x.y);
-        s[1] = pack_bf16(x.z, x.w);
-    }
+    gdn_bwd_mma_stage(sm, dvq, dVn_work, Tm_saved, p, dv);
     const float G_last = gdn_bwd_row_factors(sm, beta, G_saved, p, H, scale);
     cp_async_wait<1>();
     __syncthreads();
@@ -2239,16 +2278,7 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int, int j) { dT1[nt][e] *= sm.beta[j]; });
     }
     float rv[2] = {0.0f, 0.0f};   // v.dvb of the thread's rows
-    for (int nb = 0; nb < dvq; nb += 64) {
-        float acc[2][4] = {};
-        gdn_mma16<true, false>(acc, sm.Tm, LB, m0, sm.dVn, ldv, nb + n16, BT, lane);
-        gdn_frag16_each(m0, nb + n16, lane, [&](int nt, int e, int i, int col) {
-            if (col < dv) {
-                rv[e >> 1] = fmaf(__bfloat162float(sm.V[i * ldv + col]), acc[nt][e], rv[e >> 1]);
-                if (i < p.L) { grad_v[(p.row0 + i) * ld_d + (size_t)p.h * dv + col] = sm.beta[i] * acc[nt][e]; }
-            }
-        });
-    }
+    gdn_bwd_mma_dv(sm, rv, grad_v, ld_d, dvq, p, dv, m0, n16, lane);
     __syncthreads();   // P complete
 
     // phase 2, per dk block of KB columns d0 ..: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T; dQ = diag(scale gam) F0 + P Kw;
@@ -2978,7 +3008,6 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
     const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x;
     GdnBwdChannelMmaSmem sm((size_t)gdn_smem, dvq);
     const int warp = tid >> 5, lane = tid & 31, m0 = 16 * (warp & 3), I = warp & 3, cq = warp >> 2, n16 = 16 * cq;
-    const float* dVn_c = dVn_work + c * BT * dv;
 
     // dk block d0's h and dE rows, q, k, kw and G columns
     const auto load_block = [&](int d0) {
@@ -2990,26 +3019,10 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
         tile_load_async(sm.Gb, LK, BT, KB, G_saved + c * BT * dk + d0, dk, BT, dk - d0);
         cp_async_commit();
     };
-    tile_load_async(sm.dO, ldv, BT, dvq, dO + p.row0 * ld_o + (size_t)p.h * dv, ld_o, p.L, dv);
-    tile_load_async(sm.Vn, ldv, BT, dvq, Vn_saved + c * BT * dv, dv, BT, dv);
-    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
-    cp_async_commit();
+    gdn_bwd_mma_load_values(sm, dvq, dO, ld_o, v, ld_qkv, Vn_saved, p, dv);
     load_block(0);
     // dVn and Tm to bf16 operands; beta (0 on padded rows)
-    for (int idx = tid; idx < BT * dvq / 4; idx += blockDim.x) {
-        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
-        const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
-        uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
-        s[0] = pack_bf16(x.x, x.y);
-        s[1] = pack_bf16(x.z, x.w);
-    }
-    for (int idx = tid; idx < BT * BT / 4; idx += blockDim.x) {
-        const int r = idx / (BT / 4), c4 = (idx - r * (BT / 4)) * 4;
-        const float4 x = *reinterpret_cast<const float4*>(Tm_saved + (c * BT + r) * BT + c4);
-        uint32_t* s = reinterpret_cast<uint32_t*>(sm.Tm + r * LB + c4);
-        s[0] = pack_bf16(x.x, x.y);
-        s[1] = pack_bf16(x.z, x.w);
-    }
+    gdn_bwd_mma_stage(sm, dvq, dVn_work, Tm_saved, p, dv);
     for (int r = tid; r < BT; r += blockDim.x) { sm.beta[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f; }
     cp_async_wait<1>();
     __syncthreads();
@@ -3027,16 +3040,7 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
         gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int, int j) { dT1[nt][e] *= sm.beta[j]; });
     }
     float rv[2] = {0.0f, 0.0f}, rk[2] = {0.0f, 0.0f};   // v.dvb and (k e).dkbg of the thread's rows
-    for (int nb = 0; nb < dvq; nb += 64) {
-        float acc[2][4] = {};
-        gdn_mma16<true, false>(acc, sm.Tm, LB, m0, sm.dVn, ldv, nb + n16, BT, lane);
-        gdn_frag16_each(m0, nb + n16, lane, [&](int nt, int e, int i, int col) {
-            if (col < dv) {
-                rv[e >> 1] = fmaf(__bfloat162float(sm.V[i * ldv + col]), acc[nt][e], rv[e >> 1]);
-                if (i < p.L) { grad_v[(p.row0 + i) * ld_d + (size_t)p.h * dv + col] = sm.beta[i] * acc[nt][e]; }
-            }
-        });
-    }
+    gdn_bwd_mma_dv(sm, rv, grad_v, ld_d, dvq, p, dv, m0, n16, lane);
 
     // phase 2, per dk block of KB columns d0 ..: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T;
     // dQ = scale (F0 (.) e) + rows(dAqk, Kw); dKw_st = F1 (.) el, dKw_a = dKw_st + cols(dAqk, Q); dW = -F2;

@@ -37,119 +37,9 @@ The backward uses 16-byte loads (8 bf16 / 4 fp32) whenever C and the pointers al
 // ----------------------------------------------------------------------------------------------------------
 // forward
 
-// grid ceil(N / NORM_ROWS_PER_BLOCK), block 32 * NORM_ROWS_PER_BLOCK; one warp per row.
-// inp2 == NULL: x = inp1. inp2 != NULL: x = floatX(inp1 + inp2) is written to residual_out first (which may be
-// inp1 or inp2 itself: each element is read and written by the same thread, reads first).
-// mean (LayerNorm) and rstd are written when not NULL.
-__global__ void norm_forward_kernel(int kind, floatX* out, float* mean, float* rstd, floatX* residual_out,
-                                    const floatX* inp1, const floatX* inp2, const float* w, const float* b,
-                                    int N, int C, float eps) {
-    const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (row >= N) { return; }
-    const size_t base = (size_t)row * C;
-    const floatX* x = inp1 + base;
-
-    // pass 1: the residual sum (when fused), and sum(x) (LayerNorm) or sum(x^2) (RMSNorm)
-    float sum = 0.0f;
-    if (inp2 != NULL) {
-        floatX* r = residual_out + base;
-        for (int i = lane; i < C; i += 32) {
-            const floatX v = from_float<floatX>(to_float(inp1[base + i]) + to_float(inp2[base + i]));
-            r[i] = v;
-            const float xv = to_float(v);
-            sum += kind == NORM_LAYERNORM ? xv : xv * xv;
-        }
-        x = r;
-    } else {
-        for (int i = lane; i < C; i += 32) {
-            const float xv = to_float(x[i]);
-            sum += kind == NORM_LAYERNORM ? xv : xv * xv;
-        }
-    }
-    sum = warp_reduce_sum(sum);
-
-    float m = 0.0f, s;
-    if (kind == NORM_LAYERNORM) {
-        // pass 2: the variance around the mean (two passes, as the CPU version: no cancellation)
-        m = sum / C;
-        float var = 0.0f;
-        for (int i = lane; i < C; i += 32) {
-            const float d = to_float(x[i]) - m;
-            var += d * d;
-        }
-        var = warp_reduce_sum(var);
-        s = 1.0f / sqrtf(var / C + eps);
-    } else {
-        s = 1.0f / sqrtf(sum / C + eps);
-    }
-
-    // last pass: the normalised output
-    floatX* o = out + base;
-    for (int i = lane; i < C; i += 32) {
-        const float xhat = (to_float(x[i]) - m) * s;
-        o[i] = from_float<floatX>(kind == NORM_LAYERNORM ? xhat * w[i] + b[i] : xhat * w[i]);
-    }
-    if (lane == 0) {
-        if (mean != NULL && kind == NORM_LAYERNORM) { mean[row] = m; }
-        if (rstd != NULL) { rstd[row] = s; }
-    }
-}
-
-static void norm_check_kind(int kind) {
-    if (kind != NORM_LAYERNORM && kind != NORM_RMSNORM) { die("norm: unknown kind %d", kind); }
-}
-
-// out = norm(inp) [N, C]; mean, rstd fp32 [N] (mean only for LayerNorm; either may be NULL when the backward
-// will not run); w, b fp32 [C] (b only for LayerNorm)
-static void norm_forward(int kind, floatX* out, float* mean, float* rstd, const floatX* inp, const float* w,
-                         const float* b, int N, int C, float eps, cudaStream_t stream) {
-    norm_check_kind(kind);
-    if (N == 0) { return; }
-    norm_forward_kernel<<<ceil_div(N, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK, 0, stream>>>(
-        kind, out, mean, rstd, NULL, inp, NULL, w, b, N, C, eps);
-    cudaCheckLaunch();
-}
-
-// residual_out = inp1 + inp2 (rounded to floatX; may be inp1 or inp2 itself), norm_out = norm(residual_out)
-static void fused_residual_norm_forward(int kind, floatX* residual_out, floatX* norm_out, float* mean, float* rstd,
-                                        const floatX* inp1, const floatX* inp2, const float* w, const float* b,
-                                        int N, int C, float eps, cudaStream_t stream) {
-    norm_check_kind(kind);
-    if (N == 0) { return; }
-    norm_forward_kernel<<<ceil_div(N, NORM_ROWS_PER_BLOCK), 32 * NORM_ROWS_PER_BLOCK, 0, stream>>>(
-        kind, norm_out, mean, rstd, residual_out, inp1, inp2, w, b, N, C, eps);
-    cudaCheckLaunch();
-}
-
-// ----------------------------------------------------------------------------------------------------------
-// backward
-
-// Vector width VEC: 16 / sizeof(floatX) elements (one 16-byte load) when C is a multiple of it and the row
-// pointers are 16-byte aligned, else 1 (scalar). Both widths do the same fp32 math in the same order per element.
-template <int VEC> __device__ __forceinline__ void norm_load_x(float* dst, const floatX* src) {
-    if constexpr (VEC * sizeof(floatX) == 16) {
-        const int4 t = *reinterpret_cast<const int4*>(src);
-        const floatX* e = reinterpret_cast<const floatX*>(&t);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { dst[k] = to_float(e[k]); }
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { dst[k] = to_float(src[k]); }
-    }
-}
-template <int VEC> __device__ __forceinline__ void norm_store_x(floatX* dst, const float* src) {
-    if constexpr (VEC * sizeof(floatX) == 16) {
-        int4 t;
-        floatX* e = reinterpret_cast<floatX*>(&t);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { e[k] = from_float<floatX>(src[k]); }
-        *reinterpret_cast<int4*>(dst) = t;
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { dst[k] = from_float<floatX>(src[k]); }
-    }
-}
+// Vector width VEC: 16 / sizeof(floatX) elements (one 16-byte access: xpack_to_floats, floats_to_xpack) when C is
+// a multiple of it and the row pointers are 16-byte aligned, else 1 (scalar). Both widths do the same fp32 math in
+// the same order per element. The fp32 weights: float4 loads.
 template <int VEC> __device__ __forceinline__ void norm_load_f(float* dst, const float* src) {
     if constexpr (VEC % 4 == 0) {
 #pragma unroll
@@ -165,6 +55,119 @@ template <int VEC> __device__ __forceinline__ void norm_load_f(float* dst, const
         for (int k = 0; k < VEC; k++) { dst[k] = src[k]; }
     }
 }
+
+// grid ceil(N / NORM_ROWS_PER_BLOCK), block 32 * NORM_ROWS_PER_BLOCK; one warp per row, lane l handles elements
+// [VEC (l + 32 j), VEC (l + 32 j) + VEC); the later passes re-read the row (L1/L2 hits).
+// inp2 == NULL: x = inp1. inp2 != NULL: x = floatX(inp1 + inp2) is written to residual_out first (which may be
+// inp1 or inp2 itself: each element is read and written by the same thread, reads first).
+// mean (LayerNorm) and rstd are written when not NULL.
+template <int VEC>
+__global__ void __launch_bounds__(32 * NORM_ROWS_PER_BLOCK)
+norm_forward_kernel(int kind, floatX* out, float* mean, float* rstd, floatX* residual_out, const floatX* inp1,
+                    const floatX* inp2, const float* w, const float* b, int N, int C, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * NORM_ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= N) { return; }
+    const size_t base = (size_t)row * C;
+    const floatX* x = inp1 + base;
+
+    // pass 1: the residual sum (when fused), and sum(x) (LayerNorm) or sum(x^2) (RMSNorm)
+    float sum = 0.0f;
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        float v[VEC];
+        xpack_to_floats<VEC>(v, x + i);
+        if (inp2 != NULL) {
+            float v2[VEC];
+            xpack_to_floats<VEC>(v2, inp2 + base + i);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { v[k] = to_float(from_float<floatX>(v[k] + v2[k])); }
+            floats_to_xpack<VEC>(residual_out + base + i, v);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { sum += kind == NORM_LAYERNORM ? v[k] : v[k] * v[k]; }
+    }
+    if (inp2 != NULL) { x = residual_out + base; }
+    sum = warp_reduce_sum(sum);
+
+    float m = 0.0f, s;
+    if (kind == NORM_LAYERNORM) {
+        // pass 2: the variance around the mean (two passes, as the CPU version: no cancellation)
+        m = sum / C;
+        float var = 0.0f;
+        for (int i = lane * VEC; i < C; i += 32 * VEC) {
+            float v[VEC];
+            xpack_to_floats<VEC>(v, x + i);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { var += (v[k] - m) * (v[k] - m); }
+        }
+        var = warp_reduce_sum(var);
+        s = 1.0f / sqrtf(var / C + eps);
+    } else {
+        s = 1.0f / sqrtf(sum / C + eps);
+    }
+
+    // last pass: the normalised output
+    for (int i = lane * VEC; i < C; i += 32 * VEC) {
+        float v[VEC], wv[VEC], bv[VEC];
+        xpack_to_floats<VEC>(v, x + i);
+        norm_load_f<VEC>(wv, w + i);
+        if (kind == NORM_LAYERNORM) { norm_load_f<VEC>(bv, b + i); }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            const float xhat = (v[k] - m) * s;
+            v[k] = kind == NORM_LAYERNORM ? xhat * wv[k] + bv[k] : xhat * wv[k];
+        }
+        floats_to_xpack<VEC>(out + base + i, v);
+    }
+    if (lane == 0) {
+        if (mean != NULL && kind == NORM_LAYERNORM) { mean[row] = m; }
+        if (rstd != NULL) { rstd[row] = s; }
+    }
+}
+
+static void norm_check_kind(int kind) {
+    if (kind != NORM_LAYERNORM && kind != NORM_RMSNORM) { die("norm: unknown kind %d", kind); }
+}
+
+static inline int norm_aligned16(const void* p) { return p == NULL || ((uintptr_t)p % 16) == 0; }
+
+// the forward's launch: 16-byte loads where C and every pointer allow (the same fp32 math per element either way)
+static void norm_forward_launch(int kind, floatX* out, float* mean, float* rstd, floatX* residual_out,
+                                const floatX* inp1, const floatX* inp2, const float* w, const float* b, int N, int C,
+                                float eps, cudaStream_t stream) {
+    constexpr int VEC = 16 / (int)sizeof(floatX);
+    const dim3 grid(ceil_div(N, NORM_ROWS_PER_BLOCK)), block(32 * NORM_ROWS_PER_BLOCK);
+    if (C % VEC == 0 && norm_aligned16(out) && norm_aligned16(residual_out) && norm_aligned16(inp1) &&
+        norm_aligned16(inp2) && norm_aligned16(w) && norm_aligned16(b)) {
+        norm_forward_kernel<VEC><<<grid, block, 0, stream>>>(kind, out, mean, rstd, residual_out, inp1, inp2, w, b, N,
+                                                             C, eps);
+    } else {
+        norm_forward_kernel<1><<<grid, block, 0, stream>>>(kind, out, mean, rstd, residual_out, inp1, inp2, w, b, N, C,
+                                                           eps);
+    }
+    cudaCheckLaunch();
+}
+
+// out = norm(inp) [N, C]; mean, rstd fp32 [N] (mean only for LayerNorm; either may be NULL when the backward
+// will not run); w, b fp32 [C] (b only for LayerNorm)
+static void norm_forward(int kind, floatX* out, float* mean, float* rstd, const floatX* inp, const float* w,
+                         const float* b, int N, int C, float eps, cudaStream_t stream) {
+    norm_check_kind(kind);
+    if (N == 0) { return; }
+    norm_forward_launch(kind, out, mean, rstd, NULL, inp, NULL, w, b, N, C, eps, stream);
+}
+
+// residual_out = inp1 + inp2 (rounded to floatX; may be inp1 or inp2 itself), norm_out = norm(residual_out)
+static void fused_residual_norm_forward(int kind, floatX* residual_out, floatX* norm_out, float* mean, float* rstd,
+                                        const floatX* inp1, const floatX* inp2, const float* w, const float* b,
+                                        int N, int C, float eps, cudaStream_t stream) {
+    norm_check_kind(kind);
+    if (N == 0) { return; }
+    norm_forward_launch(kind, norm_out, mean, rstd, residual_out, inp1, inp2, w, b, N, C, eps, stream);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// backward
 
 // grid ceil(N / NORM_ROWS_PER_BLOCK), block 32 * NORM_ROWS_PER_BLOCK; one warp per row: dinp += ...
 // Lane l handles elements [VEC (l + 32 j), VEC (l + 32 j) + VEC). The second pass re-reads the row (L1/L2 hits).
@@ -182,8 +185,8 @@ norm_backward_dinp_kernel(int kind, floatX* dinp, const floatX* dout, const floa
     float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         float x[VEC], d[VEC], wv[VEC];
-        norm_load_x<VEC>(x, inp + base + i);
-        norm_load_x<VEC>(d, dout + base + i);
+        xpack_to_floats<VEC>(x, inp + base + i);
+        xpack_to_floats<VEC>(d, dout + base + i);
         norm_load_f<VEC>(wv, w + i);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
@@ -198,10 +201,10 @@ norm_backward_dinp_kernel(int kind, floatX* dinp, const floatX* dout, const floa
 
     for (int i = lane * VEC; i < C; i += 32 * VEC) {
         float x[VEC], d[VEC], wv[VEC], g[VEC];
-        norm_load_x<VEC>(x, inp + base + i);
-        norm_load_x<VEC>(d, dout + base + i);
+        xpack_to_floats<VEC>(x, inp + base + i);
+        xpack_to_floats<VEC>(d, dout + base + i);
         norm_load_f<VEC>(wv, w + i);
-        norm_load_x<VEC>(g, dinp + base + i);
+        xpack_to_floats<VEC>(g, dinp + base + i);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
             const float xhat = (x[k] - m) * s;
@@ -209,7 +212,7 @@ norm_backward_dinp_kernel(int kind, floatX* dinp, const floatX* dout, const floa
             const float dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * s;
             g[k] = g[k] + dx;
         }
-        norm_store_x<VEC>(dinp + base + i, g);
+        floats_to_xpack<VEC>(dinp + base + i, g);
     }
 }
 
@@ -245,8 +248,8 @@ norm_backward_dwdb_partial_kernel(int kind, float* partial, const floatX* dout, 
         for (int r = row_begin + threadIdx.y; r < row_end; r += NORM_ROW_LANES) {
             const float m = kind == NORM_LAYERNORM ? mean[r] : 0.0f, s = rstd[r];
             float x[VEC], d[VEC];
-            norm_load_x<VEC>(x, inp + (size_t)r * C + c0);
-            norm_load_x<VEC>(d, dout + (size_t)r * C + c0);
+            xpack_to_floats<VEC>(x, inp + (size_t)r * C + c0);
+            xpack_to_floats<VEC>(d, dout + (size_t)r * C + c0);
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 const float xhat = (x[k] - m) * s;
@@ -321,8 +324,6 @@ static void norm_backward_launch(int kind, floatX* dinp, float* dw, float* db, f
         kind, dinp, dout, inp, w, mean, rstd, N, C);
     cudaCheckLaunch();
 }
-
-static inline int norm_aligned16(const void* p) { return ((uintptr_t)p % 16) == 0; }
 
 // dinp [N, C] floatX +=; dw, db fp32 [C] += (db only for LayerNorm, may be NULL for RMSNorm);
 // scratch: norm_backward_scratch_bytes(N, C); inp: the forward's input (the stored residual), mean/rstd: what

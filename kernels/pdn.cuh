@@ -41,6 +41,8 @@ __host__ __device__ inline int pdn_segments(int T) { return (T + PDN_CHECKPOINT 
 //   q, k <- l2n (qn, kn the norms); beta = sigmoid(b); gP = -exp(A_log_P) softplus(aP + dt_bias_P); bP = sigmoid(bP)
 //   g [dk]: pdn 0; pgdn -exp(A_log) softplus(a + dt_bias) on every channel; pkda -exp(A_log) softplus(f + dt_bias)
 
+// Lane l takes the channels of its packs d = V (l + 32 j) (warp_row_pack picks V).
+template <int V>
 __global__ void pdn_features_forward_kernel(floatX* qkv, float* qn, float* kn, float* beta, float* gP, float* bP,
                                             float* g, const floatX* proj, int ld_proj, const floatX* fpre,
                                             const float* A_log, const float* dt_bias, const float* A_log_P,
@@ -55,30 +57,35 @@ __global__ void pdn_features_forward_kernel(floatX* qkv, float* qn, float* kn, f
     floatX* q = qkv + (size_t)r * D + hh * dk;
     floatX* k = qkv + (size_t)r * D + H * dk + hh * dk;
     float qq = 0.0f, kk = 0.0f;
-    for (int d = lane; d < dk; d += 32) {
-        const float qd = to_float(q[d]), kd = to_float(k[d]);
-        qq += qd * qd;
-        kk += kd * kd;
+    for (int d = lane * V; d < dk; d += 32 * V) {
+        const XPack<V> qp = pack_load<V>(q + d), kp = pack_load<V>(k + d);
+        for (int i = 0; i < V; i++) {
+            qq += to_float(qp.v[i]) * to_float(qp.v[i]);
+            kk += to_float(kp.v[i]) * to_float(kp.v[i]);
+        }
     }
     qq = warp_reduce_sum(qq);
     kk = warp_reduce_sum(kk);
     const float q_norm = sqrtf(qq + l2norm_eps), k_norm = sqrtf(kk + l2norm_eps);
     const float qs = 1.0f / q_norm, ks = 1.0f / k_norm;
-    for (int d = lane; d < dk; d += 32) {
-        q[d] = from_float<floatX>(to_float(q[d]) * qs);
-        k[d] = from_float<floatX>(to_float(k[d]) * ks);
-    }
     const floatX* prow = proj + (size_t)r * ld_proj + D;   // b | aP | bP | a (pgdn)
+    const float ea = variant == 0 ? 0.0f : -expf(A_log[hh]);
+    const float gs = variant == 1 ? ea * softplusf_dev(to_float(prow[3 * H + hh]) + dt_bias[hh]) : 0.0f;
+    const floatX* f = variant == 2 ? fpre + (size_t)r * H * dk + hh * dk : NULL;
     float* gh = g + e * dk;
-    if (variant == 0) {
-        for (int d = lane; d < dk; d += 32) { gh[d] = 0.0f; }
-    } else if (variant == 1) {
-        const float gs = -expf(A_log[hh]) * softplusf_dev(to_float(prow[3 * H + hh]) + dt_bias[hh]);
-        for (int d = lane; d < dk; d += 32) { gh[d] = gs; }
-    } else {
-        const float ea = -expf(A_log[hh]);
-        const floatX* f = fpre + (size_t)r * H * dk + hh * dk;
-        for (int d = lane; d < dk; d += 32) { gh[d] = ea * softplusf_dev(to_float(f[d]) + dt_bias[hh * dk + d]); }
+    for (int d = lane * V; d < dk; d += 32 * V) {
+        XPack<V> qp = pack_load<V>(q + d), kp = pack_load<V>(k + d), fp;
+        Pack<float, V> gp;
+        if (variant == 2) { fp = pack_load<V>(f + d); }
+        for (int i = 0; i < V; i++) {
+            qp.v[i] = from_float<floatX>(to_float(qp.v[i]) * qs);
+            kp.v[i] = from_float<floatX>(to_float(kp.v[i]) * ks);
+            // g: pdn 0, pgdn the head's scalar decay on every channel, pkda the channel's own
+            gp.v[i] = variant == 2 ? ea * softplusf_dev(to_float(fp.v[i]) + dt_bias[hh * dk + d + i]) : gs;
+        }
+        pack_store(q + d, qp);
+        pack_store(k + d, kp);
+        pack_store(gh + d, gp);
     }
     if (lane == 0) {
         qn[e] = q_norm;
@@ -93,10 +100,11 @@ static void pdn_features_forward(floatX* qkv, float* qn, float* kn, float* beta,
                                  const floatX* proj, int ld_proj, const floatX* fpre, const float* A_log,
                                  const float* dt_bias, const float* A_log_P, const float* dt_bias_P, int BT, int H,
                                  int dk, int dv, int variant, float l2norm_eps, cudaStream_t stream) {
-    pdn_features_forward_kernel<<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0, stream>>>(
-        qkv, qn, kn, beta, gP, bP, g, proj, ld_proj, fpre, A_log, dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv, variant,
-        l2norm_eps);
-    cudaCheckLaunch();
+    const int V = warp_row_pack(dk, {2 * H * dk + H * dv, H * dk}, {qkv, g, variant == 2 ? (const void*)fpre : g});
+    PACK_DISPATCH(V, pdn_features_forward_kernel<VW><<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0,
+                                                       stream>>>(qkv, qn, kn, beta, gP, bP, g, proj, ld_proj, fpre,
+                                                                 A_log, dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv,
+                                                                 variant, l2norm_eps));
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -111,6 +119,7 @@ __host__ __device__ inline int pdn_stage_cols(int H, int dk, int variant) {
     return 3 * H + (variant == 1 ? H : variant == 2 ? H * dk : 0);
 }
 
+template <int V>
 __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_proj, floatX* dfpre, float* stage,
                                              const float* dbeta, const float* dgP, const float* dbP, const float* dg,
                                              int dg_channels, const floatX* qkv, const float* qn, const float* kn,
@@ -130,10 +139,19 @@ __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_
         const floatX* u = qkv + (size_t)r * D + which * HK + hh * dk;
         float* du = dqkv + (size_t)r * D + which * HK + hh * dk;
         float dot = 0.0f;
-        for (int d = lane; d < dk; d += 32) { dot += to_float(u[d]) * du[d]; }
+        for (int d = lane * V; d < dk; d += 32 * V) {
+            const XPack<V> up = pack_load<V>(u + d);
+            const Pack<float, V> dp = pack_load<V>(du + d);
+            for (int i = 0; i < V; i++) { dot += to_float(up.v[i]) * dp.v[i]; }
+        }
         dot = warp_reduce_sum(dot);
         const float n = which == 0 ? qn[e] : kn[e];
-        for (int d = lane; d < dk; d += 32) { du[d] = (du[d] - to_float(u[d]) * dot) / n; }
+        for (int d = lane * V; d < dk; d += 32 * V) {
+            const XPack<V> up = pack_load<V>(u + d);
+            Pack<float, V> dp = pack_load<V>(du + d);
+            for (int i = 0; i < V; i++) { dp.v[i] = (dp.v[i] - to_float(up.v[i]) * dot) / n; }
+            pack_store(du + d, dp);
+        }
     }
     const floatX* prow = proj + (size_t)r * ld_proj + D;
     floatX* dprow = dproj + (size_t)r * ld_proj + D;
@@ -144,11 +162,17 @@ __global__ void pdn_features_backward_kernel(float* dqkv, floatX* dproj, int ld_
         const float ea = -expf(A_log[hh]);
         const floatX* f = fpre + (size_t)r * HK + hh * dk;
         float s = 0.0f;
-        for (int d = lane; d < dk; d += 32) {
-            const float df = dgh[d] * ea * dsoftplusf_dev(to_float(f[d]) + dt_bias[hh * dk + d]);
-            dfpre[(size_t)r * HK + hh * dk + d] = from_float<floatX>(df);
-            st[3 * H + hh * dk + d] = df;
-            s += dgh[d] * gh[d];
+        for (int d = lane * V; d < dk; d += 32 * V) {
+            const Pack<float, V> dgp = pack_load<V>(dgh + d), gp = pack_load<V>(gh + d);
+            const XPack<V> fp = pack_load<V>(f + d);
+            XPack<V> dfp;
+            for (int i = 0; i < V; i++) {
+                const float df = dgp.v[i] * ea * dsoftplusf_dev(to_float(fp.v[i]) + dt_bias[hh * dk + d + i]);
+                dfp.v[i] = from_float<floatX>(df);
+                st[3 * H + hh * dk + d + i] = df;
+                s += dgp.v[i] * gp.v[i];
+            }
+            pack_store(dfpre + (size_t)r * HK + hh * dk + d, dfp);
         }
         s = warp_reduce_sum(s);
         if (lane == 0) { st[2 * H + hh] = s; }
@@ -206,10 +230,14 @@ static void pdn_features_backward(float* dqkv, floatX* dproj, int ld_proj, float
     float* stage = scratch;
     float* partials = stage + (size_t)BT * ncols;
     float* sums = partials + (size_t)colsum_splits(BT) * ncols;
-    pdn_features_backward_kernel<<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0, stream>>>(
-        dqkv, dproj, ld_proj, dfpre, stage, dbeta, dgP, dbP, dg, dg_channels, qkv, qn, kn, beta, gP, bP, g, proj, fpre, A_log,
-        dt_bias, A_log_P, dt_bias_P, BT, H, dk, dv, variant);
-    cudaCheckLaunch();
+    const bool pkda = variant == 2;   // only pkda walks dg, g, fpre and dfpre in packs
+    const int V = warp_row_pack(dk, {2 * H * dk + H * dv}, {dqkv, qkv, pkda ? dg : dqkv, pkda ? g : dqkv,
+                                                             pkda ? fpre : qkv, pkda ? dfpre : qkv});
+    PACK_DISPATCH(V, pdn_features_backward_kernel<VW><<<ceil_div(BT * H, PDN_TOKEN_WARPS), PDN_TOKEN_WARPS * 32, 0,
+                                                        stream>>>(dqkv, dproj, ld_proj, dfpre, stage, dbeta, dgP, dbP,
+                                                                  dg, dg_channels, qkv, qn, kn, beta, gP, bP, g, proj,
+                                                                  fpre, A_log, dt_bias, A_log_P, dt_bias_P, BT, H, dk,
+                                                                  dv, variant));
     ordered_column_sum(sums, partials, stage, BT, ncols, 0, stream);
     const int n = ndt > H ? ndt : H;
     pdn_gate_grads_add_kernel<<<ceil_div(n, 128), 128, 0, stream>>>(dA_log_P, ddt_bias_P, variant ? dA_log : NULL,
@@ -217,19 +245,28 @@ static void pdn_features_backward(float* dqkv, floatX* dproj, int ld_proj, float
     cudaCheckLaunch();
 }
 
-// dst[r, 0:cols] = src[r, 0:cols] between row-strided floatX matrices (pkda's f1 | g1 blocks of proj and dproj)
-__global__ void pdn_copy_columns_kernel(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows, int cols) {
+// pkda's f1 | g1 block of proj (dv columns each, rows ld apart) and the dense f1, g1 [rows, dv]: TO_BLOCK false
+// copies the block out into f1, g1 (the forward), true copies f1, g1 into the block (the backward's df1, dg1 into
+// dproj). One thread per pack of V elements (V divides dv, ld and the block's offset).
+template <bool TO_BLOCK, int V>
+__global__ void pdn_lowrank_copy_kernel(floatX* block, int ld, floatX* f1, floatX* g1, int rows, int dv) {
+    const int packs = dv / V;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)rows * cols) { return; }
-    const size_t r = idx / cols, c = idx % cols;
-    dst[r * ld_dst + c] = src[r * ld_src + c];
+    if (idx >= (size_t)rows * 2 * packs) { return; }
+    const size_t r = idx / (2 * packs);
+    const int q = (int)(idx - r * 2 * packs), half = q / packs, c = (q - half * packs) * V;
+    floatX* b = block + r * ld + half * dv + c;
+    floatX* d = (half ? g1 : f1) + r * dv + c;
+    if (TO_BLOCK) { pack_store(b, pack_load<V>(d)); }
+    else { pack_store(d, pack_load<V>(b)); }
 }
 
-static void pdn_copy_columns(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows, int cols,
-                             cudaStream_t stream) {
-    pdn_copy_columns_kernel<<<(unsigned)ceil_div_z((size_t)rows * cols, 256), 256, 0, stream>>>(dst, ld_dst, src,
-                                                                                               ld_src, rows, cols);
-    cudaCheckLaunch();
+template <bool TO_BLOCK>
+static void pdn_lowrank_copy(floatX* block, int ld, floatX* f1, floatX* g1, int rows, int dv, cudaStream_t stream) {
+    int V = xpack_width(dv, {block, f1, g1});
+    while (ld % V != 0) { V /= 2; }
+    const unsigned grid = (unsigned)ceil_div_z((size_t)rows * 2 * dv / V, 256);
+    PACK_DISPATCH(V, pdn_lowrank_copy_kernel<TO_BLOCK, VW><<<grid, 256, 0, stream>>>(block, ld, f1, g1, rows, dv));
 }
 
 // ----------------------------------------------------------------------------------------------------------

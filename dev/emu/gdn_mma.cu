@@ -59,6 +59,73 @@ static std::vector<float> to_floats(const std::vector<bf16>& v) {
     return out;
 }
 
+// per-chunk cumulative log decays per channel [nch][BT][dk]: channel d falls by up to strength (d + 1) / dk per token
+// (and stays put past T)
+static std::vector<float> draw_channel_G(std::mt19937& rng, int nch, int NT, int T, int dk, float strength) {
+    const int BT = GDN_CHUNK;
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    std::vector<float> G((size_t)nch * BT * dk);
+    for (int c = 0; c < nch; c++) for (int d = 0; d < dk; d++) {
+        float acc = 0.0f;
+        for (int r = 0; r < BT; r++) {
+            if ((c % NT) * BT + r < T) { acc -= strength * (d + 1) / dk * U(rng); }
+            G[((size_t)c * BT + r) * dk + d] = acc;
+        }
+    }
+    return G;
+}
+
+// what both backward chunk kernels read: rows q | k | kw | v (ld = 3 H dk + H dv), dO, beta; the saved Tm (drawn unit
+// lower triangular, the inverse of I + A for a small strictly lower A: entries of order 0.1), h and Vn (zero on
+// padded rows); the work tensors dVn and dE
+struct BwdChunkInputs {
+    std::vector<float> qkv, dO, beta, Tm, h, Vn, dVn, dE;
+};
+
+static BwdChunkInputs draw_bwd_chunk_inputs(std::mt19937& rng, int B, int T, int H, int dk, int dv) {
+    const int BT = GDN_CHUNK, NT = ceil_div(T, BT), nch = B * H * NT, ld = 3 * H * dk + H * dv, HV = H * dv;
+    std::normal_distribution<float> N(0.0f, 1.0f);
+    std::uniform_real_distribution<float> U(0.0f, 1.0f);
+    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+    BwdChunkInputs in;
+    in.qkv.resize((size_t)B * T * ld);
+    in.dO.resize((size_t)B * T * HV);
+    in.beta.resize((size_t)B * T * H);
+    for (int r = 0; r < B * T; r++) {
+        for (int j = 0; j < 3 * H * dk; j++) { in.qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
+        for (int j = 0; j < HV; j++) { in.qkv[(size_t)r * ld + 3 * H * dk + j] = bf(N(rng)); }
+        for (int j = 0; j < HV; j++) { in.dO[(size_t)r * HV + j] = bf(2 * U(rng) - 1); }
+    }
+    for (auto& x : in.beta) { x = 0.05f + 0.9f * U(rng); }
+    in.Tm.resize((size_t)nch * BT * BT);
+    in.Vn.resize((size_t)nch * BT * dv);
+    in.dVn.resize(in.Vn.size());
+    for (int c = 0; c < nch; c++) {
+        for (int i = 0; i < BT; i++) {
+            const bool valid = (c % NT) * BT + i < T;
+            for (int j = 0; j < BT; j++) {
+                in.Tm[((size_t)c * BT + i) * BT + j] = i == j ? 1.0f : i > j ? 0.1f * N(rng) : 0.0f;
+            }
+            for (int j = 0; j < dv; j++) {
+                in.Vn[((size_t)c * BT + i) * dv + j] = valid ? bf(N(rng)) : 0.0f;
+                in.dVn[((size_t)c * BT + i) * dv + j] = N(rng);
+            }
+        }
+    }
+    in.h.resize((size_t)nch * dk * dv);
+    in.dE.resize(in.h.size());
+    for (auto& x : in.h) { x = bf(N(rng)); }
+    for (auto& x : in.dE) { x = bf(N(rng)); }
+    return in;
+}
+
+// columns off .. off + w of the rows of m (ld apart)
+static std::vector<float> columns(const std::vector<float>& m, int rows, int ld, int off, int w) {
+    std::vector<float> x((size_t)rows * w);
+    for (int r = 0; r < rows; r++) for (int j = 0; j < w; j++) { x[(size_t)r * w + j] = m[(size_t)r * ld + off + j]; }
+    return x;
+}
+
 // prints the relative L2 error of every output (mine[i] against ref[i], empty ones skipped) and a PASS / FAIL line
 // naming what; returns 1 when all are within 1e-2 (a NaN fails the comparison too)
 static int report(const char* what, const char* const* names, const std::vector<float>* mine,
@@ -296,18 +363,12 @@ static int check_keys_channel(int B, int T, int H, int dk, float strength) {
     for (auto& x : dk0) { x = N(rng); }
     for (auto& x : dkw0) { x = N(rng); }
     for (auto& x : dg0) { x = 0.01f * N(rng); }   // small beside k rows - kw cols, which the check is about
-    std::vector<float> Z((size_t)nch * BT * BT), ce((size_t)nch * dk), G((size_t)nch * BT * dk);
+    std::vector<float> Z((size_t)nch * BT * BT), ce((size_t)nch * dk);
     for (int c = 0; c < nch; c++) for (int i = 0; i < BT; i++) for (int j = 0; j < BT; j++) {
         Z[((size_t)c * BT + i) * BT + j] = i > j && (c % NT) * BT + i < T ? bf(0.1f * N(rng)) : 0.0f;
     }
     for (auto& x : ce) { x = 0.01f * N(rng); }
-    for (int c = 0; c < nch; c++) for (int d = 0; d < dk; d++) {
-        float acc = 0.0f;
-        for (int r = 0; r < BT; r++) {
-            if ((c % NT) * BT + r < T) { acc -= strength * (d + 1) / dk * U(rng); }
-            G[((size_t)c * BT + r) * dk + d] = acc;
-        }
-    }
+    const std::vector<float> G = draw_channel_G(rng, nch, NT, T, dk, strength);
     std::vector<float> out[2][3];   // [fp32 kernel, register tiles][dk, dkw, dg]
     for (int v = 0; v < 2; v++) {
         std::vector<float> dkv = dk0, dkwv = dkw0, dgv = dg0;
@@ -343,34 +404,18 @@ static int check_bwd_chunk(int B, int T, int H, int dk, int dv, bool split) {
     std::mt19937 rng(17);
     std::normal_distribution<float> N(0.0f, 1.0f);
     std::uniform_real_distribution<float> U(0.0f, 1.0f);
-    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
-    // inputs q | k | kw | v per row (kw used only with split), dO, beta; saved Tm, G, h, Vn; work dVn, dE
-    std::vector<float> qkv((size_t)B * T * ld), dO((size_t)B * T * HV), beta((size_t)B * T * H);
-    for (int r = 0; r < B * T; r++) {
-        for (int j = 0; j < 3 * H * dk; j++) { qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
-        for (int j = 0; j < H * dv; j++) { qkv[(size_t)r * ld + 3 * H * dk + j] = bf(N(rng)); }
-        for (int j = 0; j < HV; j++) { dO[(size_t)r * HV + j] = bf(2 * U(rng) - 1); }
-    }
-    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
-    std::vector<float> Tm((size_t)nch * BT * BT), G((size_t)nch * BT), h((size_t)nch * dk * dv), dE(h.size()),
-        Vn((size_t)nch * BT * dv), dVn(Vn.size());
+    // kw used only with split; G per head
+    const BwdChunkInputs in = draw_bwd_chunk_inputs(rng, B, T, H, dk, dv);
+    const std::vector<float>&qkv = in.qkv, &dO = in.dO, &beta = in.beta, &Tm = in.Tm, &h = in.h, &Vn = in.Vn,
+                            &dVn = in.dVn, &dE = in.dE;
+    std::vector<float> G((size_t)nch * BT);
     for (int c = 0; c < nch; c++) {
         float acc = 0.0f;
         for (int i = 0; i < BT; i++) {
-            const bool valid = (c % NT) * BT + i < T;
-            if (valid) { acc -= 0.2f * U(rng); }
+            if ((c % NT) * BT + i < T) { acc -= 0.2f * U(rng); }
             G[(size_t)c * BT + i] = acc;
-            for (int j = 0; j < BT; j++) {
-                Tm[((size_t)c * BT + i) * BT + j] = i == j ? 1.0f : i > j ? 0.1f * N(rng) : 0.0f;
-            }
-            for (int j = 0; j < dv; j++) {
-                Vn[((size_t)c * BT + i) * dv + j] = valid ? bf(N(rng)) : 0.0f;
-                dVn[((size_t)c * BT + i) * dv + j] = N(rng);
-            }
         }
     }
-    for (auto& x : h) { x = bf(N(rng)); }
-    for (auto& x : dE) { x = bf(N(rng)); }
     const float* q = qkv.data();
     const float* k = q + H * dk;
     const float* kw = split ? q + 2 * H * dk : k;
@@ -398,11 +443,7 @@ static int check_bwd_chunk(int B, int T, int H, int dk, int dv, bool split) {
                                          dv, scale);
             });
         }
-        const auto cols = [&](int off, int w) {
-            std::vector<float> x((size_t)B * T * w);
-            for (int r = 0; r < B * T; r++) for (int j = 0; j < w; j++) { x[(size_t)r * w + j] = dqkv[(size_t)r * ld + off + j]; }
-            return x;
-        };
+        const auto cols = [&](int off, int w) { return columns(dqkv, B * T, ld, off, w); };
         out[version][0] = cols(0, H * dk);
         out[version][1] = cols(H * dk, H * dk);
         out[version][2] = cols(3 * H * dk, H * dv);
@@ -426,39 +467,14 @@ static int check_bwd_chunk_channel(int B, int T, int H, int dk, int dv, float st
     const float scale = 1.0f / sqrtf((float)dk);
     std::mt19937 rng(23);
     std::normal_distribution<float> N(0.0f, 1.0f);
-    std::uniform_real_distribution<float> U(0.0f, 1.0f);
-    const auto bf = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
-    std::vector<float> qkv((size_t)B * T * ld), dO((size_t)B * T * HV), beta((size_t)B * T * H);
-    for (int r = 0; r < B * T; r++) {
-        for (int j = 0; j < 3 * HK; j++) { qkv[(size_t)r * ld + j] = bf(N(rng) / sqrtf((float)dk)); }
-        for (int j = 0; j < HV; j++) { qkv[(size_t)r * ld + 3 * HK + j] = bf(N(rng)); }
-        for (int j = 0; j < HV; j++) { dO[(size_t)r * HV + j] = bf(2 * U(rng) - 1); }
+    const BwdChunkInputs in = draw_bwd_chunk_inputs(rng, B, T, H, dk, dv);
+    const std::vector<float>&qkv = in.qkv, &dO = in.dO, &beta = in.beta, &Tm = in.Tm, &h = in.h, &Vn = in.Vn,
+                            &dVn = in.dVn, &dE = in.dE;
+    std::vector<float> A0(Tm.size());
+    for (int c = 0; c < nch; c++) for (int i = 0; i < BT; i++) for (int j = 0; j < BT; j++) {
+        A0[((size_t)c * BT + i) * BT + j] = i > j && (c % NT) * BT + i < T ? 0.1f * N(rng) : 0.0f;
     }
-    for (auto& x : beta) { x = 0.05f + 0.9f * U(rng); }
-    std::vector<float> Tm((size_t)nch * BT * BT), A0(Tm.size()), G((size_t)nch * BT * dk), h((size_t)nch * dk * dv),
-        dE(h.size()), Vn((size_t)nch * BT * dv), dVn(Vn.size());
-    for (int c = 0; c < nch; c++) {
-        for (int i = 0; i < BT; i++) {
-            const bool valid = (c % NT) * BT + i < T;
-            for (int j = 0; j < BT; j++) {
-                Tm[((size_t)c * BT + i) * BT + j] = i == j ? 1.0f : i > j ? 0.1f * N(rng) : 0.0f;
-                A0[((size_t)c * BT + i) * BT + j] = i > j && valid ? 0.1f * N(rng) : 0.0f;
-            }
-            for (int j = 0; j < dv; j++) {
-                Vn[((size_t)c * BT + i) * dv + j] = valid ? bf(N(rng)) : 0.0f;
-                dVn[((size_t)c * BT + i) * dv + j] = N(rng);
-            }
-        }
-        for (int d = 0; d < dk; d++) {
-            float acc = 0.0f;
-            for (int i = 0; i < BT; i++) {
-                if ((c % NT) * BT + i < T) { acc -= strength * (d + 1) / dk * U(rng); }
-                G[((size_t)c * BT + i) * dk + d] = acc;
-            }
-        }
-    }
-    for (auto& x : h) { x = bf(N(rng)); }
-    for (auto& x : dE) { x = bf(N(rng)); }
+    const std::vector<float> G = draw_channel_G(rng, nch, NT, T, dk, strength);
     const float* q = qkv.data();
     std::vector<float> out[2][8];   // [fp32 kernel, register tiles][dq, dk, dv, dkw, dbeta, dg, Z1, ce]
     for (int version = 0; version < 2; version++) {
@@ -485,11 +501,7 @@ static int check_bwd_chunk_channel(int B, int T, int H, int dk, int dv, float st
             });
             Z = to_floats(Zb);
         }
-        const auto cols = [&](int off, int w) {
-            std::vector<float> x((size_t)B * T * w);
-            for (int r = 0; r < B * T; r++) for (int j = 0; j < w; j++) { x[(size_t)r * w + j] = dqkv[(size_t)r * ld + off + j]; }
-            return x;
-        };
+        const auto cols = [&](int off, int w) { return columns(dqkv, B * T, ld, off, w); };
         out[version][0] = cols(0, HK);
         out[version][1] = cols(HK, HK);
         out[version][2] = cols(3 * HK, HV);

@@ -51,7 +51,7 @@ static void gdn_build(void* settings, const Config* c, int layer) {
     s->kaczmarz = c->mixer[layer] == MIXER_KACZMARZ;
     s->D = 2 * s->H * s->dk + s->H * s->dv;
     s->P = s->D + s->H * s->dv + 2 * s->H;
-    s->ldP = (s->P + 7) / 8 * 8;
+    s->ldP = rows_padded(s->P);
 }
 
 static void gdn_layout_acts(void* acts, const void* settings, const Config* c, char* base, size_t* cur, int B, int T) {
@@ -113,7 +113,7 @@ static void gdn_forward(const MixerContext* mc, const void* settings, const Laye
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
     // step 1: the fused projection, blocks q | k | v | z | a | b
-    in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, s->D + s->H * s->dv, s->P);
+    in_proj_forward(mc, p->in_proj_w, a->proj, s->ldP, x, BT);
     profile_mark("fwd gdn in_proj matmul");
     // steps 2-6: causal conv + SiLU on q|k|v, then l2 norms, beta and the log decay g (fp32)
     shortconv_silu_forward(a->gqkv, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -166,8 +166,7 @@ static void gdn_backward(const MixerContext* mc, const void* settings, const Lay
     shortconv_silu_backward(s.dproj, sh->ldP, gr->conv_w, mc->reduce, s.dgqkv, a->proj, p->conv_w, B, T, sh->D, sh->W, st);
     profile_mark("bwd gdn features + conv");
     // proj = x W_in^T
-    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D + sh->H * sh->dv,
-                           sh->P);
+    in_proj_backward(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->P, sh->ldP, x, BT);
     profile_mark("bwd gdn in_proj matmul");
 }
 

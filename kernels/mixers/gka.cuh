@@ -57,7 +57,7 @@ static void gka_build(void* settings, const Config* c, int layer) {
     s->D = s->H * s->dk + s->Hkv * (s->dk + s->dv);
     s->DE = 2 * s->H * s->dk + s->H * s->dv;
     s->P = s->D + s->H * s->dv + 3 * s->H;
-    s->ldP = (s->P + 7) / 8 * 8;
+    s->ldP = rows_padded(s->P);
     s->iters = c->gka_iters;
     s->ridge = c->gka_ridge;
     s->onorm_eps = c->gka_onorm_eps;
@@ -131,7 +131,7 @@ static void gka_forward(const MixerContext* mc, const void* settings, const Laye
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
     // step 1: the fused projection, blocks q | k | v | gate | a | b | alpha
-    in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, s->D + HV, s->P);
+    in_proj_forward(mc, p->in_proj_w, a->proj, s->ldP, x, BT);
     profile_mark("fwd gka in_proj matmul");
     // steps 2-7: causal conv + SiLU on the un-expanded q|k|v, GQA expand, l2 norms, beta, alpha, g (fp32)
     shortconv_silu_forward(a->u, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -181,7 +181,7 @@ static void gka_backward(const MixerContext* mc, const void* settings, const Lay
                             st);
     profile_mark("bwd gka features + conv");
     // proj = x W_in^T
-    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, sh->D + HV, sh->P);
+    in_proj_backward(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->P, sh->ldP, x, BT);
     profile_mark("bwd gka in_proj matmul");
 }
 

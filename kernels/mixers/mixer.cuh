@@ -48,27 +48,24 @@ static void* carve(char* base, size_t* cursor, size_t bytes) {
 static floatX* carve_x(char* base, size_t* cursor, size_t n) { return (floatX*)carve(base, cursor, n * sizeof(floatX)); }
 static float* carve_f(char* base, size_t* cursor, size_t n) { return (float*)carve(base, cursor, n * sizeof(float)); }
 
-// A fused in_proj (P rows, proj row stride ldP) as two matmuls: the first P1 rows (a multiple of 8: the projected
-// channels) and the P - P1 gate rows. One product with an odd P (3084 for gdn at 124M) runs on slower cuBLASLt
-// kernels. P1 = P gives the one product. w is the fp32 master of the weight (P, C).
-static void in_proj_forward_split(const MixerContext* mc, const float* w_master, floatX* proj, int ldP,
-                                  const floatX* x, int BT, int P1, int P) {
-    int C = mc->config->channels;
-    const floatX* w = X(mc, w_master);
-    matmul_forward_ld(proj, ldP, x, w, NULL, BT, C, P1, NULL, mc->stream);
-    if (P > P1) { matmul_forward_ld(proj + P1, ldP, x, w + (size_t)P1 * C, NULL, BT, C, P - P1, NULL, mc->stream); }
+// A fused in_proj of P rows, its output rows ldP = rows_padded(P) apart: on the device the weight's rows are padded
+// to ldP by zero rows (model.h's aligned layout), so one product over ldP rows writes proj (BT, ldP), its padding
+// columns zero. One product with an odd P (3084 for gdn at 124M, 2578 for pkda) runs on slower cuBLASLt kernels, and
+// a second product for the rows past a multiple of 8 costs as much as a tenth of the first. w is the weight's fp32
+// master (P, C).
+static void in_proj_forward(const MixerContext* mc, const float* w_master, floatX* proj, int ldP, const floatX* x,
+                            int BT) {
+    matmul_forward(proj, x, X(mc, w_master), NULL, BT, mc->config->channels, ldP, NULL, mc->stream);
 }
 
-// its backward: dx (BT, C) overwritten, the weight gradient dw (P, C) accumulated
-static void in_proj_backward_split(const MixerContext* mc, const float* w_master, float* dw, floatX* dx,
-                                   const floatX* dproj, int ldP, const floatX* x, int BT, int P1, int P) {
-    int C = mc->config->channels;
-    const floatX* w = X(mc, w_master);
-    matmul_backward_ld(dx, dw, NULL, NULL, dproj, ldP, x, w, BT, C, P1, 0, mc->stream);
-    if (P > P1) {
-        matmul_backward_ld(dx, dw + (size_t)P1 * C, NULL, NULL, dproj + P1, ldP, x, w + (size_t)P1 * C, BT, C, P - P1,
-                           1, mc->stream);
+// its backward: dx (BT, C) overwritten, the weight gradient dw (P, C) accumulated. dproj's padding columns P .. ldP
+// are zeroed first: then the padding rows contribute nothing to dx and their gradient stays zero.
+static void in_proj_backward(const MixerContext* mc, const float* w_master, float* dw, floatX* dx, floatX* dproj,
+                             int P, int ldP, const floatX* x, int BT) {
+    if (ldP > P) {
+        cudaCheck(cudaMemset2DAsync(dproj + P, ldP * sizeof(floatX), 0, (ldP - P) * sizeof(floatX), BT, mc->stream));
     }
+    matmul_backward(dx, dw, NULL, NULL, dproj, x, X(mc, w_master), BT, mc->config->channels, ldP, 0, mc->stream);
 }
 
 // One row per mixer family. `settings`, `acts` and `state` are the layer's blocks (the family's structs).

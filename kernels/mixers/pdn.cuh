@@ -62,7 +62,7 @@ static void pdn_build(void* settings, const Config* c, int layer) {
     s->variant = c->mixer[layer] == MIXER_PDN ? 0 : c->mixer[layer] == MIXER_PGDN ? 1 : 2;
     s->D = 2 * s->H * s->dk + s->H * s->dv;
     s->P = s->D + 3 * s->H + (s->variant == 1 ? s->H : s->variant == 2 ? 2 * s->dv : 0);
-    s->ldP = (s->P + 7) / 8 * 8;
+    s->ldP = rows_padded(s->P);
 }
 
 // the chunk kernels' decay kind: pkda's is per channel, pgdn's per head (pdn's 0), read from g's first channel
@@ -150,16 +150,11 @@ static void pdn_scratch_bytes(const void* settings, const Config* c, int B, int 
 
 static float pdn_qscale(const PDNShape* s) { return 1.0f / sqrtf((float)s->dk); }
 
-// where the in_proj splits (in_proj_forward_split): one product where P is a multiple of 8 (pgdn), else after
-// q | k | v (pdn, pkda)
-static int pdn_in_proj_split(const PDNShape* s) { return s->P % 8 == 0 ? s->P : s->D; }
-
 // pkda (spec 1.4, 1.5): f1 | g1 out of proj's rows (N of them, ld_proj apart), fpre = f1 f2^T, gate = g1 g2^T + g2_b
 static void pdn_lowrank_forward(const MixerContext* mc, const PDNParams* p, const PDNShape* s, floatX* f1, floatX* g1,
-                                floatX* fpre, floatX* gate, const floatX* proj, int ld_proj, int N) {
+                                floatX* fpre, floatX* gate, floatX* proj, int ld_proj, int N) {
     const int off = s->D + 3 * s->H;
-    pdn_copy_columns(f1, s->dv, proj + off, ld_proj, N, s->dv, mc->stream);
-    pdn_copy_columns(g1, s->dv, proj + off + s->dv, ld_proj, N, s->dv, mc->stream);
+    pdn_lowrank_copy<false>(proj + off, ld_proj, f1, g1, N, s->dv, mc->stream);
     matmul_forward(fpre, f1, X(mc, p->f2_w), NULL, N, s->dv, s->H * s->dk, NULL, mc->stream);
     matmul_forward(gate, g1, X(mc, p->g2_w), X(mc, p->g2_b), N, s->dv, s->H * s->dv, NULL, mc->stream);
 }
@@ -173,7 +168,7 @@ static void pdn_forward(const MixerContext* mc, const void* settings, const Laye
     PDNActs* a = (PDNActs*)acts;
     int BT = B * T, HV = s->H * s->dv;
     cudaStream_t st = mc->stream;
-    in_proj_forward_split(mc, p->in_proj_w, a->proj, s->ldP, x, BT, pdn_in_proj_split(s), s->P);
+    in_proj_forward(mc, p->in_proj_w, a->proj, s->ldP, x, BT);
     if (s->variant == 2) { pdn_lowrank_forward(mc, p, s, a->f1, a->g1, a->fpre, a->gate, a->proj, s->ldP, BT); }
     profile_mark("fwd pdn in_proj matmul");
     shortconv_silu_forward(a->qkv, a->proj, s->ldP, p->conv_w, B, T, s->D, s->W, st);
@@ -237,16 +232,14 @@ static void pdn_backward(const MixerContext* mc, const void* settings, const Lay
         const int off = sh->D + 3 * sh->H;
         matmul_backward(s.df1, gr->f2_w, NULL, NULL, s.dfpre, a->f1, X(mc, p->f2_w), BT, sh->dv, HK, 0, st);
         matmul_backward(s.dg1, gr->g2_w, gr->g2_b, mc->reduce, s.dgate, a->g1, X(mc, p->g2_w), BT, sh->dv, HV, 0, st);
-        pdn_copy_columns(s.dproj + off, sh->ldP, s.df1, sh->dv, BT, sh->dv, st);
-        pdn_copy_columns(s.dproj + off + sh->dv, sh->ldP, s.dg1, sh->dv, BT, sh->dv, st);
+        pdn_lowrank_copy<true>(s.dproj + off, sh->ldP, s.df1, s.dg1, BT, sh->dv, st);
     }
     // SiLU and the causal conv: dL/d(q|k|v block of proj)
     shortconv_silu_backward(s.dproj, sh->ldP, gr->conv_w, mc->reduce, s.dqkv, a->proj, p->conv_w, B, T, sh->D, sh->W,
                             st);
     profile_mark("bwd pdn features + conv");
     // proj = x W_in^T
-    in_proj_backward_split(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->ldP, x, BT, pdn_in_proj_split(sh),
-                           sh->P);
+    in_proj_backward(mc, p->in_proj_w, gr->in_proj_w, dx, s.dproj, sh->P, sh->ldP, x, BT);
     profile_mark("bwd pdn in_proj matmul");
 }
 
