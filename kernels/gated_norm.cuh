@@ -108,15 +108,22 @@ __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld
         const size_t off = (size_t)r * H * dv + hh * dv;
         const size_t zoff = (size_t)r * ld_z + hh * dv;
         const float rs = rstd[(size_t)r * H + hh];
+        // both passes read the packs of dy, o and (gated) z at columns i ..; zi: the gate input (0 ungated)
+        XPack<V> dyp, op, zp;
+        const auto load = [&](int i) {
+            dyp = pack_load<V>(dy + off + i);
+            op = pack_load<V>(o + off + i);
+            if (gate != NORM_GATE_NONE) { zp = pack_load<V>(z + zoff + i); }
+        };
+        const auto zi_of = [&](int k) { return gate == NORM_GATE_NONE ? 0.0f : to_float(zp.v[k]); };
         float m = 0.0f;
         for (int i = lane * V; i < dv; i += 32 * V) {
-            const XPack<V> dyp = pack_load<V>(dy + off + i), op = pack_load<V>(o + off + i);
-            XPack<V> zp, dzp;
-            if (gate != NORM_GATE_NONE) { zp = pack_load<V>(z + zoff + i); }
+            load(i);
+            XPack<V> dzp;
             for (int k = 0; k < V; k++) {
                 const float dyi = to_float(dyp.v[k]);
                 const float xh = to_float(op.v[k]) * rs;
-                const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(zp.v[k]);
+                const float zi = zi_of(k);
                 const float sw = norm_gate(gate, zi);
                 acc[i + k] += dyi * xh * sw;
                 if (gate != NORM_GATE_NONE) { dzp.v[k] = from_float<floatX>(dyi * xh * w[i + k] * norm_dgate(gate, zi)); }
@@ -126,13 +133,11 @@ __global__ void gated_rmsnorm_backward_kernel(floatX* dout_o, floatX* dz, int ld
         }
         m = warp_reduce_sum(m) / dv;
         for (int i = lane * V; i < dv; i += 32 * V) {
-            const XPack<V> dyp = pack_load<V>(dy + off + i), op = pack_load<V>(o + off + i);
-            XPack<V> zp, dop;
-            if (gate != NORM_GATE_NONE) { zp = pack_load<V>(z + zoff + i); }
+            load(i);
+            XPack<V> dop;
             for (int k = 0; k < V; k++) {
                 const float oi = to_float(op.v[k]);
-                const float zi = gate == NORM_GATE_NONE ? 0.0f : to_float(zp.v[k]);
-                const float dxh = to_float(dyp.v[k]) * w[i + k] * norm_gate(gate, zi);
+                const float dxh = to_float(dyp.v[k]) * w[i + k] * norm_gate(gate, zi_of(k));
                 dop.v[k] = from_float<floatX>(rs * (dxh - oi * rs * m));
             }
             pack_store(dout_o + off + i, dop);

@@ -6,7 +6,7 @@ The decay kind is a template parameter (GdnDecay): one log decay per token and h
 one per token, head and key channel (pkda, spec/pdn.md 3.2), whose intra-chunk products are formed on 16-row
 blocks (gdn_decay_product / _rows / _cols below), whose intra kernel also forms the decayed Q Kw^T for the output
 kernel, and whose backward chunk kernel is gdn_bwd_chunk_channel_kernel with gdn_bwd_keys_channel_kernel after it
-(bf16: gdn_bwd_chunk_channel_mma_kernel and gdn_bwd_keys_channel_mma_kernel, on register tiles).
+(bf16: gdn_bwd_chunk_channel_mma_kernel alone, on register tiles, the key kernel's step fused in).
 
 Per (batch b, head h) the core runs the recurrence of spec 2.1 with S_0 = 0:
     Sbar = exp(g_t) S;  u = beta_t (v_t - Sbar^T k_t);  S = Sbar + kw_t u^T;  o_t = S^T (scale q_t)
@@ -95,7 +95,8 @@ typedef enum { GDN_DECAY_HEAD, GDN_DECAY_CHANNEL } GdnDecay;
 //              Qg Tc [c][BT][dk] (scale Q (.) exp(G)) and Kwe Tc [c][BT][dk] (Kw (.) exp(G_BT - G))
 //   workspace: forward U Tc [c][BT][dv]; backward dVl/dVn fp32 [c][BT][dv] (dVn overwrites dVl in place),
 //              dE Tc [c][dk][dv]; per channel also Z1 Tc [c][BT][BT] and the chunk-end terms of dG fp32 [c][dk],
-//              from the backward chunk kernel to the key kernel
+//              from the backward chunk kernel to the key kernel (where the register-tile kernel, which keeps
+//              them in shared memory, does not run)
 // The byte counts are for Tc = float (an upper bound; bf16 uses less of the same buffers).
 
 typedef struct { size_t Tm, G, h, Vn, W, A0, Aqk, Qg, Kwe, total; } GdnSavedLayout;
@@ -2699,38 +2700,14 @@ gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw,
     }
 }
 
-// the same on register tiles (Tc = bf16: pkda in the bf16 trainer), one CTA of 8 warps per chunk, two per SM, Z1,
-// K, Kw and G copied whole by cp.async. Warp task (I, n0) takes the rows f = 16 I .. f + 15 and the columns
-// n0 .. n0 + 63 of both products, as mma.sync fragments:
-//   rows(Z1, Kw) = exp(G_r - G_f) (.) (Z1[rows, s < f] (Kw[s] (.) exp(G_f - G_s)))    (the blocks before I)
-//                  + sum over s in block I of Z1_rs Kw_s exp(G_r - G_s)                 (the diagonal block)
-//   cols(Z1, K)  = exp(G_e - G_s) (.) (Z1[r > e, rows]^T (K[r] (.) exp(G_r - G_e)))    (the blocks after I, e = f + 15)
-//                  + sum over r in block I of Z1_rs K_r exp(G_r - G_s)
+// The decayed key products on register tiles (Tc = bf16: pkda's backward chunk kernel below, its phase 4), for a
+// warp's rows f = 16 I .. f + 15 and columns n0 .., D a lower triangular BT x BT matrix in shared memory (dAqk, Z1):
+//   rows(D, Y) = exp(G_r - G_f) (.) (D[rows, s < f] (Y[s] (.) exp(G_f - G_s)))        (the blocks before I)
+//                + sum over s in block I of D_rs Y_s exp(G_r - G_s)                    (the diagonal block)
+//   cols(D, X) = exp(G_e - G_s) (.) (D[r > e, rows]^T (X[r] (.) exp(G_r - G_e)))     (the blocks after I, e = f + 15)
+//                + sum over r in block I of D_rs X_r exp(G_r - G_s)
 // where the diagonal block is one more block of the tensor-core sum when its span allows (gdn_span_ok), else summed
-// per element (Z1 is strictly lower: its zeros mask the diagonal block); the B fragments are scaled in registers. dk and dkw
-// add the products, dG = (the chunk kernel's partial) + k rows - kw cols goes to shared memory, and dg is the
-// reverse cumulative sum over the chunk per channel in a fixed order: each 16-row block's own sums, then the
-// chunk-end term ce and the totals of the blocks after it.
-
-struct GdnBwdKeysMmaSmem {
-    float *G, *dG, *ce, *X;         // G, dG [BT][dkq + 8]; ce [dkq]; X [GDN_NSUB][dkq] the blocks' totals in Z's memory
-    int* ok;                        // [GDN_NSUB] gdn_span_ok
-    __nv_bfloat16 *Z, *K, *Kw;      // Z1 [BT][BT + 8]; K, Kw [BT][dkq + 8]
-    size_t bytes;
-    __host__ __device__ GdnBwdKeysMmaSmem(size_t base, int dkq) {   // dk rounded up to 64
-        static_assert(GDN_NSUB * 256 * sizeof(float) <= GDN_CHUNK * (GDN_CHUNK + 8) * 2, "X fits in Z's memory");
-        SmemCarver cv(base);
-        G = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
-        dG = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
-        ce = cv.take<float>(dkq);
-        ok = cv.take<int>(GDN_NSUB);
-        Z = cv.take<__nv_bfloat16>(GDN_CHUNK * (GDN_CHUNK + 8));
-        X = (float*)Z;
-        K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
-        Kw = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
-        bytes = cv.off;
-    }
-};
+// per element (D's zeros above the diagonal mask the block); the B fragments are scaled in registers.
 
 // acc[NT][4] (the warp's 16 rows m0 .., columns n0 .. n0 + 8 NT - 1) += A (Y (.) exp(s (G_ref - G_k))) over the row
 // blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's rows m0 .. at
@@ -2846,116 +2823,50 @@ __device__ __forceinline__ void gdn_cols_finish(float acc[NT][4], const __nv_bfl
     }
 }
 
-__global__ void __launch_bounds__(GDN_THREADS, 2)
-gdn_bwd_keys_channel_mma_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw, float* grad_g,
-                                const __nv_bfloat16* k, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
-                                const float* G_saved, const __nv_bfloat16* Z_work, const float* ce_work, int T, int H,
-                                int NT, int dk) {
-    constexpr int BT = GDN_CHUNK, LDZ = GDN_CHUNK + 8;
-    extern __shared__ __align__(128) unsigned char gdn_smem[];
-    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
-    const int dkq = gdn_round64(dk), ldk = dkq + 8, ldg = dkq + 8;
-    GdnBwdKeysMmaSmem sm((size_t)gdn_smem, dkq);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
-    const size_t c = p.c, HK = (size_t)H * dk;
-    tile_load_async(sm.Z, LDZ, BT, BT, Z_work + c * BT * BT, BT, BT, BT);
-    tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
-    tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
-    tile_load_async(sm.G, ldg, BT, dkq, G_saved + c * BT * dk, dk, BT, dk);
-    cp_async_commit();
-    for (int d = threadIdx.x; d < dkq; d += blockDim.x) { sm.ce[d] = d < dk ? ce_work[c * dk + d] : 0.0f; }
-    cp_async_wait<0>();
-    __syncthreads();
-    gdn_span_ok(sm.ok, sm.G, ldg, dk);
-    __syncthreads();
-
-    // one task per warp at dk <= 128: 4 row blocks x 2 column blocks of 64
-    for (int task = warp; task < GDN_NSUB * (dkq / 64); task += GDN_THREADS / 32) {
-        const int f = GDN_SUB * (task % GDN_NSUB), n0 = 64 * (task / GDN_NSUB), I = f / GDN_SUB;
-        const int r0 = f + g4, r1 = r0 + 8, full = sm.ok[I];
-        float acc[8][4] = {};
-        // rows(Z1, Kw): the blocks before I on tensor cores (and I itself, full), then I per element if not;
-        // dk += it, dG = k rows
-        gdn_keys_block_product<true, 8>(acc, sm.Z, sm.Kw, ldk, sm.G, ldg, sm.G + f * ldg, f, n0, 0, I + full, lane);
-        gdn_rows_finish<false, 8>(acc, sm.Z, sm.Kw, ldk, sm.G, ldg, f, n0, !full, lane);
-        #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {   // the pairs (2 hr, 2 hr + 1): columns cc, cc + 1 (dk is a multiple of 8)
-                const int r = hr ? r1 : r0, cc = n0 + 8 * nt + 2 * t4;
-                const float x0 = acc[nt][2 * hr], x1 = acc[nt][2 * hr + 1];
-                const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(sm.K + r * ldk + cc);
-                *reinterpret_cast<float2*>(sm.dG + r * ldg + cc) = make_float2(__low2float(kv) * x0, __high2float(kv) * x1);
-                if (r < p.L && cc < dk) {
-                    float2* g = reinterpret_cast<float2*>(grad_k + (p.row0 + r) * ld_d + (size_t)p.h * dk + cc);
-                    const float2 old = *g;
-                    *g = make_float2(old.x + x0, old.y + x1);
-                }
-                acc[nt][2 * hr] = acc[nt][2 * hr + 1] = 0.0f;
-            }
-        }
-        // cols(Z1, K): the blocks after I, then the diagonal block; dkw += it, dG += the partial - kw cols
-        gdn_keys_block_product<false, 8>(acc, sm.Z, sm.K, ldk, sm.G, ldg, sm.G + (f + GDN_SUB - 1) * ldg, f, n0,
-                                         I + 1 - full, GDN_NSUB, lane);
-        gdn_cols_finish<false, 8>(acc, sm.Z, sm.K, ldk, sm.G, ldg, f, n0, !full, lane);
-        #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {   // the lane's own dG elements from the rows part
-                const int r = hr ? r1 : r0, cc = n0 + 8 * nt + 2 * t4;
-                const float x0 = acc[nt][2 * hr], x1 = acc[nt][2 * hr + 1];
-                const __nv_bfloat162 kwv = *reinterpret_cast<const __nv_bfloat162*>(sm.Kw + r * ldk + cc);
-                float2* d = reinterpret_cast<float2*>(sm.dG + r * ldg + cc);
-                float2 dv = make_float2(d->x - __low2float(kwv) * x0, d->y - __high2float(kwv) * x1);
-                if (r < p.L && cc < dk) {
-                    const size_t row = p.row0 + r;
-                    float2* g = reinterpret_cast<float2*>(grad_kw + row * ld_dkw + (size_t)p.h * dk + cc);
-                    const float2 old = *g;
-                    *g = make_float2(old.x + x0, old.y + x1);
-                    const float2 part = *reinterpret_cast<const float2*>(grad_g + row * HK + (size_t)p.h * dk + cc);
-                    dv.x += part.x;
-                    dv.y += part.y;
-                }
-                *d = dv;
-            }
-        }
-    }
-    __syncthreads();   // dG complete, Z dead (X in its memory)
-    // dg: each block's reverse cumulative sums in place and its total, then the chunk end and the later blocks'
-    for (int i = threadIdx.x; i < GDN_NSUB * dkq; i += blockDim.x) {
-        const int d = i % dkq, f = GDN_SUB * (i / dkq);
-        float s = 0.0f;
-        for (int r = f + GDN_SUB - 1; r >= f; r--) {
-            s += sm.dG[r * ldg + d];
-            sm.dG[r * ldg + d] = s;
-        }
-        sm.X[i] = s;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < BT * dk; i += blockDim.x) {
-        const int r = i / dk, d = i - r * dk, I = r / GDN_SUB;
-        if (r >= p.L) { continue; }
-        float base = sm.ce[d];
-        for (int J = GDN_NSUB - 1; J > I; J--) { base += sm.X[J * dkq + d]; }
-        grad_g[(p.row0 + r) * HK + (size_t)p.h * dk + d] = base + sm.dG[r * ldg + d];
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------------
-// backward kernels 4, 5 of spec/pdn.md 3.4 on register tiles, per channel (Tc = bf16: pkda in the bf16 trainer):
-// gdn_bwd_chunk_channel_kernel's phases and math with gdn_bwd_chunk_mma_kernel's layout, one CTA of 16 warps per
-// chunk, warp w holding the rows f = 16 (w % 4) .. + 15 (row block I = w % 4) and the 16 columns from 16 (w / 4) of
-// every 64 (P, dT; a dk block's dq, dk, dkw, dg; dv). The decayed products rows(dAqk, Kw) and cols(dAqk, Q) are
-// gdn_keys_block_product and gdn_rows_finish / gdn_cols_finish on the warp's 16 x 16 block (their diagonal blocks
-// on tensor cores where the dk block's span allows, else per element). kbg = diag(beta) (K (.) exp(G)) enters as
-// the bf16 tile K (.) exp(G) with beta a column factor of dT. The key gradients' Z1 terms follow in
-// gdn_bwd_keys_channel_mma_kernel. Shared memory grows with dv: the launcher runs gdn_bwd_chunk_channel_kernel
-// where it does not fit.
+// backward kernels 4, 5, 6 of spec/pdn.md 3.4 on register tiles, per channel (Tc = bf16: pkda in the bf16 trainer):
+// gdn_bwd_chunk_channel_kernel's math and gdn_bwd_keys_channel_kernel's after it, fused, with
+// gdn_bwd_chunk_mma_kernel's layout: one CTA of 16 warps per chunk, warp w holding the rows f = 16 (w % 4) .. + 15
+// (row block I = w % 4) and the 16 columns from 16 (w / 4) of every 64 (P, dT, Z1; a dk block's dq, dk, dkw, dG;
+// dv). The phases run in another order than the shared-memory kernel's, so that Z1 is known before any dk block's
+// key gradients are formed and every gradient goes to global memory once:
+//   phase 1             dAqk = scale tril(dO Vn^T) (bf16, shared, P); dT1 = dU V^T diag(beta); dv; v.dvb
+//   phase 2 (dk blocks) dT2 = sum over the blocks of dW Ke^T, dW = -(dVn h^T), Ke = K (.) exp(G)
+//   phase 3             dA = -strictly_lower(Tm^T strictly_lower(dT1 + dT2 diag(beta)) Tm^T); dbeta_c;
+//                       Z1 = diag(beta) dA (bf16, shared)
+//   phase 4 (dk blocks, the last one first: phase 2 left its h, k and G loaded)
+//                       dW again; dQ, dK_b, dKw_a, dbeta_b and ce as gdn_bwd_chunk_channel_kernel's phase 2 forms them;
+//                       dk = dK_b + rows(Z1, Kw); dkw = dKw_a + cols(Z1, K);
+//                       dG = k rows(Z1, Kw) - kw cols(Z1, K) + q dQ + k dK_b - kw dKw_a (fp32, shared), and dg its
+//                       reverse cumulative sum over the chunk per channel: each 16-row block's own sums, then the
+//                       chunk-end term ce and the totals of the blocks after it (gdn_bwd_keys_channel_kernel's order)
+// The decayed products rows(D, Y) and cols(D, X), D = dAqk or Z1, are gdn_keys_block_product and gdn_rows_finish /
+// gdn_cols_finish on the warp's 16 x 16 block (their diagonal blocks on tensor cores where the dk block's span
+// allows, else per element). kbg = diag(beta) (K (.) exp(G)) enters as the bf16 tile Ke with beta a column factor of
+// dT. Shared memory grows with dv: the launcher runs the two shared-memory kernels where it does not fit.
 
 #define GDN_BWD_CH_PARTS 3   // per-row partial sums per column quarter: v.dvb, (k e).dkbg, dA.A0
 
+// rows(D, Y) into racc and cols(D, X) into cacc for the warp's 16 x 16 block at rows m0 (row block I = m0 / 16),
+// columns n0 of a dk block (G its cumulative log decays, ldg apart; Y, X its [BT][ld] tiles): the blocks off the
+// diagonal on tensor cores, the diagonal block too where full (its span allows), else per element. D [BT][BT + 8]
+// is lower triangular with its diagonal (DIAG: dAqk) or strictly (Z1).
+template <bool DIAG>
+__device__ __forceinline__ void gdn_rows_cols16(float racc[2][4], float cacc[2][4], const __nv_bfloat16* D,
+                                                const __nv_bfloat16* Y, const __nv_bfloat16* X, int ld, const float* G,
+                                                int ldg, int m0, int n0, int full, int lane) {
+    const int I = m0 / GDN_SUB;
+    gdn_keys_block_product<true, 2>(racc, D, Y, ld, G, ldg, G + m0 * ldg, m0, n0, 0, I + full, lane);
+    gdn_rows_finish<DIAG, 2>(racc, D, Y, ld, G, ldg, m0, n0, !full, lane);
+    gdn_keys_block_product<false, 2>(cacc, D, X, ld, G, ldg, G + (m0 + GDN_SUB - 1) * ldg, m0, n0, I + 1 - full,
+                                     GDN_NSUB, lane);
+    gdn_cols_finish<DIAG, 2>(cacc, D, X, ld, G, ldg, m0, n0, !full, lane);
+}
+
 struct GdnBwdChannelMmaSmem {
-    __nv_bfloat16 *dO, *Vn, *dVn, *V;   // [BT][dvq + 8]
+    __nv_bfloat16 *dO, *Vn, *dVn;       // [BT][dvq + 8]
+    __nv_bfloat16* V;                   // [BT][dvq + 8] (phase 1)
+    float* dG;                          // [BT][KB + 8]: a dk block's dG (phase 4), in V's memory
     __nv_bfloat16 *Hs, *dE;             // [KB][dvq + 8]: a dk block's rows of h and dE
     __nv_bfloat16 *Q, *K, *Kw, *Ke;     // [BT][KB + 8]: a dk block's columns (Ke = K (.) exp(G))
     __nv_bfloat16 *Tm, *P, *dW, *Z;     // [BT][BT + 8]
@@ -2969,7 +2880,10 @@ struct GdnBwdChannelMmaSmem {
         dO = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
         Vn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
         dVn = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
-        V = cv.take<__nv_bfloat16>((size_t)BT * (dvq + 8));
+        const size_t v_bytes = (size_t)BT * (dvq + 8) * sizeof(__nv_bfloat16), g_bytes = BT * (KB + 8) * sizeof(float);
+        unsigned char* region = cv.take<unsigned char>(v_bytes > g_bytes ? v_bytes : g_bytes);
+        V = (__nv_bfloat16*)region;
+        dG = (float*)region;
         Hs = cv.take<__nv_bfloat16>((size_t)KB * (dvq + 8));
         dE = cv.take<__nv_bfloat16>((size_t)KB * (dvq + 8));
         Q = cv.take<__nv_bfloat16>(BT * (KB + 8));
@@ -2997,30 +2911,31 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
                                  const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, int ld_qkv,
                                  const __nv_bfloat16* kw, int ld_kw, const float* beta, const float* Tm_saved,
                                  const float* G_saved, const __nv_bfloat16* h_saved, const __nv_bfloat16* Vn_saved,
-                                 const float* A0_saved, const float* dVn_work, const __nv_bfloat16* dE_work,
-                                 __nv_bfloat16* Z_work, float* ce_work, int T, int H, int NT, int dk, int dv,
-                                 float scale) {
+                                 const float* A0_saved, const float* dVn_work, const __nv_bfloat16* dE_work, int T,
+                                 int H, int NT, int dk, int dv, float scale) {
     constexpr int BT = GDN_CHUNK, KB = GDN_BWD_KB, LB = BT + 8, LK = KB + 8;
     static_assert(GDN_BWD_THREADS == 512 && KB == BT, "16 warps: 4 row blocks x 4 column quarters of 64");
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const size_t c = p.c, HK = (size_t)H * dk;
-    const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x;
+    const int dvq = gdn_round64(dv), ldv = dvq + 8, tid = threadIdx.x, nkb = (dk + KB - 1) / KB;
     GdnBwdChannelMmaSmem sm((size_t)gdn_smem, dvq);
     const int warp = tid >> 5, lane = tid & 31, m0 = 16 * (warp & 3), I = warp & 3, cq = warp >> 2, n16 = 16 * cq;
 
-    // dk block d0's h and dE rows, q, k, kw and G columns
-    const auto load_block = [&](int d0) {
+    // dk block d0's h rows, k and G columns (phase 2); with all, also its dE rows, q and kw columns (phase 4)
+    const auto load_block = [&](int d0, bool all) {
         tile_load_async(sm.Hs, ldv, KB, dvq, h_saved + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
-        tile_load_async(sm.dE, ldv, KB, dvq, dE_work + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
-        tile_load_async(sm.Q, LK, BT, KB, q + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
         tile_load_async(sm.K, LK, BT, KB, k + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
-        tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0);
         tile_load_async(sm.Gb, LK, BT, KB, G_saved + c * BT * dk + d0, dk, BT, dk - d0);
+        if (all) {
+            tile_load_async(sm.dE, ldv, KB, dvq, dE_work + c * dk * dv + (size_t)d0 * dv, dv, dk - d0, dv);
+            tile_load_async(sm.Q, LK, BT, KB, q + p.row0 * ld_qkv + (size_t)p.h * dk + d0, ld_qkv, p.L, dk - d0);
+            tile_load_async(sm.Kw, LK, BT, KB, kw + p.row0 * ld_kw + (size_t)p.h * dk + d0, ld_kw, p.L, dk - d0);
+        }
         cp_async_commit();
     };
     gdn_bwd_mma_load_values(sm, dvq, dO, ld_o, v, ld_qkv, Vn_saved, p, dv);
-    load_block(0);
+    load_block(0, nkb == 1);
     // dVn and Tm to bf16 operands; beta (0 on padded rows)
     gdn_bwd_mma_stage(sm, dvq, dVn_work, Tm_saved, p, dv);
     for (int r = tid; r < BT; r += blockDim.x) { sm.beta[r] = r < p.L ? beta[(p.row0 + r) * H + p.h] : 0.0f; }
@@ -3042,13 +2957,61 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
     float rv[2] = {0.0f, 0.0f}, rk[2] = {0.0f, 0.0f};   // v.dvb and (k e).dkbg of the thread's rows
     gdn_bwd_mma_dv(sm, rv, grad_v, ld_d, dvq, p, dv, m0, n16, lane);
 
-    // phase 2, per dk block of KB columns d0 ..: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T;
-    // dQ = scale (F0 (.) e) + rows(dAqk, Kw); dKw_st = F1 (.) el, dKw_a = dKw_st + cols(dAqk, Q); dW = -F2;
-    // dT2 += dW Ke^T; dkbg = Tm^T dW; the chunk-end terms ce = exp(G_BT) rowsum(h (.) dE) + colsum(kw (.) dKw_st)
-    const float* Gl = sm.Gb + (BT - 1) * LK;
-    for (int d0 = 0; d0 < dk; d0 += KB) {
+    // phase 2, per dk block of KB columns: dT2 += dW Ke^T, dW = -(dVn h^T), Ke = K (.) exp(G)
+    for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<0>();
-        __syncthreads();   // the block's h, dE, q, k, kw, G; P complete (first block); the last block's ce read
+        __syncthreads();   // the block's h, k, G; the last block's dW and Ke read; (first block) V read
+        for (int idx = tid; idx < BT * KB / 2; idx += blockDim.x) {   // Ke = K (.) exp(G), pairs
+            const int r = idx / (KB / 2), cc = 2 * (idx - r * (KB / 2));
+            const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(sm.K + r * LK + cc);
+            *reinterpret_cast<uint32_t*>(sm.Ke + r * LK + cc) =
+                gdn_scale_pair(*reinterpret_cast<const uint32_t*>(&kv), gdn_decay_exp(sm.Gb[r * LK + cc]),
+                               gdn_decay_exp(sm.Gb[r * LK + cc + 1]));
+        }
+        float f2[2][4] = {};
+        gdn_mma16<false, true>(f2, sm.dVn, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return -f2[nt][e]; });
+        __syncthreads();   // dW, Ke complete
+        gdn_mma16<false, true>(dT2, sm.dW, LB, m0, sm.Ke, LK, n16, KB, lane);
+        if (kb + 1 < nkb) {
+            __syncthreads();   // h, k, G read by every warp
+            load_block((kb + 1) * KB, kb + 2 == nkb);
+        }
+    }
+    __syncthreads();   // dW read by every warp
+
+    // phase 3: dT = dT1 + dT2 diag(beta); dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dbeta_c_i =
+    // sum_j dA_ij A0_ij; Z1 = diag(beta) dA into Z
+    gdn_frag16_store(sm.Z, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+        return i > j ? dT1[nt][e] + sm.beta[j] * dT2[nt][e] : 0.0f;
+    });
+    __syncthreads();
+    {
+        float y[2][4] = {};
+        gdn_mma16<true, false>(y, sm.Tm, LB, m0, sm.Z, LB, n16, BT, lane);   // Tm^T strictly_lower(dT)
+        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return y[nt][e]; });
+    }
+    __syncthreads();   // dW complete, Z read
+    float rc[2] = {0.0f, 0.0f};   // dA.A0 of the thread's rows
+    {
+        float r[2][4] = {};
+        gdn_mma16<false, true>(r, sm.dW, LB, m0, sm.Tm, LB, n16, BT, lane);   // (...) Tm^T = -dA below the diagonal
+        gdn_frag16_store(sm.Z, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
+            if (i <= j) { return 0.0f; }
+            rc[e >> 1] = fmaf(-r[nt][e], A0_saved[(c * BT + i) * BT + j], rc[e >> 1]);
+            return -sm.beta[i] * r[nt][e];
+        });
+    }
+
+    // phase 4, per dk block of KB columns d0 .., the last first: F0 = dO h^T, F1 = Vn dE^T, F2 = dVn h^T;
+    // dQ = scale (F0 (.) e) + rows(dAqk, Kw); dKw_st = F1 (.) el, dKw_a = dKw_st + cols(dAqk, Q); dW = -F2;
+    // dkbg = Tm^T dW; the chunk-end terms ce = exp(G_BT) rowsum(h (.) dE) + colsum(kw (.) dKw_st); the Z1 terms
+    const float* Gl = sm.Gb + (BT - 1) * LK;
+    for (int kb = nkb - 1; kb >= 0; kb--) {
+        const int d0 = kb * KB;
+        if (kb < nkb - 1) { load_block(d0, true); }
+        cp_async_wait<0>();
+        __syncthreads();   // the block's h, dE, q, k, kw, G; (first block) Z1 complete, dW read
         gdn_span_ok(sm.ok, sm.Gb, LK, min(KB, dk - d0));
         {   // rowsum(h (.) dE) per channel: 8 lanes per channel
             const int d = tid >> 3, part = tid & 7;
@@ -3060,13 +3023,6 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             s += __shfl_xor_sync(0xffffffffu, s, 4);
             if (part == 0) { sm.hde[d] = s; }
-        }
-        for (int idx = tid; idx < BT * KB / 2; idx += blockDim.x) {   // Ke = K (.) exp(G), pairs
-            const int r = idx / (KB / 2), cc = 2 * (idx - r * (KB / 2));
-            const __nv_bfloat162 kv = *reinterpret_cast<const __nv_bfloat162*>(sm.K + r * LK + cc);
-            *reinterpret_cast<uint32_t*>(sm.Ke + r * LK + cc) =
-                gdn_scale_pair(*reinterpret_cast<const uint32_t*>(&kv), gdn_decay_exp(sm.Gb[r * LK + cc]),
-                               gdn_decay_exp(sm.Gb[r * LK + cc + 1]));
         }
         float f0[2][4] = {}, f1[2][4] = {}, f2[2][4] = {};
         gdn_mma16<false, true>(f0, sm.dO, ldv, m0, sm.Hs, ldv, n16, dvq, lane);
@@ -3091,15 +3047,11 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
                 if (lane < 4) { sm.cpart[I * KB + n16 + 8 * nt + 2 * lane + x] = s; }
             }
         }
-        __syncthreads();   // dW, ok, hde, Ke, cpart complete
+        __syncthreads();   // dW, ok, hde, cpart complete
+        const int full = sm.ok[I];
         {   // dQ += rows(dAqk, Kw); dKw_a = dKw_st + cols(dAqk, Q)
-            const int full = sm.ok[I];
             float r16[2][4] = {}, c16[2][4] = {};
-            gdn_keys_block_product<true, 2>(r16, sm.P, sm.Kw, LK, sm.Gb, LK, sm.Gb + m0 * LK, m0, n16, 0, I + full, lane);
-            gdn_rows_finish<true, 2>(r16, sm.P, sm.Kw, LK, sm.Gb, LK, m0, n16, !full, lane);
-            gdn_keys_block_product<false, 2>(c16, sm.P, sm.Q, LK, sm.Gb, LK, sm.Gb + (m0 + GDN_SUB - 1) * LK, m0, n16,
-                                             I + 1 - full, GDN_NSUB, lane);
-            gdn_cols_finish<true, 2>(c16, sm.P, sm.Q, LK, sm.Gb, LK, m0, n16, !full, lane);
+            gdn_rows_cols16<true>(r16, c16, sm.P, sm.Kw, sm.Q, LK, sm.Gb, LK, m0, n16, full, lane);
             #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 #pragma unroll
@@ -3110,54 +3062,54 @@ gdn_bwd_chunk_channel_mma_kernel(float* grad_q, float* grad_k, float* grad_v, in
             sm.ce[d0 + tid] = gdn_decay_exp(Gl[tid]) * sm.hde[tid] + sm.cpart[tid] + sm.cpart[KB + tid] +
                               sm.cpart[2 * KB + tid] + sm.cpart[3 * KB + tid];
         }
-        gdn_mma16<false, true>(dT2, sm.dW, LB, m0, sm.Ke, LK, n16, KB, lane);   // dT2 += dW Ke^T
         float dkbg[2][4] = {};
         gdn_mma16<true, false>(dkbg, sm.Tm, LB, m0, sm.dW, LB, n16, BT, lane);
+        // the Z1 terms: rz = rows(Z1, Kw), cz = cols(Z1, K) (Z1 strictly lower)
+        float rz[2][4] = {}, cz[2][4] = {};
+        gdn_rows_cols16<false>(rz, cz, sm.Z, sm.Kw, sm.K, LK, sm.Gb, LK, m0, n16, full, lane);
         gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int dl) {
             if (e & 1) { return; }   // pairs (e, e + 1): dk is a multiple of 8
             float dkb[2], dg[2];
             #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const float ex = gdn_decay_exp(sm.Gb[i * LK + dl + x]), kv = __bfloat162float(sm.K[i * LK + dl + x]);
+                const float kwv = __bfloat162float(sm.Kw[i * LK + dl + x]);
                 rk[e >> 1] = fmaf(kv * ex, dkbg[nt][e + x], rk[e >> 1]);
                 dkb[x] = sm.beta[i] * ex * dkbg[nt][e + x];
-                dg[x] = __bfloat162float(sm.Q[i * LK + dl + x]) * f0[nt][e + x] + kv * dkb[x] -
-                        __bfloat162float(sm.Kw[i * LK + dl + x]) * f1[nt][e + x];
+                const float part = __bfloat162float(sm.Q[i * LK + dl + x]) * f0[nt][e + x] + kv * dkb[x] -
+                                   kwv * f1[nt][e + x];
+                dg[x] = kv * rz[nt][e + x] - kwv * cz[nt][e + x] + part;
             }
+            *reinterpret_cast<float2*>(sm.dG + i * LK + dl) = make_float2(dg[0], dg[1]);
             if (i >= p.L || d0 + dl >= dk) { return; }
             const size_t row = p.row0 + i, col = (size_t)p.h * dk + d0 + dl;
             *reinterpret_cast<float2*>(grad_q + row * ld_d + col) = make_float2(f0[nt][e], f0[nt][e + 1]);
-            *reinterpret_cast<float2*>(grad_k + row * ld_d + col) = make_float2(dkb[0], dkb[1]);
-            *reinterpret_cast<float2*>(grad_kw + row * ld_dkw + col) = make_float2(f1[nt][e], f1[nt][e + 1]);
-            *reinterpret_cast<float2*>(grad_g + row * HK + col) = make_float2(dg[0], dg[1]);
+            *reinterpret_cast<float2*>(grad_k + row * ld_d + col) =
+                make_float2(dkb[0] + rz[nt][e], dkb[1] + rz[nt][e + 1]);
+            *reinterpret_cast<float2*>(grad_kw + row * ld_dkw + col) =
+                make_float2(f1[nt][e] + cz[nt][e], f1[nt][e + 1] + cz[nt][e + 1]);
         });
-        __syncthreads();   // h, dE, q, k, kw, G, Ke and dW read by every warp
-        if (d0 + KB < dk) { load_block(d0 + KB); }
+        __syncthreads();   // dG, ce complete; cpart read
+        for (int i = tid; i < GDN_NSUB * KB; i += blockDim.x) {   // each 16-row block's reverse sums, its total
+            const int d = i % KB, f = GDN_SUB * (i / KB);
+            float s = 0.0f;
+            for (int r = f + GDN_SUB - 1; r >= f; r--) {
+                s += sm.dG[r * LK + d];
+                sm.dG[r * LK + d] = s;
+            }
+            sm.cpart[i] = s;
+        }
+        __syncthreads();
+        for (int i = tid; i < BT * KB; i += blockDim.x) {   // dg: the chunk end and the later blocks' totals added
+            const int r = i / KB, d = i - r * KB, J0 = r / GDN_SUB;
+            if (r >= p.L || d0 + d >= dk) { continue; }
+            float base = sm.ce[d0 + d];
+            for (int J = GDN_NSUB - 1; J > J0; J--) { base += sm.cpart[J * KB + d]; }
+            grad_g[(p.row0 + r) * HK + (size_t)p.h * dk + d0 + d] = base + sm.dG[r * LK + d];
+        }
+        __syncthreads();   // the block's tiles, dW, dG and the totals read by every warp
     }
 
-    // phase 3: dT = dT1 + dT2 diag(beta); dA = -strictly_lower(Tm^T strictly_lower(dT) Tm^T); dbeta_c_i =
-    // sum_j dA_ij A0_ij; Z1 = diag(beta) dA and the chunk-end terms to the workspace
-    gdn_frag16_store(sm.Z, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
-        return i > j ? dT1[nt][e] + sm.beta[j] * dT2[nt][e] : 0.0f;
-    });
-    __syncthreads();
-    {
-        float y[2][4] = {};
-        gdn_mma16<true, false>(y, sm.Tm, LB, m0, sm.Z, LB, n16, BT, lane);   // Tm^T strictly_lower(dT)
-        gdn_frag16_store(sm.dW, LB, m0, n16, lane, [&](int nt, int e, int, int) { return y[nt][e]; });
-    }
-    __syncthreads();
-    float rc[2] = {0.0f, 0.0f};   // dA.A0 of the thread's rows
-    {
-        float r[2][4] = {};
-        gdn_mma16<false, true>(r, sm.dW, LB, m0, sm.Tm, LB, n16, BT, lane);   // (...) Tm^T = -dA below the diagonal
-        gdn_frag16_store(Z_work + c * BT * BT, BT, m0, n16, lane, [&](int nt, int e, int i, int j) {
-            if (i <= j) { return 0.0f; }
-            rc[e >> 1] = fmaf(-r[nt][e], A0_saved[(c * BT + i) * BT + j], rc[e >> 1]);
-            return -sm.beta[i] * r[nt][e];
-        });
-    }
-    for (int d = tid; d < dk; d += blockDim.x) { ce_work[c * dk + d] = sm.ce[d]; }
     // dbeta: the row sums in a fixed order: each thread's over its columns, its quad's, then the column quarters
     const float mine[GDN_BWD_CH_PARTS][2] = {{rv[0], rv[1]}, {rk[0], rk[1]}, {rc[0], rc[1]}};
     #pragma unroll
@@ -3395,11 +3347,11 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         bool chunk_done = false;
         if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
             const size_t s4 = GdnBwdChannelMmaSmem(0, gdn_round64(dv)).bytes;
-            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 192 on an H100 / H200 (193 KB at dv = 128)
+            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 192 on an H100 / H200 (194 KB at dv = 128)
                 gdn_set_smem(gdn_bwd_chunk_channel_mma_kernel, s4);
                 gdn_bwd_chunk_channel_mma_kernel<<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
                     grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw,
-                    ld_kw, beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
+                    ld_kw, beta, Tm, G, h, Vn, A0, dVn, dE, T, H, NT, dk, dv, scale);
                 chunk_done = true;
             }
         }
@@ -3409,19 +3361,8 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
             gdn_bwd_chunk_channel_kernel<Tin, Tc><<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
                 grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw, ld_kw,
                 beta, Tm, G, h, Vn, A0, dVn, dE, Z, ce, T, H, NT, dk, dv, scale);
-        }
-        cudaCheckLaunch();
-        bool keys_done = false;
-        if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
-            if (register_tiles) {   // 112 KB at dk = 128 (two CTAs per SM), 218 KB at 256
-                const size_t s5 = GdnBwdKeysMmaSmem(0, gdn_round64(dk)).bytes;
-                gdn_set_smem(gdn_bwd_keys_channel_mma_kernel, s5);
-                gdn_bwd_keys_channel_mma_kernel<<<nchunks, GDN_THREADS, s5, stream>>>(
-                    grad_k, ld_d, grad_kw, ld_dkw, grad_g, k, ld_qkv, kw, ld_kw, G, Z, ce, T, H, NT, dk);
-                keys_done = true;
-            }
-        }
-        if (!keys_done) {
+            cudaCheckLaunch();
+            // the key gradients' Z1 terms (the register-tile kernel adds them itself)
             const size_t s5 = GdnBwdKeysSmem<Tc>(0).bytes;
             gdn_set_smem(gdn_bwd_keys_channel_kernel<Tin, Tc>, s5);
             gdn_bwd_keys_channel_kernel<Tin, Tc><<<nchunks, GDN_KEYS_THREADS, s5, stream>>>(

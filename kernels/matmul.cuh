@@ -158,17 +158,15 @@ static void matmul_no_algorithm(const char* what, int m, int n, int k) {
 // ----------------------------------------------------------------------------------------------------------
 // forward
 
-// out[N, OC] = inp[N, C] weight[OC, C]^T (+ bias[OC] when bias is not NULL), out's rows ld_out >= OC apart
-// (a multiple of 8 keeps cuBLASLt on its fast kernels). pre_gelu not NULL (only with ld_out = OC):
-// pre_gelu = that, out = GELU(pre_gelu) (tanh approximation).
-static void matmul_forward_ld(floatX* out, int ld_out, const floatX* inp, const floatX* weight, const floatX* bias,
-                              int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
-    if (pre_gelu != NULL && ld_out != OC) { die("internal: matmul_forward_ld with GELU needs ld_out == OC"); }
+// out[N, OC] = inp[N, C] weight[OC, C]^T (+ bias[OC] when bias is not NULL) (OC a multiple of 8 keeps cuBLASLt
+// on its fast kernels). pre_gelu not NULL: pre_gelu = that, out = GELU(pre_gelu) (tanh approximation).
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C,
+                           int OC, floatX* pre_gelu, cudaStream_t stream) {
     if (N == 0) { return; }
     // the GELU aux matrix needs a leading dimension divisible by 8
     if (pre_gelu != NULL && matmul_fuse_gelu && OC % 8 == 0) {
         const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (matmul_cublaslt(out, CUBLAS_FLOATX, ld_out, weight, C, 1, inp, C, 0, OC, N, C, 0.0f, epilogue, bias,
+        if (matmul_cublaslt(out, CUBLAS_FLOATX, OC, weight, C, 1, inp, C, 0, OC, N, C, 0.0f, epilogue, bias,
                             pre_gelu, stream)) {
             return;
         }
@@ -178,17 +176,11 @@ static void matmul_forward_ld(floatX* out, int ld_out, const floatX* inp, const 
     }
     floatX* dst = pre_gelu ? pre_gelu : out;
     const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    if (!matmul_cublaslt(dst, CUBLAS_FLOATX, ld_out, weight, C, 1, inp, C, 0, OC, N, C, 0.0f, epilogue, bias, NULL,
+    if (!matmul_cublaslt(dst, CUBLAS_FLOATX, OC, weight, C, 1, inp, C, 0, OC, N, C, 0.0f, epilogue, bias, NULL,
                          stream)) {
         matmul_no_algorithm("the forward matmul", OC, N, C);
     }
     if (pre_gelu != NULL) { gelu_forward(out, pre_gelu, (size_t)N * OC, stream); }
-}
-
-// the dense case: out's rows OC apart
-static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C,
-                           int OC, floatX* pre_gelu, cudaStream_t stream) {
-    matmul_forward_ld(out, OC, inp, weight, bias, N, C, OC, pre_gelu, stream);
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -242,13 +234,11 @@ __global__ void dbias_finish_kernel(float* dbias, const float* partial, int OC, 
 
 // dinp[N, C] = dout[N, OC] weight[OC, C] (+= when accumulate_dinp; skipped when dinp is NULL);
 // dweight[OC, C] += dout^T inp (fp32; skipped when NULL); dbias[OC] += column sums of dout (fp32; skipped when
-// NULL, else scratch must hold matmul_backward_scratch_bytes(N, OC); only with ld_dout = OC). dout's rows are
-// ld_dout >= OC apart. No output may alias an input.
-static void matmul_backward_ld(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
-                               int ld_dout, const floatX* inp, const floatX* weight, int N, int C, int OC,
-                               int accumulate_dinp, cudaStream_t stream) {
+// NULL, else scratch must hold matmul_backward_scratch_bytes(N, OC)). No output may alias an input.
+static void matmul_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
+                            const floatX* inp, const floatX* weight, int N, int C, int OC, int accumulate_dinp,
+                            cudaStream_t stream) {
     if (N == 0) { return; }
-    if (dbias != NULL && ld_dout != OC) { die("internal: matmul_backward_ld with a bias needs ld_dout == OC"); }
     if (dbias != NULL) {
         const int num_chunks = dbias_num_chunks(N);
         const int rows_per_chunk = ceil_div(N, num_chunks);
@@ -259,24 +249,17 @@ static void matmul_backward_ld(floatX* dinp, float* dweight, float* dbias, float
         cudaCheckLaunch();
     }
     if (dweight != NULL) {
-        if (!matmul_cublaslt(dweight, CUDA_R_32F, C, inp, C, 0, dout, ld_dout, 1, C, OC, N, 1.0f,
+        if (!matmul_cublaslt(dweight, CUDA_R_32F, C, inp, C, 0, dout, OC, 1, C, OC, N, 1.0f,
                              CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, stream)) {
             matmul_no_algorithm("the weight gradient", C, OC, N);
         }
     }
     if (dinp != NULL) {
-        if (!matmul_cublaslt(dinp, CUBLAS_FLOATX, C, weight, C, 0, dout, ld_dout, 0, C, N, OC,
+        if (!matmul_cublaslt(dinp, CUBLAS_FLOATX, C, weight, C, 0, dout, OC, 0, C, N, OC,
                              accumulate_dinp ? 1.0f : 0.0f, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, stream)) {
             matmul_no_algorithm("the input gradient", C, N, OC);
         }
     }
-}
-
-// the dense case: dout's rows OC apart
-static void matmul_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
-                            const floatX* inp, const floatX* weight, int N, int C, int OC, int accumulate_dinp,
-                            cudaStream_t stream) {
-    matmul_backward_ld(dinp, dweight, dbias, scratch, dout, OC, inp, weight, N, C, OC, accumulate_dinp, stream);
 }
 
 #endif // TRAIN_KLA_KERNELS_MATMUL_CUH

@@ -13,14 +13,14 @@
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
 #     the solve's state product must fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal, the intra
-#     kernels per head and per channel, the backward chunk kernels per head and per channel, the per-channel
-#     key-gradient kernel; ldmatrix, mma.sync and cp.async emulated)
+#     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
+#     key gradients' Z1 terms fused in); ldmatrix, mma.sync and cp.async emulated)
 #     against the fp32 shared-memory kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and
 #     100 136 24 (about a minute each); negative controls: the backward state pass without dE -= W^T dVn, the output
 #     kernel without diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase
 #     2's part of dT, the per-channel intra kernel without the decay of its row blocks' rows or without its
-#     per-element diagonal blocks (strong decay), the key-gradient kernel without the diagonal blocks of rows(Z1, Kw)
-#     per element (strong decay) or on tensor cores (weak decay), the per-channel backward chunk kernel without
+#     per-element diagonal blocks (strong decay), the per-channel backward chunk kernel without the diagonal blocks
+#     of rows(dAqk, Kw) and rows(Z1, Kw) per element (strong decay) or on tensor cores (weak decay), or without
 #     cols(dAqk, Q) in dkw, must fail;
 #   kalman_filter.cu: the kalman filter kernels against the double reference (B, T, Dk, N = 2 150 20 32, 2 150 20 16,
 #     1 40 36 5: ragged tiles and channel blocks, idle lanes) with 1, 2 and 5 time segments, and decode == forward
@@ -96,9 +96,11 @@ negative gdn_chunk.cuh 's/^                a\[e\] = gdn_scale_pair(a\[e\], gdn_d
 negative gdn_chunk.cuh 's/        if (sm.ok\[(job >> 2) \/ PAIRS\]) { continue; }/        if (1) { continue; }/' \
     "the per-element diagonal blocks (strong decay) in the register-tile per-channel intra kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/        for (int s = f; elementwise \&\& s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {/        for (int s = f; s < f; s++) {/' \
-    "the per-element diagonal blocks (strong decay) of the key-gradient kernel's rows(Z1, Kw)" gdn_mma "150 24 40"
-negative gdn_chunk.cuh 's/sm.G + f \* ldg, f, n0, 0, I + full, lane);/sm.G + f * ldg, f, n0, 0, I, lane);/' \
-    "the tensor-core diagonal blocks (weak decay) of the key-gradient kernel's rows(Z1, Kw)" gdn_mma "150 24 40"
+    "the per-element diagonal blocks (strong decay) of the per-channel backward's rows(dAqk, Kw) and rows(Z1, Kw)" \
+    gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/(racc, D, Y, ld, G, ldg, G + m0 \* ldg, m0, n0, 0, I + full, lane);/(racc, D, Y, ld, G, ldg, G + m0 * ldg, m0, n0, 0, I, lane);/' \
+    "the tensor-core diagonal blocks (weak decay) of the per-channel backward's rows(dAqk, Kw) and rows(Z1, Kw)" \
+    gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/{ f0\[nt\]\[e\] += r16\[nt\]\[e\]; f1\[nt\]\[e\] += c16\[nt\]\[e\]; }/{ f0[nt][e] += r16[nt][e]; }/' \
     "cols(dAqk, Q) in dkw of the register-tile per-channel backward chunk kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
