@@ -10,9 +10,11 @@ Layouts (row-major), r = b*T + t:
          multiplies the current token. Taps that reach before the sequence start read 0.
   cache  [B, W-1, D] fp32 (decode): the previous W-1 pre-conv inputs of each sequence, oldest first.
 
-The training kernels give each thread one channel and a tile of SHORTCONV_T_TILE consecutive tokens of one
-sequence: the thread walks its tile keeping the conv window in registers, so each input is loaded once
-(plus a halo of W-1 tokens per tile), and the 32 channels of a warp are adjacent in memory (coalesced).
+The training kernels give each thread V adjacent channels (one 16-byte pack of a row where the sizes and
+addresses allow: 8 bf16 forward, 4 backward, whose windows take four registers per tap and channel) and a tile of
+SHORTCONV_FWD_T_TILE (forward) or SHORTCONV_T_TILE (backward) consecutive tokens of one sequence: the thread walks
+its tile keeping the conv windows in registers, so each input is loaded once (plus a halo of W-1 tokens per tile),
+and a warp's channels are adjacent in memory (coalesced). dev/cuda/shortconv.cu keeps the one-channel version (3) beside these (4).
 The pointers of these kernels are __restrict__ (outputs never alias inputs) and the token loop is unrolled,
 so the loads of the next tokens can be issued before the current token's store.
 The window length W is a template parameter (registers need compile-time indices); conv_size is stored in
@@ -27,7 +29,8 @@ sums into scratch; a second kernel adds the partials of every tile in a fixed or
 #include <type_traits>
 #include "common.cuh"
 
-#define SHORTCONV_T_TILE 64     // tokens walked by one thread
+#define SHORTCONV_T_TILE 64     // tokens walked by one thread of the backward
+#define SHORTCONV_FWD_T_TILE 16 // and of the forward (its threads move twice the backward's channels: more of them)
 #define SHORTCONV_BLOCK 128     // channels per block
 #define SHORTCONV_MAX_W 8       // largest conv_size compiled
 #define SHORTCONV_RED_ROWS 16   // row groups of the dconv_w reduction block (32 columns x 16 row groups)
@@ -58,48 +61,66 @@ static void shortconv_dispatch_w(int W, Launch launch) {
 // ----------------------------------------------------------------------------------------------------------
 // forward: out[r, ch] = SiLU(sum_j w[ch, j] * in[t - (W-1) + j, ch])
 
-// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B), block SHORTCONV_BLOCK
-template <int W>
+// grid (ceil(D / (V SHORTCONV_BLOCK)), ceil(T / SHORTCONV_FWD_T_TILE), B), block SHORTCONV_BLOCK
+template <int W, int V>
 __global__ void shortconv_silu_forward_kernel(floatX* __restrict__ out, const floatX* __restrict__ proj, int ld_proj,
                                               const float* __restrict__ conv_w, int T, int D) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= D) { return; }
+    const int ch0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;   // the thread's V adjacent channels
+    if (ch0 >= D) { return; }
     const int b = blockIdx.z;
-    const int t0 = blockIdx.y * SHORTCONV_T_TILE;
-    const int t1 = min(t0 + SHORTCONV_T_TILE, T);
-    const floatX* in = proj + (size_t)b * T * ld_proj + ch;   // input of token s of this sequence: in[s * ld_proj]
-    floatX* dst = out + (size_t)b * T * D + ch;
-
-    float w[W];
+    const int t0 = blockIdx.y * SHORTCONV_FWD_T_TILE;
+    const int t1 = min(t0 + SHORTCONV_FWD_T_TILE, T);
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch0;   // inputs of token s of this sequence: in[s * ld_proj]
+    floatX* dst = out + (size_t)b * T * D + ch0;
+    float w[V][W];
     #pragma unroll
-    for (int j = 0; j < W; j++) { w[j] = conv_w[ch * W + j]; }
-    // win[j] = input at token t - (W-1) + j; the first W-1 entries are the halo before the tile
-    float win[W];
+    for (int c = 0; c < V; c++) {
+        #pragma unroll
+        for (int j = 0; j < W; j++) { w[c][j] = conv_w[(ch0 + c) * W + j]; }
+    }
+    // win[c][j] = channel c's input at token t - (W-1) + j; the first W-1 entries are the halo before the tile
+    float win[V][W];
     #pragma unroll
     for (int j = 0; j < W - 1; j++) {
         const int s = t0 - (W - 1) + j;
-        win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
+        float x[V] = {};
+        if (s >= 0) { xpack_to_floats<V>(x, in + (size_t)s * ld_proj); }
+        #pragma unroll
+        for (int c = 0; c < V; c++) { win[c][j] = x[c]; }
     }
     #pragma unroll 4
     for (int t = t0; t < t1; t++) {
-        win[W - 1] = to_float(in[(size_t)t * ld_proj]);
-        float pre = 0.0f;
+        float x[V], y[V];
+        xpack_to_floats<V>(x, in + (size_t)t * ld_proj);
         #pragma unroll
-        for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
-        dst[(size_t)t * D] = from_float<floatX>(shortconv_silu(pre));
-        #pragma unroll
-        for (int j = 0; j < W - 1; j++) { win[j] = win[j + 1]; }
+        for (int c = 0; c < V; c++) {
+            win[c][W - 1] = x[c];
+            float pre = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < W; j++) { pre += w[c][j] * win[c][j]; }
+            y[c] = shortconv_silu(pre);
+            #pragma unroll
+            for (int j = 0; j < W - 1; j++) { win[c][j] = win[c][j + 1]; }
+        }
+        floats_to_xpack<V>(dst + (size_t)t * D, y);
     }
+}
+
+// the pack of channels per thread: xpack_width's for D, the row strides and the addresses, at most max_v
+static int shortconv_pack(int D, int ld_proj, std::initializer_list<const void*> ptrs, int max_v) {
+    int v = xpack_width(D, ptrs);
+    while (v > max_v || ld_proj % v != 0) { v /= 2; }
+    return v;
 }
 
 static void shortconv_silu_forward(floatX* out, const floatX* proj, int ld_proj, const float* conv_w,
                                    int B, int T, int D, int W, cudaStream_t stream) {
-    const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
+    const int V = shortconv_pack(D, ld_proj, {out, proj}, XPACK);
+    const dim3 grid(ceil_div(ceil_div(D, V), SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_FWD_T_TILE), B);
     shortconv_dispatch_w(W, [&](auto w) {
-        shortconv_silu_forward_kernel<decltype(w)::value><<<grid, SHORTCONV_BLOCK, 0, stream>>>(
-            out, proj, ld_proj, conv_w, T, D);
+        PACK_DISPATCH(V, shortconv_silu_forward_kernel<decltype(w)::value, VW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(
+                             out, proj, ld_proj, conv_w, T, D));
     });
-    cudaCheckLaunch();
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -113,61 +134,79 @@ static size_t shortconv_backward_scratch_bytes(int B, int T, int D, int W) {
     return (size_t)B * ceil_div(T, SHORTCONV_T_TILE) * D * W * sizeof(float);
 }
 
-// grid (ceil(D / SHORTCONV_BLOCK), ceil(T / SHORTCONV_T_TILE), B): the thread of channel ch walks the tokens t of
-// its tile and the W-1 after it in order, with a window of inputs and one of dpre in registers: at token t it
-// recomputes the pre-activation and dpre[t] (0 past the sequence end), adds dpre[t] * in[t - (W-1-j)] into its
-// partial of dconv_w[ch, j] (t in its tile only), and writes dproj[s] = sum_j w[j] dpre[s + W-1-j] for
-// s = t - (W-1) (s in its tile only). The W-1 tokens after the tile are the next tile's too, recomputed there, so
-// dpre never goes through global memory: one pass reads dy and proj and writes dproj.
-template <int W>
+// grid (ceil(D / (V SHORTCONV_BLOCK)), ceil(T / SHORTCONV_T_TILE), B): the thread of V adjacent channels walks the
+// tokens t of its tile and the W-1 after it in order, with a window of inputs and one of dpre per channel in
+// registers: at token t it recomputes the pre-activation and dpre[t] (0 past the sequence end), adds
+// dpre[t] * in[t - (W-1-j)] into its partial of dconv_w[ch, j] (t in its tile only), and writes
+// dproj[s] = sum_j w[j] dpre[s + W-1-j] for s = t - (W-1) (s in its tile only). The W-1 tokens after the tile are
+// the next tile's too, recomputed there, so dpre never goes through global memory: one pass reads dy and proj and
+// writes dproj, each row's V channels as one pack (V <= 4: four windows of W per channel in registers).
+template <int W, int V>
 __global__ void shortconv_backward_kernel(floatX* __restrict__ dproj, int ld_proj, float* __restrict__ dw_partial,
                                           const float* __restrict__ dy, const floatX* __restrict__ proj,
                                           const float* __restrict__ conv_w, int T, int D) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= D) { return; }
+    const int ch0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (ch0 >= D) { return; }
     const int b = blockIdx.z, tile = blockIdx.y;
     const int t0 = tile * SHORTCONV_T_TILE, t1 = min(t0 + SHORTCONV_T_TILE, T);
-    const floatX* in = proj + (size_t)b * T * ld_proj + ch;
-    const float* d = dy + (size_t)b * T * D + ch;
-    floatX* out = dproj + (size_t)b * T * ld_proj + ch;
-    float w[W], win[W], dwin[W], acc[W];   // dwin[W-1-j] = dpre[t - j]
+    const floatX* in = proj + (size_t)b * T * ld_proj + ch0;
+    const float* d = dy + (size_t)b * T * D + ch0;
+    floatX* out = dproj + (size_t)b * T * ld_proj + ch0;
+    float w[V][W], win[V][W], dwin[V][W], acc[V][W];   // dwin[c][W-1-j] = channel c's dpre[t - j]
     #pragma unroll
     for (int j = 0; j < W; j++) {
-        w[j] = conv_w[ch * W + j];
-        const int s = t0 - (W - 1) + j;   // win[j] = the input at t - (W-1) + j, for t = t0
-        win[j] = s >= 0 ? to_float(in[(size_t)s * ld_proj]) : 0.0f;
-        dwin[j] = 0.0f;
-        acc[j] = 0.0f;
+        const int s = t0 - (W - 1) + j;   // win[c][j] = the input at t - (W-1) + j, for t = t0
+        float x[V] = {};
+        if (s >= 0) { xpack_to_floats<V>(x, in + (size_t)s * ld_proj); }
+        #pragma unroll
+        for (int c = 0; c < V; c++) {
+            w[c][j] = conv_w[(ch0 + c) * W + j];
+            win[c][j] = x[c];
+            dwin[c][j] = 0.0f;
+            acc[c][j] = 0.0f;
+        }
     }
     for (int t = t0; t < t1 + W - 1; t++) {
-        float dpre = 0.0f;
+        float dyv[V] = {}, next[V] = {}, dx[V];
         if (t < T) {
-            float pre = 0.0f;
+            const Pack<float, V> p = pack_load<V>(d + (size_t)t * D);
             #pragma unroll
-            for (int j = 0; j < W; j++) { pre += w[j] * win[j]; }
-            dpre = d[(size_t)t * D] * shortconv_dsilu(pre);
+            for (int c = 0; c < V; c++) { dyv[c] = p.v[c]; }
         }
-        if (t < t1) {
-            #pragma unroll
-            for (int j = 0; j < W; j++) { acc[j] += dpre * win[j]; }
-        }
+        if (t + 1 < T) { xpack_to_floats<V>(next, in + (size_t)(t + 1) * ld_proj); }
         #pragma unroll
-        for (int j = 0; j < W - 1; j++) {
-            win[j] = win[j + 1];
-            dwin[j] = dwin[j + 1];
-        }
-        win[W - 1] = t + 1 < T ? to_float(in[(size_t)(t + 1) * ld_proj]) : 0.0f;
-        dwin[W - 1] = dpre;
-        if (t - (W - 1) >= t0) {
+        for (int c = 0; c < V; c++) {
+            float dpre = 0.0f;
+            if (t < T) {
+                float pre = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < W; j++) { pre += w[c][j] * win[c][j]; }
+                dpre = dyv[c] * shortconv_dsilu(pre);
+            }
+            if (t < t1) {
+                #pragma unroll
+                for (int j = 0; j < W; j++) { acc[c][j] += dpre * win[c][j]; }
+            }
+            #pragma unroll
+            for (int j = 0; j < W - 1; j++) {
+                win[c][j] = win[c][j + 1];
+                dwin[c][j] = dwin[c][j + 1];
+            }
+            win[c][W - 1] = next[c];
+            dwin[c][W - 1] = dpre;
             float x = 0.0f;
             #pragma unroll
-            for (int j = 0; j < W; j++) { x += w[j] * dwin[W - 1 - j]; }
-            out[(size_t)(t - (W - 1)) * ld_proj] = from_float<floatX>(x);
+            for (int j = 0; j < W; j++) { x += w[c][j] * dwin[c][W - 1 - j]; }
+            dx[c] = x;
         }
+        if (t - (W - 1) >= t0) { floats_to_xpack<V>(out + (size_t)(t - (W - 1)) * ld_proj, dx); }
     }
-    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch * W;
+    float* part = dw_partial + ((size_t)b * gridDim.y + tile) * D * W + (size_t)ch0 * W;
     #pragma unroll
-    for (int j = 0; j < W; j++) { part[j] = acc[j]; }
+    for (int c = 0; c < V; c++) {
+        #pragma unroll
+        for (int j = 0; j < W; j++) { part[c * W + j] = acc[c][j]; }
+    }
 }
 
 // one thread per (row, channel): dproj[s, ch] = sum_j w[ch, j] dpre[s + W-1-j, ch] within the sequence, from dpre
@@ -211,11 +250,19 @@ __global__ void shortconv_dw_reduce_kernel(float* dconv_w, const float* partial,
 static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, float* scratch, const float* dy,
                                     const floatX* proj, const float* conv_w, int B, int T, int D, int W,
                                     cudaStream_t stream) {
-    const dim3 grid(ceil_div(D, SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
+    // fp32 dy: 4V-byte aligned rows and start
+    const int V = shortconv_pack(D, ld_proj, {dproj, proj}, (uintptr_t)dy % 16 == 0 ? 4 : 1);
+    const dim3 grid(ceil_div(ceil_div(D, V), SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
     shortconv_dispatch_w(W, [&](auto w) {
         constexpr int WW = decltype(w)::value;
-        shortconv_backward_kernel<WW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy, proj, conv_w,
-                                                                           T, D);
+        switch (V) {   // V <= 4 (registers)
+            case 4: shortconv_backward_kernel<WW, 4><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy,
+                                                                                          proj, conv_w, T, D); break;
+            case 2: shortconv_backward_kernel<WW, 2><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy,
+                                                                                          proj, conv_w, T, D); break;
+            default: shortconv_backward_kernel<WW, 1><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch,
+                                                                                           dy, proj, conv_w, T, D);
+        }
     });
     cudaCheckLaunch();
     const int rows = B * ceil_div(T, SHORTCONV_T_TILE);
