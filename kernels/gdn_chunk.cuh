@@ -3347,7 +3347,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         bool chunk_done = false;
         if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
             const size_t s4 = GdnBwdChannelMmaSmem(0, gdn_round64(dv)).bytes;
-            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 192 on an H100 / H200 (194 KB at dv = 128)
+            if (register_tiles && s4 <= gdn_smem_optin()) {   // up to dv = 128 on an H100 / H200 (199 KiB; 246 at dv = 192)
                 gdn_set_smem(gdn_bwd_chunk_channel_mma_kernel, s4);
                 gdn_bwd_chunk_channel_mma_kernel<<<nchunks, GDN_BWD_THREADS, s4, stream>>>(
                     grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta, grad_g, dO, ld_o, q, k, v, ld_qkv, kw,

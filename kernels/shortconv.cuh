@@ -14,7 +14,8 @@ The training kernels give each thread V adjacent channels (one 16-byte pack of a
 addresses allow: 8 bf16 forward, 4 backward, whose windows take four registers per tap and channel) and a tile of
 SHORTCONV_FWD_T_TILE (forward) or SHORTCONV_T_TILE (backward) consecutive tokens of one sequence: the thread walks
 its tile keeping the conv windows in registers, so each input is loaded once (plus a halo of W-1 tokens per tile),
-and a warp's channels are adjacent in memory (coalesced). dev/cuda/shortconv.cu keeps the one-channel version (3) beside these (4).
+and a warp's channels are adjacent in memory (coalesced). dev/cuda/shortconv.cu keeps the one-channel version (3)
+beside these (4).
 The pointers of these kernels are __restrict__ (outputs never alias inputs) and the token loop is unrolled,
 so the loads of the next tokens can be issued before the current token's store.
 The window length W is a template parameter (registers need compile-time indices); conv_size is stored in
