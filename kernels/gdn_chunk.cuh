@@ -182,8 +182,8 @@ __device__ __forceinline__ void gdn_load_beta(float* bs, const float* beta, cons
 }
 
 // per head: Gs = the cumulative sum of the chunk's log decays g from its start (spec 3.1; g = 0 on padded rows),
-// summed in a fixed order by one thread; visible to the CTA after the caller's next barrier. g_stride as in
-// gdn_fwd_intra_kernel.
+// summed in a fixed order by one thread, in registers (Gs 16-byte aligned); visible to the CTA after the caller's
+// next barrier. g_stride as in gdn_fwd_intra_kernel.
 __device__ __forceinline__ void gdn_head_G(float* Gs, const float* g, int g_stride, const GdnChunkPos& p, int H) {
     for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
         Gs[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
@@ -191,9 +191,11 @@ __device__ __forceinline__ void gdn_head_G(float* Gs, const float* g, int g_stri
     __syncthreads();
     if (threadIdx.x == 0) {
         float acc = 0.0f;
-        for (int r = 0; r < GDN_CHUNK; r++) {
-            acc += Gs[r];
-            Gs[r] = acc;
+        #pragma unroll
+        for (int r = 0; r < GDN_CHUNK; r += 4) {
+            float4 x = *reinterpret_cast<const float4*>(Gs + r);
+            x.x = acc += x.x; x.y = acc += x.y; x.z = acc += x.z; x.w = acc += x.w;
+            *reinterpret_cast<float4*>(Gs + r) = x;
         }
     }
 }
@@ -219,37 +221,64 @@ __device__ __forceinline__ TileLoad<Ts, Tg> gdn_mat_tile(Ts* s, int lds, int row
 
 // ----------------------------------------------------------------------------------------------------------
 // spec 3.2: Tm = (I + A)^-1 for a strictly lower triangular BT x BT matrix A (fp32, stride LDF_BT), by 16 x 16
-// blocks: the 4 diagonal blocks by forward substitution (one thread per column), then the off-diagonal blocks
-// by distance d = I - J: Tm_IJ = -Tm_II sum_{M=J}^{I-1} A_IM Tm_MJ. X: 3*256 floats of scratch.
+// blocks: the 4 diagonal blocks by forward substitution, then the off-diagonal blocks by distance d = I - J:
+// Tm_IJ = -Tm_II sum_{M=J}^{I-1} A_IM Tm_MJ. Every element is one fmaf chain over m in ascending order (the
+// diagonal blocks' terms m < j are exact zeros), so the result does not depend on how the work is spread:
+//   diagonal  one thread per (block, column j), the column in registers: Tm_ij = -sum_{m<i} A_im Tm_mj, row by
+//             row, each row of A read as four float4 (the same for the block's 16 threads: a broadcast). The
+//             strictly upper blocks are zeroed meanwhile.
+//   off-diagonal  one thread per (block, row r, 4 columns): four chains side by side on float4 rows of Tm
+//             (first X = sum A_IM Tm_MJ into the scratch, then Tm_IJ = -Tm_II X).
+// X: 3*256 floats of scratch. Needs blockDim.x >= BT.
 
 __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
     constexpr int BT = GDN_CHUNK, LD = GDN_CHUNK + 4, NB = GDN_CHUNK / 16;
-    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) { Tm[(idx / BT) * LD + idx % BT] = 0.0f; }
-    __syncthreads();
+    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) {
+        const int i = idx / BT, j = idx % BT;
+        if (j / 16 > i / 16) { Tm[i * LD + j] = 0.0f; }
+    }
     if (threadIdx.x < BT) {
-        const int j = threadIdx.x, end = (j / 16) * 16 + 16;
-        Tm[j * LD + j] = 1.0f;
-        for (int i = j + 1; i < end; i++) {
+        const int f = (threadIdx.x / 16) * 16, j = threadIdx.x % 16;
+        const float* Ab = A + f * LD + f;
+        float t[16];
+        #pragma unroll
+        for (int i = 0; i < 16; i++) {
             float s = 0.0f;
-            for (int m = j; m < i; m++) { s = fmaf(A[i * LD + m], Tm[m * LD + j], s); }
-            Tm[i * LD + j] = -s;
+            #pragma unroll
+            for (int q = 0; 4 * q < i; q++) {
+                const float4 a = *reinterpret_cast<const float4*>(Ab + i * LD + 4 * q);
+                const float a4[4] = {a.x, a.y, a.z, a.w};
+                #pragma unroll
+                for (int e = 0; e < 4 && 4 * q + e < i; e++) { s = fmaf(a4[e], t[4 * q + e], s); }
+            }
+            t[i] = i < j ? 0.0f : i == j ? 1.0f : -s;
         }
+        #pragma unroll
+        for (int i = 0; i < 16; i++) { Tm[(f + i) * LD + f + j] = t[i]; }
     }
     __syncthreads();
     for (int d = 1; d < NB; d++) {
-        const int n = (NB - d) * 256;
+        const int n = (NB - d) * 64;   // (block J, row r, column group c4) of the blocks (J + d, J)
         for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
-            float s = 0.0f;
-            for (int m = 16 * J; m < 16 * I; m++) { s = fmaf(A[(16 * I + r) * LD + m], Tm[m * LD + 16 * J + cc], s); }
-            X[idx] = s;
+            const int J = idx >> 6, I = J + d, r = (idx >> 2) & 15, c4 = 4 * (idx & 3);
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int m = 16 * J; m < 16 * I; m++) {
+                const float a = A[(16 * I + r) * LD + m];
+                const float4 t = *reinterpret_cast<const float4*>(Tm + m * LD + 16 * J + c4);
+                s.x = fmaf(a, t.x, s.x); s.y = fmaf(a, t.y, s.y); s.z = fmaf(a, t.z, s.z); s.w = fmaf(a, t.w, s.w);
+            }
+            *reinterpret_cast<float4*>(X + J * 256 + r * 16 + c4) = s;
         }
         __syncthreads();
         for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 8, I = J + d, r = (idx >> 4) & 15, cc = idx & 15;
-            float s = 0.0f;
-            for (int m = 0; m <= r; m++) { s = fmaf(Tm[(16 * I + r) * LD + 16 * I + m], X[J * 256 + m * 16 + cc], s); }
-            Tm[(16 * I + r) * LD + 16 * J + cc] = -s;
+            const int J = idx >> 6, I = J + d, r = (idx >> 2) & 15, c4 = 4 * (idx & 3);
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int m = 0; m <= r; m++) {
+                const float a = Tm[(16 * I + r) * LD + 16 * I + m];
+                const float4 x = *reinterpret_cast<const float4*>(X + J * 256 + m * 16 + c4);
+                s.x = fmaf(a, x.x, s.x); s.y = fmaf(a, x.y, s.y); s.z = fmaf(a, x.z, s.z); s.w = fmaf(a, x.w, s.w);
+            }
+            *reinterpret_cast<float4*>(Tm + (16 * I + r) * LD + 16 * J + c4) = make_float4(-s.x, -s.y, -s.z, -s.w);
         }
         __syncthreads();
     }
@@ -1407,7 +1436,9 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
 
 // ----------------------------------------------------------------------------------------------------------
 // forward kernel 1 on register tiles, per head (Tc = bf16: gdn, kaczmarz, pdn, pgdn in the bf16 trainer): the same
-// math as gdn_fwd_intra_kernel. K, Kw and V are copied whole by cp.async; warp w forms A's rows 16 (w % 4) ..,
+// math as gdn_fwd_intra_kernel. K, Kw and V are copied whole by cp.async (a write key of its own goes where V will
+// be, and V follows it there once K Kw^T is formed, in flight during the solve: three CTAs per SM at dk = dv = 128
+// either way); warp w forms A's rows 16 (w % 4) ..,
 // columns 32 (w / 4) .. of K Kw^T in mma.sync fragments and applies beta and the decay there; the solve is
 // gdn_solve_unit_lower's (fp32); then W = (Tm diag(beta gam)) K and U = (Tm diag(beta)) V with the A fragments cut
 // from fp32 Tm, its columns scaled before the rounding to bf16 (the shared-memory kernel rounds diag(beta gam) K and
@@ -1415,7 +1446,7 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
 
 struct GdnIntraMmaSmem {
     float *A, *Tm, *X, *G, *beta, *bg;
-    __nv_bfloat16 *K, *Kw, *V;
+    __nv_bfloat16 *K, *Kw, *V;   // Kw: in V's memory (a write key of its own) or K
     size_t bytes;
     __host__ __device__ GdnIntraMmaSmem(size_t base, int dkq, int dvq, bool split) {   // dk, dv rounded up to 64
         constexpr int LDF = GdnTile<__nv_bfloat16>::LDF_BT;
@@ -1427,8 +1458,8 @@ struct GdnIntraMmaSmem {
         beta = cv.take<float>(GDN_CHUNK);
         bg = cv.take<float>(GDN_CHUNK);
         K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
-        Kw = cv.take<__nv_bfloat16>(split ? (size_t)GDN_CHUNK * (dkq + 8) : 0);
-        V = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dvq + 8));
+        V = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * ((split && dkq > dvq ? dkq : dvq) + 8));
+        Kw = split ? V : K;
         bytes = cv.off;
     }
 };
@@ -1459,15 +1490,22 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
     const int dkp = round16_dev(dk), dkq = gdn_round64(dk), dvq = gdn_round64(dv), ldk = dkq + 8, ldv = dvq + 8;
     GdnIntraMmaSmem sm((size_t)gdn_smem, dkq, dvq, split);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
+    const auto load_v = [&] {
+        tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+        cp_async_commit();
+    };
     tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
     if (split) { tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk); }
     cp_async_commit();
-    tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
-    cp_async_commit();
+    if (!split) { load_v(); }
     // G (spec 3.1) and beta, 0 on padded rows
     gdn_head_G(sm.G, g, g_stride, p, H);
     gdn_load_beta(sm.beta, beta, p, H);
-    cp_async_wait<1>();
+    if (split) {
+        cp_async_wait<0>();
+    } else {
+        cp_async_wait<1>();
+    }
     __syncthreads();
     for (int r = threadIdx.x; r < BT; r += blockDim.x) {
         G_saved[p.c * BT + r] = sm.G[r];
@@ -1475,7 +1513,6 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
     }
     {   // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0: the warp's rows m0 .., columns n0 .. n0 + 31
         const int n0 = 32 * (warp >> 2);
-        const __nv_bfloat16* Kw = split ? sm.Kw : sm.K;
         float s[4][4] = {};
         for (int k0 = 0; k0 < dkp; k0 += 16) {
             uint32_t a[4];
@@ -1483,7 +1520,7 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
             #pragma unroll
             for (int pr = 0; pr < 2; pr++) {
                 uint32_t b[4];
-                ldsm_x4(b, Kw + ldsm_b_nk_off(ldk, k0, n0 + 16 * pr, lane));
+                ldsm_x4(b, sm.Kw + ldsm_b_nk_off(ldk, k0, n0 + 16 * pr, lane));
                 mma_bf16(s[2 * pr], a, b[0], b[1]);
                 mma_bf16(s[2 * pr + 1], a, b[2], b[3]);
             }
@@ -1498,8 +1535,12 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
         }
     }
     __syncthreads();
+    if (split) { load_v(); }   // Kw read
     gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
-    cta_for_each(BT, BT, [&](int i, int j) { Tm_saved[(p.c * BT + i) * BT + j] = sm.Tm[i * LDF + j]; });
+    cta_for_each(BT, BT / 4, [&](int i, int j4) {
+        *reinterpret_cast<float4*>(Tm_saved + (p.c * BT + i) * BT + 4 * j4) =
+            *reinterpret_cast<const float4*>(sm.Tm + i * LDF + 4 * j4);
+    });
     cp_async_wait<0>();
     __syncthreads();   // V visible
     // W = (Tm diag(beta gam)) K, then U = (Tm diag(beta)) V: the warp's 16 x 64 blocks

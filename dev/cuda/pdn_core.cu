@@ -6,7 +6,7 @@ Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. pdn_core.cu -o pdn_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 pdn_core.cu -o pdn_core_fp32_bin
 ./pdn_core_bin 2        (the argument picks the version that is checked and timed; default 2)
-./pdn_core_bin 2 pkda   (times pkda alone, without the checks: for profilers such as ncu)
+./pdn_core_bin 2 pkda   (times pkda alone, without the checks: for profilers such as ncu; pgdn likewise)
 
 version 1 is kernels/pdn.cuh: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order
 with the fp32 state S [dk, dv] and the preconditioner state A [dk] in shared memory; the backward recomputes each
@@ -369,12 +369,13 @@ static void benchmark(int B, int T, int H, int dk, int dv, int decay) {
 
 int main(int argc, char** argv) {
     version = argc > 1 ? atoi(argv[1]) : 2;
-    const bool time_pkda = argc > 2 && strcmp(argv[2], "pkda") == 0;   // pkda's timing alone (for profilers)
-    if ((version != 1 && version != 2) || (argc > 2 && !time_pkda)) {
-        die("usage: %s [version 1 or 2, default 2] [pkda: time pkda only, no checks]", argv[0]);
+    // one mixer's timing alone, without the checks (for profilers)
+    const int time_only = argc > 2 ? (strcmp(argv[2], "pkda") == 0 ? 2 : strcmp(argv[2], "pgdn") == 0 ? 1 : -1) : 0;
+    if ((version != 1 && version != 2) || time_only < 0) {
+        die("usage: %s [version 1 or 2, default 2] [pkda or pgdn: time that mixer only, no checks]", argv[0]);
     }
-    if (time_pkda) {
-        benchmark(16, 2048, 6, 128, 128, 2);
+    if (time_only) {
+        benchmark(16, 2048, 6, 128, 128, time_only);
         return 0;
     }
     printf("version %d, precision %s, tolerance %.0e (relative L2; bf16: 1e-2 for version 1's kernels, 2e-2 for "
