@@ -21,13 +21,20 @@ __device__ __forceinline__ int round16_dev(int x) { return (x + 15) / 16 * 16; }
 
 // ----------------------------------------------------------------------------------------------------------
 // shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
-// and by the host (base = 0) to size the launch
+// and by the host (base = 0) to size the launch. On the device each pointer is made from its shared-window
+// address (cvta), so the compiler knows it points into shared memory and emits ld.shared / st.shared (32-bit
+// addresses) for it rather than generic loads: from an integer base it could not tell (fewer registers; the
+// spills of gka's solve, the per-head intra and the backward chunk kernels gone or halved).
 
 struct SmemCarver {
     size_t base, off;
     __host__ __device__ explicit SmemCarver(size_t b) : base(b), off(0) {}
     template <typename T> __host__ __device__ T* take(size_t count) {
+#if defined(__CUDA_ARCH__)
+        T* p = (T*)__cvta_shared_to_generic(__cvta_generic_to_shared((void*)base) + off);
+#else
         T* p = (T*)(base + off);
+#endif
         off += (count * sizeof(T) + 127) & ~(size_t)127;
         return p;
     }
