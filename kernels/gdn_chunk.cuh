@@ -2750,12 +2750,12 @@ gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw,
 // where the diagonal block is one more block of the tensor-core sum when its span allows (gdn_span_ok), else summed
 // per element (D's zeros above the diagonal mask the block); the B fragments are scaled in registers.
 
-// acc[NT][4] (the warp's 16 rows m0 .., columns n0 .. n0 + 8 NT - 1) += A (Y (.) exp(s (G_ref - G_k))) over the row
-// blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's rows m0 .. at
+// acc[2][4] (the warp's 16 rows m0 .., its 16 columns n0 .. n0 + 15: two n-tiles) += A (Y (.) exp(s (G_ref - G_k)))
+// over the row blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's rows m0 .. at
 // columns 16 kb (ROWS) or Z^T's (Z's rows 16 kb .., columns m0 ..; !ROWS); s = +1 (ROWS: exp(G_ref - G_k)) or -1
 // (exp(G_k - G_ref)) on Y's rows k, each column c its own G[k][c] and G_ref[c]
-template <bool ROWS, int NT>
-__device__ __forceinline__ void gdn_keys_block_product(float acc[NT][4], const __nv_bfloat16* Z, const __nv_bfloat16* Y,
+template <bool ROWS>
+__device__ __forceinline__ void gdn_keys_block_product(float acc[2][4], const __nv_bfloat16* Z, const __nv_bfloat16* Y,
                                                        int ldy, const float* G, int ldg, const float* Gref, int m0,
                                                        int n0, int kb0, int kb1, int lane) {
     constexpr int LDZ = GDN_CHUNK + 8;
@@ -2767,19 +2767,16 @@ __device__ __forceinline__ void gdn_keys_block_product(float acc[NT][4], const _
         } else {
             ldsm_x4_trans(a, Z + ldsm_a_km_off(LDZ, m0, 16 * kb, lane));
         }
+        uint32_t b[4];
+        ldsm_x4_trans(b, Y + ldsm_b_kn_off(ldy, 16 * kb, n0, lane));
         #pragma unroll
-        for (int pr = 0; pr < NT / 2; pr++) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, Y + ldsm_b_kn_off(ldy, 16 * kb, n0 + 16 * pr, lane));
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {   // b[e]: Y's rows k, k + 1 (k = 16 kb + 2 t4, + 8 for odd e), column c
-                const int k = 16 * kb + 2 * t4 + 8 * (e & 1), c = n0 + 16 * pr + 8 * (e >> 1) + g4;
-                const float d0 = G[k * ldg + c] - Gref[c], d1 = G[(k + 1) * ldg + c] - Gref[c];
-                b[e] = gdn_scale_pair(b[e], gdn_decay_exp(ROWS ? -d0 : d0), gdn_decay_exp(ROWS ? -d1 : d1));
-            }
-            mma_bf16(acc[2 * pr], a, b[0], b[1]);
-            mma_bf16(acc[2 * pr + 1], a, b[2], b[3]);
+        for (int e = 0; e < 4; e++) {   // b[e]: Y's rows k, k + 1 (k = 16 kb + 2 t4, + 8 for odd e), column c
+            const int k = 16 * kb + 2 * t4 + 8 * (e & 1), c = n0 + 8 * (e >> 1) + g4;
+            const float d0 = G[k * ldg + c] - Gref[c], d1 = G[(k + 1) * ldg + c] - Gref[c];
+            b[e] = gdn_scale_pair(b[e], gdn_decay_exp(ROWS ? -d0 : d0), gdn_decay_exp(ROWS ? -d1 : d1));
         }
+        mma_bf16(acc[0], a, b[0], b[1]);
+        mma_bf16(acc[1], a, b[2], b[3]);
     }
 }
 
@@ -2789,38 +2786,35 @@ __device__ __forceinline__ void gdn_keys_block_product(float acc[NT][4], const _
 // added per element: + sum_{s in the block} D_rs Y_s exp(G_r - G_s). D [BT][BT + 8] is lower triangular (DIAG: with
 // its diagonal) with zeros above; the zero terms' exponents G_r - G_s > 0 are clamped to 0 so that no exp
 // overflows into 0 * inf. The s loop is outermost: its 16 products per s are independent (latency overlaps).
-template <bool DIAG, int NT>
-__device__ __forceinline__ void gdn_rows_finish(float acc[NT][4], const __nv_bfloat16* D, const __nv_bfloat16* Y, int ldy,
+template <bool DIAG>
+__device__ __forceinline__ void gdn_rows_finish(float acc[2][4], const __nv_bfloat16* D, const __nv_bfloat16* Y, int ldy,
                                                 const float* G, int ldg, int f, int n0, bool elementwise, int lane) {
-    constexpr int LDZ = GDN_CHUNK + 8, NU = NT < 4 ? NT : 4;
+    constexpr int LDZ = GDN_CHUNK + 8;
     const int r0 = f + (lane >> 2), r1 = r0 + 8, c0 = n0 + 2 * (lane & 3);
+    float2 ga[2], gb[2];
     #pragma unroll
-    for (int half = 0; half < NT / NU; half++) {   // at most four n-tiles at a time (registers)
-        float2 ga[NU], gb[NU];
+    for (int nt = 0; nt < 2; nt++) {
+        const int col = c0 + 8 * nt;
+        const float2 gf = *reinterpret_cast<const float2*>(G + f * ldg + col);
+        ga[nt] = *reinterpret_cast<const float2*>(G + r0 * ldg + col);
+        gb[nt] = *reinterpret_cast<const float2*>(G + r1 * ldg + col);
+        acc[nt][0] *= gdn_decay_exp(ga[nt].x - gf.x);
+        acc[nt][1] *= gdn_decay_exp(ga[nt].y - gf.y);
+        acc[nt][2] *= gdn_decay_exp(gb[nt].x - gf.x);
+        acc[nt][3] *= gdn_decay_exp(gb[nt].y - gf.y);
+    }
+    for (int s = f; elementwise && s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {
+        const float z0 = __bfloat162float(D[r0 * LDZ + s]), z1 = __bfloat162float(D[r1 * LDZ + s]);
         #pragma unroll
-        for (int u = 0; u < NU; u++) {
-            const int nt = NU * half + u, col = c0 + 8 * nt;
-            const float2 gf = *reinterpret_cast<const float2*>(G + f * ldg + col);
-            ga[u] = *reinterpret_cast<const float2*>(G + r0 * ldg + col);
-            gb[u] = *reinterpret_cast<const float2*>(G + r1 * ldg + col);
-            acc[nt][0] *= gdn_decay_exp(ga[u].x - gf.x);
-            acc[nt][1] *= gdn_decay_exp(ga[u].y - gf.y);
-            acc[nt][2] *= gdn_decay_exp(gb[u].x - gf.x);
-            acc[nt][3] *= gdn_decay_exp(gb[u].y - gf.y);
-        }
-        for (int s = f; elementwise && s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {
-            const float z0 = __bfloat162float(D[r0 * LDZ + s]), z1 = __bfloat162float(D[r1 * LDZ + s]);
-            #pragma unroll
-            for (int u = 0; u < NU; u++) {
-                const int nt = NU * half + u, col = c0 + 8 * nt;
-                const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162*>(Y + s * ldy + col);
-                const float2 gs = *reinterpret_cast<const float2*>(G + s * ldg + col);
-                const float y0 = __low2float(y), y1 = __high2float(y);
-                acc[nt][0] = fmaf(z0 * y0, gdn_decay_exp(fminf(ga[u].x - gs.x, 0.0f)), acc[nt][0]);
-                acc[nt][1] = fmaf(z0 * y1, gdn_decay_exp(fminf(ga[u].y - gs.y, 0.0f)), acc[nt][1]);
-                acc[nt][2] = fmaf(z1 * y0, gdn_decay_exp(fminf(gb[u].x - gs.x, 0.0f)), acc[nt][2]);
-                acc[nt][3] = fmaf(z1 * y1, gdn_decay_exp(fminf(gb[u].y - gs.y, 0.0f)), acc[nt][3]);
-            }
+        for (int nt = 0; nt < 2; nt++) {
+            const int col = c0 + 8 * nt;
+            const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162*>(Y + s * ldy + col);
+            const float2 gs = *reinterpret_cast<const float2*>(G + s * ldg + col);
+            const float y0 = __low2float(y), y1 = __high2float(y);
+            acc[nt][0] = fmaf(z0 * y0, gdn_decay_exp(fminf(ga[nt].x - gs.x, 0.0f)), acc[nt][0]);
+            acc[nt][1] = fmaf(z0 * y1, gdn_decay_exp(fminf(ga[nt].y - gs.y, 0.0f)), acc[nt][1]);
+            acc[nt][2] = fmaf(z1 * y0, gdn_decay_exp(fminf(gb[nt].x - gs.x, 0.0f)), acc[nt][2]);
+            acc[nt][3] = fmaf(z1 * y1, gdn_decay_exp(fminf(gb[nt].y - gs.y, 0.0f)), acc[nt][3]);
         }
     }
 }
@@ -2828,38 +2822,35 @@ __device__ __forceinline__ void gdn_rows_finish(float acc[NT][4], const __nv_bfl
 // the same for cols(D, X) on the fragments of the column block's rows s = f + g4, + 8: acc <- exp(G_e - G_s) acc
 // (+ sum_{r in the block} D_rs X_r exp(G_r - G_s) elementwise), e = f + 15, acc holding gdn_keys_block_product<false>'s
 // sum over the blocks after it (and the block itself where its span allows)
-template <bool DIAG, int NT>
-__device__ __forceinline__ void gdn_cols_finish(float acc[NT][4], const __nv_bfloat16* D, const __nv_bfloat16* X, int ldx,
+template <bool DIAG>
+__device__ __forceinline__ void gdn_cols_finish(float acc[2][4], const __nv_bfloat16* D, const __nv_bfloat16* X, int ldx,
                                                 const float* G, int ldg, int f, int n0, bool elementwise, int lane) {
-    constexpr int LDZ = GDN_CHUNK + 8, NU = NT < 4 ? NT : 4;
+    constexpr int LDZ = GDN_CHUNK + 8;
     const int s0 = f + (lane >> 2), s1 = s0 + 8, c0 = n0 + 2 * (lane & 3), e = f + GDN_SUB - 1;
+    float2 ga[2], gb[2];
     #pragma unroll
-    for (int half = 0; half < NT / NU; half++) {   // at most four n-tiles at a time (registers)
-        float2 ga[NU], gb[NU];
+    for (int nt = 0; nt < 2; nt++) {
+        const int col = c0 + 8 * nt;
+        const float2 ge = *reinterpret_cast<const float2*>(G + e * ldg + col);
+        ga[nt] = *reinterpret_cast<const float2*>(G + s0 * ldg + col);
+        gb[nt] = *reinterpret_cast<const float2*>(G + s1 * ldg + col);
+        acc[nt][0] *= gdn_decay_exp(ge.x - ga[nt].x);
+        acc[nt][1] *= gdn_decay_exp(ge.y - ga[nt].y);
+        acc[nt][2] *= gdn_decay_exp(ge.x - gb[nt].x);
+        acc[nt][3] *= gdn_decay_exp(ge.y - gb[nt].y);
+    }
+    for (int r = f + (DIAG ? 0 : 1); elementwise && r <= e; r++) {
+        const float z0 = __bfloat162float(D[r * LDZ + s0]), z1 = __bfloat162float(D[r * LDZ + s1]);
         #pragma unroll
-        for (int u = 0; u < NU; u++) {
-            const int nt = NU * half + u, col = c0 + 8 * nt;
-            const float2 ge = *reinterpret_cast<const float2*>(G + e * ldg + col);
-            ga[u] = *reinterpret_cast<const float2*>(G + s0 * ldg + col);
-            gb[u] = *reinterpret_cast<const float2*>(G + s1 * ldg + col);
-            acc[nt][0] *= gdn_decay_exp(ge.x - ga[u].x);
-            acc[nt][1] *= gdn_decay_exp(ge.y - ga[u].y);
-            acc[nt][2] *= gdn_decay_exp(ge.x - gb[u].x);
-            acc[nt][3] *= gdn_decay_exp(ge.y - gb[u].y);
-        }
-        for (int r = f + (DIAG ? 0 : 1); elementwise && r <= e; r++) {
-            const float z0 = __bfloat162float(D[r * LDZ + s0]), z1 = __bfloat162float(D[r * LDZ + s1]);
-            #pragma unroll
-            for (int u = 0; u < NU; u++) {
-                const int nt = NU * half + u, col = c0 + 8 * nt;
-                const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(X + r * ldx + col);
-                const float2 gr = *reinterpret_cast<const float2*>(G + r * ldg + col);
-                const float x0 = __low2float(x), x1 = __high2float(x);
-                acc[nt][0] = fmaf(z0 * x0, gdn_decay_exp(fminf(gr.x - ga[u].x, 0.0f)), acc[nt][0]);
-                acc[nt][1] = fmaf(z0 * x1, gdn_decay_exp(fminf(gr.y - ga[u].y, 0.0f)), acc[nt][1]);
-                acc[nt][2] = fmaf(z1 * x0, gdn_decay_exp(fminf(gr.x - gb[u].x, 0.0f)), acc[nt][2]);
-                acc[nt][3] = fmaf(z1 * x1, gdn_decay_exp(fminf(gr.y - gb[u].y, 0.0f)), acc[nt][3]);
-            }
+        for (int nt = 0; nt < 2; nt++) {
+            const int col = c0 + 8 * nt;
+            const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(X + r * ldx + col);
+            const float2 gr = *reinterpret_cast<const float2*>(G + r * ldg + col);
+            const float x0 = __low2float(x), x1 = __high2float(x);
+            acc[nt][0] = fmaf(z0 * x0, gdn_decay_exp(fminf(gr.x - ga[nt].x, 0.0f)), acc[nt][0]);
+            acc[nt][1] = fmaf(z0 * x1, gdn_decay_exp(fminf(gr.y - ga[nt].y, 0.0f)), acc[nt][1]);
+            acc[nt][2] = fmaf(z1 * x0, gdn_decay_exp(fminf(gr.x - gb[nt].x, 0.0f)), acc[nt][2]);
+            acc[nt][3] = fmaf(z1 * x1, gdn_decay_exp(fminf(gr.y - gb[nt].y, 0.0f)), acc[nt][3]);
         }
     }
 }
@@ -2897,11 +2888,11 @@ __device__ __forceinline__ void gdn_rows_cols16(float racc[2][4], float cacc[2][
                                                 const __nv_bfloat16* Y, const __nv_bfloat16* X, int ld, const float* G,
                                                 int ldg, int m0, int n0, int full, int lane) {
     const int I = m0 / GDN_SUB;
-    gdn_keys_block_product<true, 2>(racc, D, Y, ld, G, ldg, G + m0 * ldg, m0, n0, 0, I + full, lane);
-    gdn_rows_finish<DIAG, 2>(racc, D, Y, ld, G, ldg, m0, n0, !full, lane);
-    gdn_keys_block_product<false, 2>(cacc, D, X, ld, G, ldg, G + (m0 + GDN_SUB - 1) * ldg, m0, n0, I + 1 - full,
+    gdn_keys_block_product<true>(racc, D, Y, ld, G, ldg, G + m0 * ldg, m0, n0, 0, I + full, lane);
+    gdn_rows_finish<DIAG>(racc, D, Y, ld, G, ldg, m0, n0, !full, lane);
+    gdn_keys_block_product<false>(cacc, D, X, ld, G, ldg, G + (m0 + GDN_SUB - 1) * ldg, m0, n0, I + 1 - full,
                                      GDN_NSUB, lane);
-    gdn_cols_finish<DIAG, 2>(cacc, D, X, ld, G, ldg, m0, n0, !full, lane);
+    gdn_cols_finish<DIAG>(cacc, D, X, ld, G, ldg, m0, n0, !full, lane);
 }
 
 struct GdnBwdChannelMmaSmem {

@@ -95,7 +95,7 @@ negative gdn_chunk.cuh 's/^                a\[e\] = gdn_scale_pair(a\[e\], gdn_d
     "the decay of the row blocks' own rows in the register-tile per-channel intra kernel" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/        if (sm.ok\[(job >> 2) \/ PAIRS\]) { continue; }/        if (1) { continue; }/' \
     "the per-element diagonal blocks (strong decay) in the register-tile per-channel intra kernel" gdn_mma "150 24 40"
-negative gdn_chunk.cuh 's/        for (int s = f; elementwise \&\& s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {/        for (int s = f; s < f; s++) {/' \
+negative gdn_chunk.cuh 's/    for (int s = f; elementwise \&\& s < f + GDN_SUB - (DIAG ? 0 : 1); s++) {/    for (int s = f; s < f; s++) {/' \
     "the per-element diagonal blocks (strong decay) of the per-channel backward's rows(dAqk, Kw) and rows(Z1, Kw)" \
     gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/(racc, D, Y, ld, G, ldg, G + m0 \* ldg, m0, n0, 0, I + full, lane);/(racc, D, Y, ld, G, ldg, G + m0 * ldg, m0, n0, 0, I, lane);/' \
