@@ -1438,8 +1438,8 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
 // forward kernel 1 on register tiles, per head (Tc = bf16: gdn, kaczmarz, pdn, pgdn in the bf16 trainer): the same
 // math as gdn_fwd_intra_kernel. K, Kw and V are copied whole by cp.async (a write key of its own goes where V will
 // be, and V follows it there once K Kw^T is formed, in flight during the solve: three CTAs per SM at dk = dv = 128
-// either way); warp w forms A's rows 16 (w % 4) ..,
-// columns 32 (w / 4) .. of K Kw^T in mma.sync fragments and applies beta and the decay there; the solve is
+// either way); warp w forms A's rows 16 (w % 4) .., columns 32 (w / 4) .. of K Kw^T in mma.sync fragments and
+// applies beta and the decay there; the solve is
 // gdn_solve_unit_lower's (fp32); then W = (Tm diag(beta gam)) K and U = (Tm diag(beta)) V with the A fragments cut
 // from fp32 Tm, its columns scaled before the rounding to bf16 (the shared-memory kernel rounds diag(beta gam) K and
 // diag(beta) V instead), each warp's 16 x 64 blocks written to global memory from its fragments.
@@ -2751,9 +2751,9 @@ gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw,
 // per element (D's zeros above the diagonal mask the block); the B fragments are scaled in registers.
 
 // acc[2][4] (the warp's 16 rows m0 .., its 16 columns n0 .. n0 + 15: two n-tiles) += A (Y (.) exp(s (G_ref - G_k)))
-// over the row blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's rows m0 .. at
-// columns 16 kb (ROWS) or Z^T's (Z's rows 16 kb .., columns m0 ..; !ROWS); s = +1 (ROWS: exp(G_ref - G_k)) or -1
-// (exp(G_k - G_ref)) on Y's rows k, each column c its own G[k][c] and G_ref[c]
+// over the row blocks kb0 .. kb1 - 1 of Y (16 rows each), where A's 16 x 16 blocks come from Z [BT][BT + 8]: Z's
+// rows m0 .. at columns 16 kb (ROWS) or Z^T's (Z's rows 16 kb .., columns m0 ..; !ROWS); s = +1 (ROWS:
+// exp(G_ref - G_k)) or -1 (exp(G_k - G_ref)) on Y's rows k, each column c its own G[k][c] and G_ref[c]
 template <bool ROWS>
 __device__ __forceinline__ void gdn_keys_block_product(float acc[2][4], const __nv_bfloat16* Z, const __nv_bfloat16* Y,
                                                        int ldy, const float* G, int ldg, const float* Gref, int m0,
