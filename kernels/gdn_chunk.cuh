@@ -25,14 +25,16 @@ Kernels (one CTA per chunk unless said otherwise):
                                     per channel: gdn_fwd_intra_channel_mma_kernel)
            2 gdn_fwd_state_kernel   sequential over chunks, one CTA of 256 threads per (b, h, 32 dv columns):
                                     h_n = S, Vn = U - W S, S <- gam_BT S + Kw^T diag(exp(G_BT - G)) Vn
-                                    (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads)
+                                    (bf16: gdn_fwd_state_mma_kernel, the state in registers, cp.async loads;
+                                    with few (b, h) and long sequences split along the sequence in segments:
+                                    phase 1, gdn_state_combine_kernel, phase 3, see GdnSegments)
            3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per (chunk, 2 SL
                                     columns of dv): Q Kw^T is formed once per chunk for dv <= 2 SL
                                     (bf16: gdn_fwd_output_mma_kernel, one CTA per chunk on register tiles)
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
                                     (bf16: gdn_bwd_dvlocal_mma_kernel, as the output kernel's)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
-                                    (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's)
+                                    (bf16: gdn_bwd_state_mma_kernel, as forward kernel 2's, split alike)
            4 gdn_bwd_chunk_kernel   Kernels 4, 5 and 6 fused: dq, dk, dv, dbeta, dg of one chunk
                                     (bf16 per head: gdn_bwd_chunk_mma_kernel, on register tiles, for dv <= 192;
                                     per channel: gdn_bwd_chunk_channel_mma_kernel, the same bound)
@@ -138,11 +140,47 @@ static GdnWorkLayout gdn_work_layout(int B, int T, int H, int dk, int dv, size_t
     return l;
 }
 
-static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv, GdnDecay decay) {
+// the state passes' sequence split (gdn_fwd_state_mma_kernel below): chunks per segment at this shape (NT: the pass
+// is not split), and the bytes of its buffers (GdnSegments.first and .last), which follow the forward's and the
+// backward's use of the workspace
+#define GDN_SPLIT_CTAS 384     // phase-3 CTAs a split aims at: a wave of the state kernels (3 per SM, 132 SMs)
+#define GDN_SPLIT_MIN_LEN 8    // chunks per segment at least (shorter: the three passes cost more than they gain)
+
+static int gdn_segment_len(int B, int H, int dv, int NT) {
+    const int by_ctas = GDN_SPLIT_CTAS / (B * H * ceil_div(dv, GDN_STATE_BV)), by_len = NT / GDN_SPLIT_MIN_LEN;
+    const int count = by_ctas < by_len ? by_ctas : by_len;
+    return count > 1 ? ceil_div(NT, count) : NT;
+}
+
+static size_t gdn_split_bytes(int B, int T, int H, int dk, int dv) {
+    const int NT = ceil_div(T, GDN_CHUNK), count = ceil_div(NT, gdn_segment_len(B, H, dv, NT));
+    if (count == 1) { return 0; }
+    const size_t per = (size_t)B * H * count * dk * sizeof(float);
+    return gdn_align256(per * dv) + gdn_align256(per * (dv + dk));
+}
+
+static size_t gdn_split_offset(int B, int T, int H, int dk, int dv, GdnDecay decay) {
     const size_t nchunks = (size_t)B * H * ceil_div(T, GDN_CHUNK);
     const size_t fwd = gdn_align256(nchunks * GDN_CHUNK * dv * sizeof(float));
     const size_t bwd = gdn_work_layout(B, T, H, dk, dv, sizeof(float), decay).total;
     return fwd > bwd ? fwd : bwd;
+}
+
+static size_t gdn_chunk_workspace_bytes(int B, int T, int H, int dk, int dv, GdnDecay decay) {
+    return gdn_split_offset(B, T, H, dk, dv, decay) + gdn_split_bytes(B, T, H, dk, dv);
+}
+
+// where a state pass's split works in the workspace: count segments of len chunks (count = 1: unsplit)
+typedef struct { float *first, *last; int len, count; } GdnSplit;
+
+static GdnSplit gdn_split(void* workspace, int B, int T, int H, int dk, int dv, GdnDecay decay) {
+    const int NT = ceil_div(T, GDN_CHUNK);
+    GdnSplit sp;
+    sp.len = gdn_segment_len(B, H, dv, NT);
+    sp.count = ceil_div(NT, sp.len);
+    sp.first = (float*)((char*)workspace + gdn_split_offset(B, T, H, dk, dv, decay));
+    sp.last = (float*)((char*)sp.first + gdn_align256((size_t)B * H * sp.count * dk * dv * sizeof(float)));
+    return sp;
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -941,6 +979,65 @@ gdn_bwd_state_kernel(float* dVn_work, Tc* dE_work, const Tin* dO, int ld_o, cons
 
 #define GDN_SMMA_MT 2   // state row blocks of 16 per warp: 8 warps x 2 x 16 = 256 >= dk
 
+// The sequence split (context parallel) of the state passes, for few (b, h) pairs and long sequences (B = 1, T =
+// 16K: 24 CTAs for 132 SMs, each walking 256 chunks). A chunk step is affine in the state:
+//   forward   S_{n+1}  = A_n S_n + B_n,          A_n = gam_BT I - Kw^T diag(exp(G_BT - G)) W,  B_n = Kw^T diag(..) U
+//   backward  dE_{n-1} = A_n^T dE_n + B'_n,      B'_n = (scale diag(gam) Q)^T dO - W^T dVl
+// (per channel diag(gam_BT) and Kwe, Qg in their places). The chunks are cut into segments of len chunks, and
+//   phase 1  every segment but the one the pass ends in runs the step from a zero state on dv + dk columns: on the
+//            first dv the chunk's inputs (its affine part), on the last dk the identity with zero inputs, so its
+//            end state is [B_seg | A_seg], the segment's map composed (GdnSegments.last); nothing is saved;
+//   combine  gdn_state_combine_kernel walks the segments in pass order: S_start(next) = A_seg S_start + B_seg, from
+//            zero (GdnSegments.first, fp32 on CUDA cores);
+//   phase 3  every segment runs the step again from its start state on the dv columns, saving as the unsplit pass.
+// Three passes' work instead of one, but B*H*dv/BV*segments CTAs in flight; the same rounding to bf16 of the
+// operands per chunk, so the same error budget (phase 1's transition rounds its operand as the state does).
+// Unsplit: one segment of NT chunks, no phase 1. H200, B=1 T=16384, 6 heads of dk = dv = 128 (16 segments of 16
+// chunks; dev/cuda/gdn_chunk_bwd.cu): state passes 0.297 ms forward, 0.413 ms backward, against 0.090 / 0.134 ms at
+// B=16 T=1024 (the same tokens, unsplit); gdn:12 at B=1 T=16384 63.9 -> 50.7 ms/step.
+struct GdnSegments {
+    const float* first;   // [B*H][count][dk][dv] the state at each segment's start (backward: its end); NULL: 0
+    float* last;          // phase 1: [B*H][count][dk][dv + dk] its end state (backward: start); NULL: phase 3
+    int len, count, base; // chunks per segment (the last may have fewer), segments, blockIdx.z's first segment
+};
+
+// f(r, j, x) on every element x (a reference) of the state fragments (the layout of gdn_state_to_op): r its row,
+// j = v0 + its column
+template <typename F>
+__device__ __forceinline__ void gdn_state_elements(float st[GDN_SMMA_MT][4][4], int v0, int warp, int lane, F f) {
+    #pragma unroll
+    for (int i = 0; i < GDN_SMMA_MT; i++) {
+        #pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                f(16 * (warp + 8 * i) + (lane >> 2) + 8 * (e >> 1), v0 + 8 * nt + 2 * (lane & 3) + (e & 1), st[i][nt][e]);
+            }
+        }
+    }
+}
+
+// the state at a segment's start: column j of first (NULL: 0), or in phase 1 on the transition columns (j >= dv:
+// row j - dv) the identity
+__device__ __forceinline__ void gdn_state_begin(float st[GDN_SMMA_MT][4][4], const GdnSegments& sg, size_t bs, int v0,
+                                                int dk, int dv, int warp, int lane) {
+    const float* first = sg.first;
+    const bool phase1 = sg.last != nullptr;
+    gdn_state_elements(st, v0, warp, lane, [=](int r, int j, float& x) {
+        x = r >= dk ? 0.0f : j >= dv ? (phase1 && j - dv == r ? 1.0f : 0.0f)
+                                     : (first != nullptr ? first[(bs * dk + r) * dv + j] : 0.0f);
+    });
+}
+
+// phase 1: the state at a segment's end into last (columns v0 .. of dv + dk)
+__device__ __forceinline__ void gdn_state_end(float* last, float st[GDN_SMMA_MT][4][4], size_t bs, int v0, int dk,
+                                              int dv, int warp, int lane) {
+    const int wd = dv + dk;
+    gdn_state_elements(st, v0, warp, lane, [=](int r, int j, float& x) {
+        if (r < dk && j < wd) { last[(bs * dk + r) * wd + j] = x; }
+    });
+}
+
 // shared memory of both passes: X and Y [BT][dkp + 8] (forward W and Kw; backward Kw and Q), Z (backward W),
 // V [BT][BV + 8] (forward U; backward dO, scaled in place), G (forward and backward the chunk's G, per channel its
 // last row over dk), op [dkp][BV + 8] (the state as the first product's operand), P [BT][BV + 8] (the second
@@ -962,6 +1059,95 @@ struct GdnStateMmaSmem {
         bytes = cv.off;
     }
 };
+
+#define GDN_COMBINE_BV 8       // state columns per CTA of the combine kernel
+#define GDN_COMBINE_KS 32      // columns of A_s per slab
+#define GDN_COMBINE_STAGES 4   // slabs in flight
+
+// shared memory of the combine kernel: the running state S [rows][BVc] and GDN_COMBINE_STAGES slabs of A_s
+// [rows][KS + 4] (fp32), rows = dk rounded up to 32 MR (zeros beyond dk)
+struct GdnCombineSmem {
+    float *S, *slab;
+    size_t bytes;
+    __host__ __device__ GdnCombineSmem(size_t base, int rows) {
+        SmemCarver cv(base);
+        S = cv.take<float>((size_t)rows * GDN_COMBINE_BV);
+        slab = cv.take<float>((size_t)GDN_COMBINE_STAGES * rows * (GDN_COMBINE_KS + 4));
+        bytes = cv.off;
+    }
+};
+
+// the split's combine step: the state at each segment's start (forward; backward its end) from phase 1's end states
+// last[s] = [B_s | A_s], in pass order (backward from the last segment down): S = 0, then per segment first[s] = S,
+// S = A_s S + B_s (fp32). One CTA of 256 threads per (b, h, 8 columns of dv), the running state in shared memory;
+// thread t keeps column t % 8 of the rows t / 8 + 32 m, m < MR (32 MR >= dk; the rows beyond dk are zeros). The
+// chain is sequential and short of work, so each step must be latency-lean: A_s streams through shared memory in
+// slabs of KS columns, GDN_COMBINE_STAGES - 1 slabs ahead across the segments (cp.async), B_s of the next segment is
+// loaded during the current one, and a slab's products are straight-line code (MR rows, KS columns unrolled).
+// (H200, 16 segments, dk = dv = 128: 56 us; with the rows as predicated branches, 8 per thread for any dk, 181 us.)
+template <int MR>
+__global__ void __launch_bounds__(256)
+gdn_state_combine_kernel(float* first, const float* last, int count, int dk, int dv, int backward) {
+    constexpr int BVc = GDN_COMBINE_BV, KS = GDN_COMBINE_KS, LDS = KS + 4, NS = GDN_COMBINE_STAGES, ROWS = 32 * MR;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    GdnCombineSmem sm((size_t)gdn_smem, ROWS);
+    const int bh = blockIdx.y, c = threadIdx.x % BVc, j = blockIdx.x * BVc + c, r0 = threadIdx.x / BVc;
+    const int wd = dv + dk, nslab = (dk + KS - 1) / KS, total = (count - 1) * nslab;
+    const auto seg_of = [&](int i) { return backward ? count - 1 - i : i; };
+    const auto end_state = [&](int i) { return last + ((size_t)bh * count + seg_of(i)) * dk * wd; };
+    const auto issue = [&](int q) {   // slab q: columns (q % nslab) KS .. of A of the i = q / nslab-th segment
+        if (q < total) {
+            const int k0 = (q % nslab) * KS;
+            tile_load_async(sm.slab + (q % NS) * ROWS * LDS, LDS, ROWS, KS, end_state(q / nslab) + dv + k0, wd, dk,
+                            dk - k0);
+        }
+        cp_async_commit();   // (empty groups keep the count)
+    };
+    const auto load_B = [&](float* b, int i) {
+        #pragma unroll
+        for (int m = 0; m < MR; m++) {
+            b[m] = i < count - 1 && r0 + 32 * m < dk ? end_state(i)[(size_t)(r0 + 32 * m) * wd + j] : 0.0f;
+        }
+    };
+    #pragma unroll
+    for (int m = 0; m < MR; m++) { sm.S[(r0 + 32 * m) * BVc + c] = 0.0f; }
+    for (int q = 0; q < NS - 1; q++) { issue(q); }
+    float bn[MR];
+    load_B(bn, 0);
+    for (int i = 0; i < count; i++) {
+        const size_t bs = (size_t)bh * count + seg_of(i);
+        __syncthreads();   // S written
+        #pragma unroll
+        for (int m = 0; m < MR; m++) {
+            if (r0 + 32 * m < dk) { first[(bs * dk + r0 + 32 * m) * dv + j] = sm.S[(r0 + 32 * m) * BVc + c]; }
+        }
+        if (i == count - 1) { break; }
+        float acc[MR];
+        #pragma unroll
+        for (int m = 0; m < MR; m++) { acc[m] = bn[m]; }   // B_s
+        load_B(bn, i + 1);
+        for (int kb = 0; kb < nslab; kb++) {
+            const int q = i * nslab + kb;
+            cp_async_wait<NS - 2>();   // slab q landed (this thread's copies)
+            __syncthreads();           // everyone's copies; slab q - 1's buffer read by every thread
+            issue(q + NS - 1);
+            const float* A = sm.slab + (q % NS) * ROWS * LDS + r0 * LDS;
+            const float* Sk = sm.S + kb * KS * BVc + c;   // (rows of S beyond dk: columns of A zero-filled)
+            #pragma unroll
+            for (int k = 0; k < KS; k += 4) {
+                const float s0 = Sk[k * BVc], s1 = Sk[(k + 1) * BVc], s2 = Sk[(k + 2) * BVc], s3 = Sk[(k + 3) * BVc];
+                #pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    const float4 a = *reinterpret_cast<const float4*>(A + 32 * m * LDS + k);
+                    acc[m] = fmaf(a.x, s0, fmaf(a.y, s1, fmaf(a.z, s2, fmaf(a.w, s3, acc[m]))));
+                }
+            }
+        }
+        __syncthreads();   // S read by every thread
+        #pragma unroll
+        for (int m = 0; m < MR; m++) { sm.S[(r0 + 32 * m) * BVc + c] = acc[m]; }
+    }
+}
 
 // op = the warp's state rows, rounded to bf16
 __device__ __forceinline__ void gdn_state_to_op(__nv_bfloat16* op, const float st[GDN_SMMA_MT][4][4], int dkp,
@@ -1075,11 +1261,13 @@ __device__ __forceinline__ void gdn_state_load_kw(__nv_bfloat16* s, const __nv_b
     }
 }
 
+// grid (columns / BV, B*H, segments): columns dv (unsplit, phase 3) or dv + dk (phase 1), blockIdx.z + sg.base the
+// segment
 template <GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const float* G_saved,
                          const __nv_bfloat16* W_saved, const __nv_bfloat16* U_work, const __nv_bfloat16* kw, int ld_kw,
-                         const __nv_bfloat16* Kwe_saved, int T, int H, int NT, int dk, int dv) {
+                         const __nv_bfloat16* Kwe_saved, GdnSegments sg, int T, int H, int NT, int dk, int dv) {
     constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
@@ -1087,11 +1275,14 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
     GdnStateMmaSmem sm((size_t)gdn_smem, dkp, false);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
+    const int seg = blockIdx.z + sg.base, n0 = seg * sg.len, n1 = min(n0 + sg.len, NT);
+    const bool save = sg.last == nullptr;   // phase 1 saves nothing
+    const int uv = v0 < dv ? v0 : 0, ucols = dv - v0;   // U's columns here (none on phase 1's transition columns)
 
     const auto load_first = [&](int n) {   // W, U and G of chunk n
         const size_t c = (size_t)bh * NT + n;
         tile_load_async(sm.X, ldk, BT, dkp, W_saved + c * BT * dk, dk, BT, dk);
-        tile_load_async(sm.V, LDV, BT, BV, U_work + c * BT * dv + v0, dv, BT, dv - v0);
+        tile_load_async(sm.V, LDV, BT, BV, U_work + c * BT * dv + uv, dv, BT, ucols);
         gdn_state_load_G<CH>(sm.G, G_saved, c, dk);
         cp_async_commit();
     };
@@ -1100,15 +1291,16 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
         cp_async_commit();
     };
 
-    float st[GDN_SMMA_MT][4][4] = {};   // S_0 = 0
-    load_first(0);
-    load_second(0);
-    for (int n = 0; n < NT; n++) {
+    float st[GDN_SMMA_MT][4][4];
+    gdn_state_begin(st, sg, (size_t)bh * sg.count + seg, v0, dk, dv, warp, lane);
+    load_first(n0);
+    load_second(n0);
+    for (int n = n0; n < n1; n++) {
         const size_t c = (size_t)bh * NT + n;
         cp_async_wait<1>();   // this chunk's W, U and G (its Kw may still be in flight)
         gdn_state_to_op(sm.op, st, dkp, warp, lane);
         __syncthreads();
-        gdn_state_save(h_saved + c * dk * dv, sm.op, dk, dv, v0);   // h_n = S
+        if (save) { gdn_state_save(h_saved + c * dk * dv, sm.op, dk, dv, v0); }   // h_n = S
         float ws[2][4];
         gdn_state_chunk_product(ws, sm.X, sm.op, dkp, warp, lane);   // W S
         // Vn = U - W S (saved); P = diag(exp(G_BT - G)) Vn (per channel Vn)
@@ -1122,7 +1314,7 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
                 const int j = cc + 8 * nt;
                 const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(sm.V + r * LDV + j);
                 const float vn0 = __low2float(u) - ws[nt][2 * hr], vn1 = __high2float(u) - ws[nt][2 * hr + 1];
-                if (v0 + j < dv) {
+                if (save && v0 + j < dv) {
                     *reinterpret_cast<uint32_t*>(Vn_saved + (c * BT + r) * dv + v0 + j) = pack_bf16(vn0, vn1);
                 }
                 *reinterpret_cast<uint32_t*>(sm.P + r * LDV + j) = pack_bf16(e * vn0, e * vn1);
@@ -1131,19 +1323,21 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
         gdn_state_decay<CH>(st, sm.G, expf(G_last), dkp, warp, lane);   // S <- gam_BT S (per channel diag)
         cp_async_wait<0>();   // this chunk's Kw
         __syncthreads();      // P and Kw visible; W, U, G and op read by every warp
-        if (n + 1 < NT) { load_first(n + 1); }
+        if (n + 1 < n1) { load_first(n + 1); }
         gdn_state_update(st, sm.Y, sm.P, dkp, warp, lane);   // S += Kw^T P
         __syncthreads();   // Kw and P read by every warp
-        if (n + 1 < NT) { load_second(n + 1); }
+        if (n + 1 < n1) { load_second(n + 1); }
     }
+    if (!save) { gdn_state_end(sg.last, st, (size_t)bh * sg.count + seg, v0, dk, dv, warp, lane); }
 }
 
+// grid as gdn_fwd_state_mma_kernel's; each segment walks its chunks backwards
 template <GdnDecay DECAY>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfloat16* dO, int ld_o,
                          const __nv_bfloat16* q, int ld_qkv, const __nv_bfloat16* kw, int ld_kw, const float* G_saved,
                          const __nv_bfloat16* W_saved, const __nv_bfloat16* Qg_saved, const __nv_bfloat16* Kwe_saved,
-                         int T, int H, int NT, int dk, int dv, float scale) {
+                         GdnSegments sg, int T, int H, int NT, int dk, int dv, float scale) {
     constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
@@ -1151,6 +1345,9 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
     GdnStateMmaSmem sm((size_t)gdn_smem, dkp, true);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
+    const int seg = blockIdx.z + sg.base, n0 = seg * sg.len, n1 = min(n0 + sg.len, NT);
+    const bool save = sg.last == nullptr;   // phase 1 saves nothing
+    const int ov = v0 < dv ? v0 : 0, ocols = dv - v0;   // dO's columns here (none on phase 1's transition columns)
 
     const auto load_first = [&](int n) {   // Kw (per channel Kwe) and G of chunk n
         const GdnChunkPos p = gdn_chunk_pos((size_t)bh * NT + n, T, H, NT);
@@ -1166,14 +1363,15 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
             tile_load_async(sm.Y, ldk, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
         }
         tile_load_async(sm.Z, ldk, BT, dkp, W_saved + p.c * BT * dk, dk, BT, dk);
-        tile_load_async(sm.V, LDV, BT, BV, dO + p.row0 * ld_o + (size_t)p.h * dv + v0, ld_o, p.L, dv - v0);
+        tile_load_async(sm.V, LDV, BT, BV, dO + p.row0 * ld_o + (size_t)p.h * dv + ov, ld_o, p.L, ocols);
         cp_async_commit();
     };
 
-    float st[GDN_SMMA_MT][4][4] = {};   // dS_T = 0
-    load_first(NT - 1);
-    load_second(NT - 1);
-    for (int n = NT - 1; n >= 0; n--) {
+    float st[GDN_SMMA_MT][4][4];   // dS_T = 0 (unsplit)
+    gdn_state_begin(st, sg, (size_t)bh * sg.count + seg, v0, dk, dv, warp, lane);
+    load_first(n1 - 1);
+    load_second(n1 - 1);
+    for (int n = n1 - 1; n >= n0; n--) {
         const size_t c = (size_t)bh * NT + n;
         float2 dvl[2][2];   // this thread's elements of dVl (the dvlocal kernel's), in flight during the product
         #pragma unroll
@@ -1188,7 +1386,7 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
         cp_async_wait<1>();   // this chunk's Kw and G (its Q, W and dO may still be in flight)
         gdn_state_to_op(sm.op, st, dkp, warp, lane);
         __syncthreads();
-        gdn_state_save(dE_work + c * dk * dv, sm.op, dk, dv, v0);   // dE_n = dE
+        if (save) { gdn_state_save(dE_work + c * dk * dv, sm.op, dk, dv, v0); }   // dE_n = dE
         float kde[2][4];
         gdn_state_chunk_product(kde, sm.X, sm.op, dkp, warp, lane);   // Kw dE
         const float G_last = CH ? 0.0f : sm.G[BT - 1];
@@ -1201,7 +1399,7 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
         gdn_state_decay<CH>(st, sm.G, expf(G_last), dkp, warp, lane);   // dE <- gam_BT dE (per channel diag)
         cp_async_wait<0>();   // this chunk's Q, W and dO
         __syncthreads();      // Kw, G and op read by every warp; Q, W and dO visible
-        if (n > 0) { load_first(n - 1); }
+        if (n > n0) { load_first(n - 1); }
         // dVn = dVl + diag(exp(G_BT - G)) Kw dE (saved over dVl); P = -dVn; V = diag(scale gam) dO in place
         #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -1210,7 +1408,9 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
             for (int nt = 0; nt < 2; nt++) {
                 const int j = cc + 8 * nt;
                 const float d0 = dvl[hr][nt].x + e[hr] * kde[nt][2 * hr], d1 = dvl[hr][nt].y + e[hr] * kde[nt][2 * hr + 1];
-                if (v0 + j < dv) { *reinterpret_cast<float2*>(dVn_work + (c * BT + r) * dv + v0 + j) = make_float2(d0, d1); }
+                if (save && v0 + j < dv) {
+                    *reinterpret_cast<float2*>(dVn_work + (c * BT + r) * dv + v0 + j) = make_float2(d0, d1);
+                }
                 *reinterpret_cast<uint32_t*>(sm.P + r * LDV + j) = pack_bf16(-d0, -d1);
                 if (!CH) {
                     uint32_t* x = reinterpret_cast<uint32_t*>(sm.V + r * LDV + j);
@@ -1223,8 +1423,9 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
         gdn_state_update(st, sm.Y, sm.V, dkp, warp, lane);   // dE += (scale diag(gam) Q)^T dO (per channel Qg^T dO)
         gdn_state_update(st, sm.Z, sm.P, dkp, warp, lane);   // dE -= W^T dVn
         __syncthreads();   // Q, W, dO and P read by every warp
-        if (n > 0) { load_second(n - 1); }
+        if (n > n0) { load_second(n - 1); }
     }
+    if (!save) { gdn_state_end(sg.last, st, (size_t)bh * sg.count + seg, v0, dk, dv, warp, lane); }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -3202,6 +3403,27 @@ static void gdn_set_smem(K kernel, size_t bytes) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+template <int MR>
+static void gdn_state_combine_mr(const GdnSplit& sp, int B, int H, int dk, int dv, int backward, cudaStream_t stream) {
+    const size_t smem = GdnCombineSmem(0, 32 * MR).bytes;
+    gdn_set_smem(gdn_state_combine_kernel<MR>, smem);
+    gdn_state_combine_kernel<MR><<<dim3(dv / GDN_COMBINE_BV, B * H), 256, smem, stream>>>(sp.first, sp.last, sp.count,
+                                                                                         dk, dv, backward);
+}
+
+// the split's combine step on rows of 32 MR >= dk (MR a power of two: four kernels for dk <= 256)
+static void gdn_state_combine(const GdnSplit& sp, int B, int H, int dk, int dv, int backward, cudaStream_t stream) {
+    if (dk <= 32) {
+        gdn_state_combine_mr<1>(sp, B, H, dk, dv, backward, stream);
+    } else if (dk <= 64) {
+        gdn_state_combine_mr<2>(sp, B, H, dk, dv, backward, stream);
+    } else if (dk <= 128) {
+        gdn_state_combine_mr<4>(sp, B, H, dk, dv, backward, stream);
+    } else {
+        gdn_state_combine_mr<8>(sp, B, H, dk, dv, backward, stream);
+    }
+}
+
 template <typename Tin, typename Tc, GdnDecay DECAY>
 static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* workspace,
                                      const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
@@ -3255,8 +3477,19 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
         if (register_tiles) {
             const size_t s2 = GdnStateMmaSmem(0, dkp, false).bytes;
             gdn_set_smem(gdn_fwd_state_mma_kernel<DECAY>, s2);
-            gdn_fwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s2, stream>>>(
-                h, Vn, G, W, U, kw, ld_kw, Kwe, T, H, NT, dk, dv);
+            const GdnSplit sp = gdn_split(workspace, B, T, H, dk, dv, DECAY);
+            if (sp.count > 1) {   // phase 1 on every segment but the last, the combine step, phase 3
+                const GdnSegments p1 = {nullptr, sp.last, sp.len, sp.count, 0};
+                gdn_fwd_state_mma_kernel<DECAY><<<dim3(ceil_div(dv + dk, GDN_STATE_BV), B * H, sp.count - 1),
+                                                  GDN_STATE_THREADS, s2, stream>>>(
+                    h, Vn, G, W, U, kw, ld_kw, Kwe, p1, T, H, NT, dk, dv);
+                cudaCheckLaunch();
+                gdn_state_combine(sp, B, H, dk, dv, 0, stream);
+                cudaCheckLaunch();
+            }
+            const GdnSegments p3 = {sp.count > 1 ? sp.first : nullptr, nullptr, sp.len, sp.count, 0};
+            gdn_fwd_state_mma_kernel<DECAY><<<dim3(state_grid.x, B * H, sp.count), GDN_STATE_THREADS, s2, stream>>>(
+                h, Vn, G, W, U, kw, ld_kw, Kwe, p3, T, H, NT, dk, dv);
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
@@ -3363,8 +3596,19 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         if (register_tiles) {
             const size_t s3 = GdnStateMmaSmem(0, dkp, true).bytes;
             gdn_set_smem(gdn_bwd_state_mma_kernel<DECAY>, s3);
-            gdn_bwd_state_mma_kernel<DECAY><<<state_grid, GDN_STATE_THREADS, s3, stream>>>(
-                dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, T, H, NT, dk, dv, scale);
+            const GdnSplit sp = gdn_split(workspace, B, T, H, dk, dv, DECAY);
+            if (sp.count > 1) {   // phase 1 on every segment but the first, the combine step, phase 3
+                const GdnSegments p1 = {nullptr, sp.last, sp.len, sp.count, 1};
+                gdn_bwd_state_mma_kernel<DECAY><<<dim3(ceil_div(dv + dk, GDN_STATE_BV), B * H, sp.count - 1),
+                                                  GDN_STATE_THREADS, s3, stream>>>(
+                    dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, p1, T, H, NT, dk, dv, scale);
+                cudaCheckLaunch();
+                gdn_state_combine(sp, B, H, dk, dv, 1, stream);
+                cudaCheckLaunch();
+            }
+            const GdnSegments p3 = {sp.count > 1 ? sp.first : nullptr, nullptr, sp.len, sp.count, 0};
+            gdn_bwd_state_mma_kernel<DECAY><<<dim3(state_grid.x, B * H, sp.count), GDN_STATE_THREADS, s3, stream>>>(
+                dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, p3, T, H, NT, dk, dv, scale);
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {

@@ -4,7 +4,7 @@ Kernel lab: the Gated DeltaNet core backward (spec/gdn_kaczmarz.md 2.4, 3.4), ke
 Build and run (from dev/cuda):
   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_bwd.cu -o gdn_chunk_bwd_bin
   ./gdn_chunk_bwd_bin 4
-  ./gdn_chunk_bwd_bin 4 profile   (one forward and backward at the timing shape, no checks: for ncu / nsys)
+  ./gdn_chunk_bwd_bin 4 profile   (one forward and backward at each timing shape, no checks: for ncu / nsys)
 
 Versions (first argument):
   1  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_*_impl<Tin, float>)
@@ -23,11 +23,14 @@ Versions (first argument):
      one CTA of 8 warps per chunk, the masked chunk product kept in registers as the next product's A fragments;
      the intra kernel's products), and the fused chunk kernel on register tiles (gdn_bwd_chunk_mma_kernel: 16 warps,
      dT and K Kw^T in fragments from phase 1 to phase 3, the tiles by cp.async; H200: chunk 1.789 -> 0.911 ms,
-     backward 2.601 -> 1.268 ms, forward+backward 3.768 -> 1.814 ms against version 3 in one run)
+     backward 2.601 -> 1.268 ms, forward+backward 3.768 -> 1.814 ms against version 3 in one run). Since
+     2026-11-28 both state passes split along the sequence where B*H leaves the GPU idle (GdnSegments in
+     kernels/gdn_chunk.cuh; H200, B=1 T=16384: forward+backward 1.359 ms, against 0.868 ms at B=16 T=1024)
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
-recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at three shapes
-(B=2, H=2, dk=16, dv=24, T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: production head size),
+recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at four shapes
+(B=2, H=2, dk=16, dv=24, T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: production head size;
+B=1, T=2048, H=2, dk=dv=128: the bf16 state passes split into 4 segments of 8 chunks),
 GDN-like inputs (l2-normalised q, k, beta = sigmoid) and KLA-like inputs (raw keys with norms over two
 decades, beta = sigmoid/(||k||^2 + 1e-6) up to ~1e3), fp32 and bf16. The reference runs on the inputs as the
 kernels see them (q, k, v, dO rounded to bf16 for bf16), so the errors are the kernels' arithmetic alone.
@@ -37,8 +40,10 @@ Tolerances on the relative L2 error of each of o, dq, dk, dv, dbeta, dg:
        term gives O(1) errors.
   bf16 2e-2: the products' operands (Tm, W, Vn, h, P, dT, dE, dVn, ...) are rounded to bf16 (2e-3 relative each);
        spec 5 measures ~4e-3 for the forward, the backward compounds a few more roundings.
-Each run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16:
-backward alone and forward + backward, and the time of each backward kernel (cudaEvents between the launches),
+Each run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16 (issue
+9's shape), and at 16K tokens B=16 T=1024 against B=1 T=16384 (long context): backward alone and forward +
+backward, and the time of each forward and backward kernel (cudaEvents between the launches; a split state pass
+counts its three steps as its kernel),
 TFLOP/s from spec 3.7 (F_bwd = 16 dk dv + 18 BT dk + 10 BT dv + 4 BT^2
 minus 4 dk dv + 2 BT (dk + dv), since h and W are saved by the forward).
 */
@@ -130,18 +135,19 @@ static void gdn_backward_reference(double* dqkv, double* dbeta, double* dg, cons
 
 template <typename Tin>
 static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, const Tin* qkv, int ld,
-                        const float* beta, const float* g, Shape s, float scale) {
+                        const float* beta, const float* g, Shape s, float scale, cudaEvent_t* marks = nullptr) {
     const Tin* q = qkv;
     const Tin* k = qkv + s.H * s.dk;
     const Tin* v = qkv + 2 * s.H * s.dk;
     if (version == 1) {
-        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0);
+        gdn_chunk_forward_impl<Tin, float>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T,
+                                           s.H, s.dk, s.dv, scale, 0, marks);
     } else if (version == 2) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                                    scale, 0);
     } else {   // version 3: the shared-memory state kernel
         gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv,
-                                         scale, 0, nullptr, version == 4);
+                                         scale, 0, marks, version == 4);
     }
 }
 
@@ -256,23 +262,8 @@ static int validate(int version, Shape s, int kla) {
     return ok;
 }
 
-int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 4;
-    if (version < 1 || version > 4) { die("version must be 1, 2, 3 or 4 (got %s)", argv[1]); }
-    const int profile = argc > 2 && strcmp(argv[2], "profile") == 0;
-    printf("gdn_chunk_bwd version %d%s\n", version, profile ? ", profile: one forward and backward, no checks" : "");
-
-    int ok = 1;
-    const Shape shapes[3] = { {2, 80, 2, 16, 24}, {2, 37, 2, 16, 24}, {2, 256, 2, 128, 128} };
-    for (int si = 0; si < (profile ? 0 : 3); si++) {
-        for (int kla = 0; kla < 2; kla++) {
-            ok &= validate<float>(version, shapes[si], kla);
-            ok &= validate<__nv_bfloat16>(version, shapes[si], kla);
-        }
-    }
-
-    // timing at the production shape, bf16
-    const Shape s = {16, 2048, 6, 128, 128};
+// timing at shape s, bf16 (profile: one forward and backward, no timing)
+static void time_shape(int version, Shape s, int profile) {
     const Inputs in = make_inputs(s, 0, 1);
     const size_t rows = (size_t)s.B * s.T, no = rows * s.H * s.dv, nqkv = rows * in.ld, nbh = rows * s.H;
     const float scale = 1.0f / sqrtf((float)s.dk);
@@ -293,48 +284,77 @@ int main(int argc, char** argv) {
         run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta,
                                     d_g, s, scale);
         cudaCheck(cudaDeviceSynchronize());
-        return 0;
-    }
-    const int warmup = 3, iters = 10;
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0));
-    cudaCheck(cudaEventCreate(&e1));
-    float ms[2];
-    for (int with_fwd = 0; with_fwd < 2; with_fwd++) {
-        run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
-        for (int i = 0; i < warmup + iters; i++) {
-            if (i == warmup) { cudaCheck(cudaEventRecord(e0)); }
-            if (with_fwd) {
-                run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+    } else {
+        const int warmup = 3, iters = 10;
+        cudaEvent_t e0, e1;
+        cudaCheck(cudaEventCreate(&e0));
+        cudaCheck(cudaEventCreate(&e1));
+        float ms[2];
+        for (int with_fwd = 0; with_fwd < 2; with_fwd++) {
+            run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale);
+            for (int i = 0; i < warmup + iters; i++) {
+                if (i == warmup) { cudaCheck(cudaEventRecord(e0)); }
+                if (with_fwd) {
+                    run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s,
+                                               scale);
+                }
+                run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld,
+                                            d_beta, d_g, s, scale);
             }
-            run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld,
-                                        d_beta, d_g, s, scale);
+            cudaCheck(cudaEventRecord(e1));
+            cudaCheck(cudaEventSynchronize(e1));
+            cudaCheck(cudaEventElapsedTime(&ms[with_fwd], e0, e1));
+            ms[with_fwd] /= iters;
         }
-        cudaCheck(cudaEventRecord(e1));
-        cudaCheck(cudaEventSynchronize(e1));
-        cudaCheck(cudaEventElapsedTime(&ms[with_fwd], e0, e1));
-        ms[with_fwd] /= iters;
+        const double BT = GDN_CHUNK, dk = s.dk, dv = s.dv;
+        const double tokens = (double)s.B * ceil_div(s.T, GDN_CHUNK) * GDN_CHUNK * s.H;
+        const double f_fwd = tokens * (6 * dk * dv + 6 * BT * dk + 4 * BT * dv + BT * BT / 3);
+        const double f_bwd = tokens * (16 * dk * dv + 18 * BT * dk + 10 * BT * dv + 4 * BT * BT
+                                       - (4 * dk * dv + 2 * BT * (dk + dv)));
+        printf("timing B=%d T=%d H=%d dk=%d dv=%d bf16: backward %.4f ms, %.1f TFLOP/s (%.2f GFLOP); "
+               "forward+backward %.4f ms, %.1f TFLOP/s (%.2f GFLOP)\n", s.B, s.T, s.H, s.dk, s.dv,
+               ms[0], f_bwd / (ms[0] * 1e-3) / 1e12, f_bwd / 1e9, ms[1], (f_fwd + f_bwd) / (ms[1] * 1e-3) / 1e12,
+               (f_fwd + f_bwd) / 1e9);
+        if (version != 2) {   // (version 2's forward launcher has no marks)
+            const char* const fwd_names[3] = { "intra", "state", "output" };
+            print_kernel_times("forward", fwd_names, iters, [&](cudaEvent_t* marks) {
+                run_forward<__nv_bfloat16>(version, d_o, s.H * s.dv, saved, work, d_qkv, in.ld, d_beta, d_g, s, scale,
+                                           marks);
+            });
+        }
+        const char* const names[3] = { "dvlocal", "state", "chunk" };
+        print_kernel_times("backward", names, iters, [&](cudaEvent_t* marks) {
+            run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld,
+                                        d_beta, d_g, s, scale, marks);
+        });
     }
-    const double BT = GDN_CHUNK, dk = s.dk, dv = s.dv;
-    const double tokens = (double)s.B * ceil_div(s.T, GDN_CHUNK) * GDN_CHUNK * s.H;
-    const double f_fwd = tokens * (6 * dk * dv + 6 * BT * dk + 4 * BT * dv + BT * BT / 3);
-    const double f_bwd = tokens * (16 * dk * dv + 18 * BT * dk + 10 * BT * dv + 4 * BT * BT
-                                   - (4 * dk * dv + 2 * BT * (dk + dv)));
-    printf("timing B=%d T=%d H=%d dk=%d dv=%d bf16: backward %.4f ms, %.1f TFLOP/s (%.2f GFLOP); "
-           "forward+backward %.4f ms, %.1f TFLOP/s (%.2f GFLOP)\n", s.B, s.T, s.H, s.dk, s.dv,
-           ms[0], f_bwd / (ms[0] * 1e-3) / 1e12, f_bwd / 1e9, ms[1], (f_fwd + f_bwd) / (ms[1] * 1e-3) / 1e12,
-           (f_fwd + f_bwd) / 1e9);
-    const char* const names[3] = { "dvlocal", "state", "chunk" };
-    print_kernel_times("backward", names, iters, [&](cudaEvent_t* marks) {
-        run_backward<__nv_bfloat16>(version, d_dqkv, d_dbeta, d_dg, d_dO, s.H * s.dv, saved, work, d_qkv, in.ld,
-                                    d_beta, d_g, s, scale, marks);
-    });
     free(dO);
     cudaCheck(cudaFree(d_qkv)); cudaCheck(cudaFree(d_dO)); cudaCheck(cudaFree(d_beta)); cudaCheck(cudaFree(d_g));
     cudaCheck(cudaFree(d_o)); cudaCheck(cudaFree(d_dqkv)); cudaCheck(cudaFree(d_dbeta)); cudaCheck(cudaFree(d_dg));
     cudaCheck(cudaFree(saved)); cudaCheck(cudaFree(work));
     free_inputs(in);
+}
 
+int main(int argc, char** argv) {
+    const int version = argc > 1 ? atoi(argv[1]) : 4;
+    if (version < 1 || version > 4) { die("version must be 1, 2, 3 or 4 (got %s)", argv[1]); }
+    const int profile = argc > 2 && strcmp(argv[2], "profile") == 0;
+    printf("gdn_chunk_bwd version %d%s\n", version, profile ? ", profile: one forward and backward, no checks" : "");
+
+    int ok = 1;
+    const Shape shapes[4] = { {2, 80, 2, 16, 24}, {2, 37, 2, 16, 24}, {2, 256, 2, 128, 128}, {1, 2048, 2, 128, 128} };
+    for (int si = 0; si < (profile ? 0 : 4); si++) {
+        for (int kla = 0; kla < 2; kla++) {
+            ok &= validate<float>(version, shapes[si], kla);
+            ok &= validate<__nv_bfloat16>(version, shapes[si], kla);
+        }
+    }
+
+    // timing: the production shape, and at 16K tokens B=16 T=1024 against B=1 T=16384 (the state passes split along
+    // the sequence)
+    const Shape timed[3] = { {16, 2048, 6, 128, 128}, {16, 1024, 6, 128, 128}, {1, 16384, 6, 128, 128} };
+    for (int i = 0; i < 3; i++) { time_shape(version, timed[i], profile); }
+    if (profile) { return 0; }
     printf("%s\n", ok ? "ALL PASS" : "SOME FAILED");
     return ok ? 0 : 1;
 }

@@ -29,8 +29,9 @@ Versions (first argument):
      intra kernel had spent about half its time in the solve, most of it at the barrier after the 64 threads of
      the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms)
 
-Validation against a float64 CPU reference (the recurrence of spec 2.1) at three shapes (B=2, H=2, dk=16, dv=24,
-T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size), for GDN-like inputs
+Validation against a float64 CPU reference (the recurrence of spec 2.1) at four shapes (B=2, H=2, dk=16, dv=24,
+T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size; B=1, T=2048, H=2,
+dk=dv=128: the bf16 state pass split into 4 segments of 8 chunks), for GDN-like inputs
 (l2-normalised q and k, beta = sigmoid) and KLA-like inputs (raw keys with norms spread over two decades,
 beta = sigmoid/(||k||^2 + 1e-6) up to ~1e3), in fp32 and bf16. The reference runs on the inputs as the kernel
 sees them (rounded to bf16 for bf16), so the errors are those of the kernel's arithmetic alone.
@@ -175,8 +176,8 @@ int main(int argc, char** argv) {
     printf("gdn_chunk_fwd version %d\n", version);
 
     int ok = 1;
-    const Shape shapes[3] = { {2, 80, 2, 16, 24}, {2, 37, 2, 16, 24}, {2, 256, 2, 128, 128} };
-    for (int si = 0; si < 3; si++) {
+    const Shape shapes[4] = { {2, 80, 2, 16, 24}, {2, 37, 2, 16, 24}, {2, 256, 2, 128, 128}, {1, 2048, 2, 128, 128} };
+    for (int si = 0; si < 4; si++) {
         for (int kla = 0; kla < 2; kla++) {
             ok &= validate<float>(version, shapes[si], kla);
             ok &= validate<__nv_bfloat16>(version, shapes[si], kla);

@@ -1,6 +1,7 @@
 /*
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
-version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel), the
+version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel;
+unsplit, and split along the sequence into segments of one chunk with gdn_state_combine_kernel between), the
 output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), per head the intra
 kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
 read key's and apart, and per channel the intra kernel (gdn_fwd_intra_channel_mma_kernel) and the backward chunk
@@ -23,6 +24,8 @@ CTA with 8 of its 32 columns, an output block of 64 with 40; a partial last chun
 Measured at T = 150, dk, dv = 24, 40: per head h 2.5e-3, Vn 1.6e-3, dE 2.3e-3, dVn 8.0e-4, o 2.2e-3, dVl 1.7e-3;
 per channel h 2.5e-3, Vn 2.5e-3, dE 2.8e-3, dVn 2.3e-3, o 1.7e-3, dVl 3.9e-8 (h, Vn and o are stored in bf16: 2^-9
 relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between);
+split state passes (3 segments) per head h 2.4e-3, Vn 1.6e-3, dE 2.3e-3, dVn 7.6e-4, per channel 1.7e-3, 2.1e-3,
+2.4e-3, 1.9e-3;
 intra (kw = k and apart) Tm 5.6e-9 (K Kw^T of bf16 inputs in fp32 on both sides, then the same fp32 solve), G 0
 (the same sums in the same order), W 2.4e-3, U 2.4e-3 (stored in bf16); backward chunk kernel (kw = k / apart) dq
 1.4e-3, dk 2.2e-3 / 3.1e-3, dv 1.9e-3, dkw 1.7e-3, dbeta 1.9e-3 / 2.0e-3, dg 1.4e-3 / 1.9e-3 (the register tiles
@@ -32,7 +35,8 @@ diagonal block on tensor cores / per element): intra Tm 2.8e-4 / 2.2e-5, G 0, W 
 bf16, each its own way; W, U, Aqk, Qg and Kwe are stored in bf16); backward chunk kernel (against the fp32 chunk
 kernel and key kernel) dq 2.0e-3 / 1.7e-3, dk 3.0e-3 / 3.1e-3, dv 1.9e-3, dkw 1.6e-3 / 8.5e-4, dbeta 2.1e-3 / 2.1e-3,
 dg 2.8e-3 / 2.0e-3.
-Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the output kernel without
+Negative controls (dev/emu/run.sh): the backward state pass without dE -= W^T dVn, the split state passes'
+phase 3 from zero states (h 1.0) or phase 1 without its identity columns (h 3.1e-1), the output kernel without
 the decay diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase 2's
 part of dT (dk 1.5e-1, dg 1.5e-1), the per-channel intra kernel without exp(G_r - G_f) on its row blocks' rows (A0
 5.5e-1) or without its per-element diagonal blocks, and the per-channel backward chunk kernel without the diagonal
@@ -185,7 +189,7 @@ static int check(int B, int T, int H, int dk, int dv) {
     }
     const dim3 grid(ceil_div(dv, GDN_STATE_BV), B * H), block(GDN_STATE_THREADS);
     const int HV = H * dv;
-    std::vector<float> out[2][6];   // [fp32 kernels, register tiles][h, Vn, dE, dVn, o, dVl]
+    std::vector<float> out[2][10];   // [fp32 kernels, register tiles][h, Vn, dE, dVn, o, dVl, and h .. dVn split]
     {   // the shared-memory kernels, fp32
         std::vector<float> h((size_t)nch * dk * dv, NAN), Vn((size_t)nch * BT * dv, NAN), dE(h.size(), NAN), dVn = dVl;
         emu_launch(grid, block, [&]() {
@@ -208,6 +212,7 @@ static int check(int B, int T, int H, int dk, int dv) {
                                                         G.data(), Aqk.data(), T, H, NT, dk, dv, scale);
         });
         out[0][0] = h; out[0][1] = Vn; out[0][2] = dE; out[0][3] = dVn; out[0][4] = o; out[0][5] = dvl;
+        out[0][6] = h; out[0][7] = Vn; out[0][8] = dE; out[0][9] = dVn;
     }
     {   // the register tiles, bf16
         const std::vector<bf16> Wb = to_bf16(W), Ub = to_bf16(Uw), Kweb = to_bf16(Kwe), Qgb = to_bf16(Qg), kwb = to_bf16(kw),
@@ -215,14 +220,52 @@ static int check(int B, int T, int H, int dk, int dv) {
         std::vector<bf16> h((size_t)nch * dk * dv, __float2bfloat16(NAN)), Vn((size_t)nch * BT * dv, __float2bfloat16(NAN)),
             dE(h.size(), __float2bfloat16(NAN));
         std::vector<float> dVn = dVl;
-        emu_launch(grid, block, [&]() {
-            gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(), H * dk,
-                                            Kweb.data(), T, H, NT, dk, dv);
-        });
-        emu_launch(grid, block, [&]() {
-            gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk, kwb.data(), H * dk,
-                                            G.data(), Wb.data(), Qgb.data(), Kweb.data(), T, H, NT, dk, dv, scale);
-        });
+        // the state passes unsplit (one segment) and split into segments of one chunk (the launchers' three steps)
+        const auto state_passes = [&](int len, std::vector<bf16>& h, std::vector<bf16>& Vn, std::vector<bf16>& dE,
+                                      std::vector<float>& dVn) {
+            const int count = ceil_div(NT, len);
+            std::vector<float> first((size_t)B * H * count * dk * dv, NAN), last((size_t)B * H * count * dk * (dv + dk), NAN);
+            const dim3 grid1(ceil_div(dv + dk, GDN_STATE_BV), B * H, count - 1), grid3(grid.x, B * H, count);
+            const dim3 grid_c(dv / GDN_COMBINE_BV, B * H);
+            const GdnSegments p3 = {count > 1 ? first.data() : nullptr, nullptr, len, count, 0};
+            for (int backward = 0; backward < 2; backward++) {
+                const GdnSegments p1 = {nullptr, last.data(), len, count, backward};
+                if (count > 1) {
+                    emu_launch(grid1, block, [&]() {
+                        if (backward) {
+                            gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk,
+                                                            kwb.data(), H * dk, G.data(), Wb.data(), Qgb.data(),
+                                                            Kweb.data(), p1, T, H, NT, dk, dv, scale);
+                        } else {
+                            gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(),
+                                                            H * dk, Kweb.data(), p1, T, H, NT, dk, dv);
+                        }
+                    });
+                    emu_launch(grid_c, dim3(256), [&]() {   // rows of 32 MR >= dk, as gdn_state_combine picks
+                        if (dk <= 32) {
+                            gdn_state_combine_kernel<1>(first.data(), last.data(), count, dk, dv, backward);
+                        } else {
+                            gdn_state_combine_kernel<8>(first.data(), last.data(), count, dk, dv, backward);
+                        }
+                    });
+                }
+                emu_launch(grid3, block, [&]() {
+                    if (backward) {
+                        gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk,
+                                                        kwb.data(), H * dk, G.data(), Wb.data(), Qgb.data(), Kweb.data(),
+                                                        p3, T, H, NT, dk, dv, scale);
+                    } else {
+                        gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(),
+                                                        H * dk, Kweb.data(), p3, T, H, NT, dk, dv);
+                    }
+                });
+            }
+        };
+        state_passes(NT, h, Vn, dE, dVn);
+        std::vector<bf16> hs(h.size(), __float2bfloat16(NAN)), Vns(Vn.size(), __float2bfloat16(NAN)),
+            dEs(dE.size(), __float2bfloat16(NAN));
+        std::vector<float> dVns = dVl;
+        state_passes(1, hs, Vns, dEs, dVns);
         const std::vector<bf16> Aqkb = to_bf16(Aqk), hb = to_bf16(h_in), Vnb = to_bf16(Vn_in);
         std::vector<bf16> o((size_t)B * T * HV, __float2bfloat16(NAN));
         std::vector<float> dvl((size_t)nch * BT * dv, NAN);
@@ -236,11 +279,12 @@ static int check(int B, int T, int H, int dk, int dv) {
         });
         out[1][0] = to_floats(h); out[1][1] = to_floats(Vn); out[1][2] = to_floats(dE); out[1][3] = dVn;
         out[1][4] = to_floats(o); out[1][5] = dvl;
+        out[1][6] = to_floats(hs); out[1][7] = to_floats(Vns); out[1][8] = to_floats(dEs); out[1][9] = dVns;
     }
-    const char* names[6] = {"h", "Vn", "dE", "dVn", "o", "dVl"};
+    const char* names[10] = {"h", "Vn", "dE", "dVn", "o", "dVl", "h(split)", "Vn(split)", "dE(split)", "dVn(split)"};
     char what[160];
     snprintf(what, sizeof what, "%s decay, T=%d H=%d dk=%d dv=%d", CH ? "per-channel" : "per-head", T, H, dk, dv);
-    return report(what, names, out[1], out[0], 6);
+    return report(what, names, out[1], out[0], 10);
 }
 
 // the per-head intra kernel (gdn_fwd_intra_mma_kernel) against gdn_fwd_intra_kernel<float, float>, with the write

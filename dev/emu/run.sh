@@ -12,13 +12,15 @@
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative control: x's second bf16 piece left out of
 #     the solve's state product must fail;
-#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, output, dvlocal, the intra
+#   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
+#     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
 #     key gradients' Z1 terms fused in); ldmatrix, mma.sync and cp.async emulated)
 #     against the fp32 shared-memory kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and
 #     100 136 24 (about a minute each); negative controls: the backward state pass without dE -= W^T dVn, the output
 #     kernel without diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase
-#     2's part of dT, the per-channel intra kernel without the decay of its row blocks' rows or without its
+#     2's part of dT, the split state passes' phase 3 from zero or phase 1 without its identity columns, the
+#     per-channel intra kernel without the decay of its row blocks' rows or without its
 #     per-element diagonal blocks (strong decay), the per-channel backward chunk kernel without the diagonal blocks
 #     of rows(dAqk, Kw) and rows(Z1, Kw) per element (strong decay) or on tensor cores (weak decay), or without
 #     cols(dAqk, Q) in dkw, must fail;
@@ -103,6 +105,10 @@ negative gdn_chunk.cuh 's/(racc, D, Y, ld, G, ldg, G + m0 \* ldg, m0, n0, 0, I +
     gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/{ f0\[nt\]\[e\] += r16\[nt\]\[e\]; f1\[nt\]\[e\] += c16\[nt\]\[e\]; }/{ f0[nt][e] += r16[nt][e]; }/' \
     "cols(dAqk, Q) in dkw of the register-tile per-channel backward chunk kernel" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/(first != nullptr ? first\[(bs \* dk + r) \* dv + j\] : 0.0f)/0.0f/' \
+    "the combined start states in the split state passes (phase 3 from zero)" gdn_mma "150 24 40"
+negative gdn_chunk.cuh 's/(phase1 \&\& j - dv == r ? 1.0f : 0.0f)/0.0f/' \
+    "the identity on the split state passes' transition columns (phase 1)" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/= dkw_a\[u\] + sm.F1\[r \* LDF + cc\];/= dkw_a[u];/' "dkw += Z1^T K in the chunk backward" \
     pdn_chunk
 negative pdn.cuh 's/carry = expf(lam\[cj\]) \* carry + c_in\[cj \* dk + d\];/carry = expf(lam[cj]) * carry;/' \
