@@ -145,17 +145,26 @@ static inline int warp_row_pack(int len, std::initializer_list<int> lds, std::in
     return w;
 }
 
-// runs the statement with the compile-time pack width VW = V (8, 4, 2 or 1): a kernel launch templated on it
-#define PACK_DISPATCH(V, ...)                                          \
-    do {                                                               \
-        switch (V) {                                                   \
-            case 8: { constexpr int VW = 8; __VA_ARGS__; break; }      \
-            case 4: { constexpr int VW = 4; __VA_ARGS__; break; }      \
-            case 2: { constexpr int VW = 2; __VA_ARGS__; break; }      \
-            default: { constexpr int VW = 1; __VA_ARGS__; break; }     \
-        }                                                              \
-        cudaCheckLaunch();                                             \
+// runs the statement with the compile-time pack width VW = V (8, 4, 2 or 1): a kernel launch templated on it.
+// PACK_DISPATCH_UPTO instantiates only the widths up to VMAX (a kernel whose registers bound its width); a wider V
+// is an internal error
+#define PACK_DISPATCH_WIDTH(V, VMAX, W, ...)                                                   \
+    case W: {                                                                                  \
+        if constexpr ((VMAX) >= W) { constexpr int VW = W; __VA_ARGS__; }                      \
+        else { die("internal: pack width %d above the dispatch's %d", (int)(V), (int)(VMAX)); } \
+        break;                                                                                 \
+    }
+#define PACK_DISPATCH_UPTO(V, VMAX, ...)                      \
+    do {                                                      \
+        switch (V) {                                          \
+            PACK_DISPATCH_WIDTH(V, VMAX, 8, __VA_ARGS__)      \
+            PACK_DISPATCH_WIDTH(V, VMAX, 4, __VA_ARGS__)      \
+            PACK_DISPATCH_WIDTH(V, VMAX, 2, __VA_ARGS__)      \
+            default: { constexpr int VW = 1; __VA_ARGS__; break; } \
+        }                                                     \
+        cudaCheckLaunch();                                    \
     } while (0)
+#define PACK_DISPATCH(V, ...) PACK_DISPATCH_UPTO(V, 8, __VA_ARGS__)
 
 __device__ __forceinline__ float warp_reduce_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }

@@ -254,18 +254,10 @@ static void shortconv_silu_backward(floatX* dproj, int ld_proj, float* dconv_w, 
     // fp32 dy: 4V-byte aligned rows and start
     const int V = shortconv_pack(D, ld_proj, {dproj, proj}, (uintptr_t)dy % 16 == 0 ? 4 : 1);
     const dim3 grid(ceil_div(ceil_div(D, V), SHORTCONV_BLOCK), ceil_div(T, SHORTCONV_T_TILE), B);
-    shortconv_dispatch_w(W, [&](auto w) {
-        constexpr int WW = decltype(w)::value;
-        switch (V) {   // V <= 4 (registers)
-            case 4: shortconv_backward_kernel<WW, 4><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy,
-                                                                                          proj, conv_w, T, D); break;
-            case 2: shortconv_backward_kernel<WW, 2><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch, dy,
-                                                                                          proj, conv_w, T, D); break;
-            default: shortconv_backward_kernel<WW, 1><<<grid, SHORTCONV_BLOCK, 0, stream>>>(dproj, ld_proj, scratch,
-                                                                                           dy, proj, conv_w, T, D);
-        }
+    shortconv_dispatch_w(W, [&](auto w) {   // V <= 4 (registers)
+        PACK_DISPATCH_UPTO(V, 4, shortconv_backward_kernel<decltype(w)::value, VW><<<grid, SHORTCONV_BLOCK, 0, stream>>>(
+            dproj, ld_proj, scratch, dy, proj, conv_w, T, D));
     });
-    cudaCheckLaunch();
     const int rows = B * ceil_div(T, SHORTCONV_T_TILE);
     const int cols = D * W;
     shortconv_dw_reduce_kernel<<<ceil_div(cols, 32), dim3(32, SHORTCONV_RED_ROWS), 0, stream>>>(
