@@ -3422,6 +3422,24 @@ static void gdn_state_combine(const GdnSplit& sp, int B, int H, int dk, int dv, 
     } else {
         gdn_state_combine_mr<8>(sp, B, H, dk, dv, backward, stream);
     }
+    cudaCheckLaunch();
+}
+
+// one register-tile state pass (backward: 0 forward, 1 backward), split along the sequence where gdn_split says so:
+// launch(grid, segments) launches the pass's kernel. Phase 1 covers every segment but the one the pass ends in (the
+// last forward, the first backward), then the combine step, then phase 3 every segment (unsplit: only this)
+template <typename L>
+static void gdn_state_pass(void* workspace, int B, int T, int H, int dk, int dv, GdnDecay decay, int backward,
+                           cudaStream_t stream, L launch) {
+    const GdnSplit sp = gdn_split(workspace, B, T, H, dk, dv, decay);
+    if (sp.count > 1) {
+        launch(dim3(ceil_div(dv + dk, GDN_STATE_BV), B * H, sp.count - 1),
+               GdnSegments{nullptr, sp.last, sp.len, sp.count, backward});
+        cudaCheckLaunch();
+        gdn_state_combine(sp, B, H, dk, dv, backward, stream);
+    }
+    launch(dim3(ceil_div(dv, GDN_STATE_BV), B * H, sp.count),
+           GdnSegments{sp.count > 1 ? sp.first : nullptr, nullptr, sp.len, sp.count, 0});
 }
 
 template <typename Tin, typename Tc, GdnDecay DECAY>
@@ -3477,19 +3495,10 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
         if (register_tiles) {
             const size_t s2 = GdnStateMmaSmem(0, dkp, false).bytes;
             gdn_set_smem(gdn_fwd_state_mma_kernel<DECAY>, s2);
-            const GdnSplit sp = gdn_split(workspace, B, T, H, dk, dv, DECAY);
-            if (sp.count > 1) {   // phase 1 on every segment but the last, the combine step, phase 3
-                const GdnSegments p1 = {nullptr, sp.last, sp.len, sp.count, 0};
-                gdn_fwd_state_mma_kernel<DECAY><<<dim3(ceil_div(dv + dk, GDN_STATE_BV), B * H, sp.count - 1),
-                                                  GDN_STATE_THREADS, s2, stream>>>(
-                    h, Vn, G, W, U, kw, ld_kw, Kwe, p1, T, H, NT, dk, dv);
-                cudaCheckLaunch();
-                gdn_state_combine(sp, B, H, dk, dv, 0, stream);
-                cudaCheckLaunch();
-            }
-            const GdnSegments p3 = {sp.count > 1 ? sp.first : nullptr, nullptr, sp.len, sp.count, 0};
-            gdn_fwd_state_mma_kernel<DECAY><<<dim3(state_grid.x, B * H, sp.count), GDN_STATE_THREADS, s2, stream>>>(
-                h, Vn, G, W, U, kw, ld_kw, Kwe, p3, T, H, NT, dk, dv);
+            gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 0, stream, [&](dim3 grid, GdnSegments sg) {
+                gdn_fwd_state_mma_kernel<DECAY><<<grid, GDN_STATE_THREADS, s2, stream>>>(h, Vn, G, W, U, kw, ld_kw, Kwe,
+                                                                                         sg, T, H, NT, dk, dv);
+            });
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
@@ -3596,19 +3605,10 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
         if (register_tiles) {
             const size_t s3 = GdnStateMmaSmem(0, dkp, true).bytes;
             gdn_set_smem(gdn_bwd_state_mma_kernel<DECAY>, s3);
-            const GdnSplit sp = gdn_split(workspace, B, T, H, dk, dv, DECAY);
-            if (sp.count > 1) {   // phase 1 on every segment but the first, the combine step, phase 3
-                const GdnSegments p1 = {nullptr, sp.last, sp.len, sp.count, 1};
-                gdn_bwd_state_mma_kernel<DECAY><<<dim3(ceil_div(dv + dk, GDN_STATE_BV), B * H, sp.count - 1),
-                                                  GDN_STATE_THREADS, s3, stream>>>(
-                    dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, p1, T, H, NT, dk, dv, scale);
-                cudaCheckLaunch();
-                gdn_state_combine(sp, B, H, dk, dv, 1, stream);
-                cudaCheckLaunch();
-            }
-            const GdnSegments p3 = {sp.count > 1 ? sp.first : nullptr, nullptr, sp.len, sp.count, 0};
-            gdn_bwd_state_mma_kernel<DECAY><<<dim3(state_grid.x, B * H, sp.count), GDN_STATE_THREADS, s3, stream>>>(
-                dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, p3, T, H, NT, dk, dv, scale);
+            gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 1, stream, [&](dim3 grid, GdnSegments sg) {
+                gdn_bwd_state_mma_kernel<DECAY><<<grid, GDN_STATE_THREADS, s3, stream>>>(
+                    dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, sg, T, H, NT, dk, dv, scale);
+            });
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
