@@ -20,6 +20,19 @@ static inline int round16(int x) { return (x + 15) / 16 * 16; }
 __device__ __forceinline__ int round16_dev(int x) { return (x + 15) / 16 * 16; }
 
 // ----------------------------------------------------------------------------------------------------------
+// the row of a flat tile index: idx / d for a divisor d known only at run time. The division instruction sequence
+// (about 20 integer instructions: the state kernels spent half their instructions on it, ncu, H200) becomes one
+// multiply-high: with m = ceil(2^32 / d), floor(n / d) = umulhi(n, m) exactly whenever n d <= 2^32 (m d = 2^32 + e,
+// 0 <= e < d, so n / d is raised by n e / (d 2^32) < 1 / d, less than what separates it from the next integer).
+// Tile indices stay far below that (n < 2^20, d < 2^12).
+
+struct TileDiv {
+    uint32_t d, m;   // m = 0 for d = 1 (ceil(2^32) does not fit)
+    __device__ __forceinline__ explicit TileDiv(int div) : d((uint32_t)div), m(div > 1 ? 0xffffffffu / (uint32_t)div + 1u : 0u) {}
+    __device__ __forceinline__ int operator()(int n) const { return d > 1 ? (int)__umulhi((uint32_t)n, m) : n; }
+};
+
+// ----------------------------------------------------------------------------------------------------------
 // shared-memory carving: one description per kernel, used by the kernel (base = the dynamic shared memory)
 // and by the host (base = 0) to size the launch. On the device each pointer is made from its shared-window
 // address (cvta), so the compiler knows it points into shared memory and emits ld.shared / st.shared (32-bit
@@ -49,16 +62,17 @@ struct SmemCarver {
 template <typename Ts, typename F>
 __device__ __forceinline__ void tile_fill(Ts* s, int lds, int rows, int cols, F f) {
     const int n = rows * cols, stride = blockDim.x;
+    const TileDiv row_of(cols);
     for (int base = threadIdx.x; base < n; base += TILE_FILL_BATCH * stride) {
         float x[TILE_FILL_BATCH];
         #pragma unroll
         for (int u = 0; u < TILE_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
+            const int idx = base + u * stride, r = row_of(idx);
             x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
         }
         #pragma unroll
         for (int u = 0; u < TILE_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = idx / cols;
+            const int idx = base + u * stride, r = row_of(idx);
             if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
         }
     }
@@ -106,7 +120,7 @@ template <typename Ts, typename Tg> struct TileLoad {
     float mul;
     __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
     __device__ __forceinline__ void fetch(int idx, Raw8<Tg>& x) const {
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        const int gpr = cols / 8, r = TileDiv(gpr)(idx), c = (idx - r * gpr) * 8;
         if (idx < groups() && r < rv && c < cv) {
             const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
             #pragma unroll
@@ -118,7 +132,7 @@ template <typename Ts, typename Tg> struct TileLoad {
     }
     __device__ __forceinline__ void store(int idx, const Raw8<Tg>& x) const {
         if (idx >= groups()) { return; }
-        const int gpr = cols / 8, r = idx / gpr, c = (idx - r * gpr) * 8;
+        const int gpr = cols / 8, r = TileDiv(gpr)(idx), c = (idx - r * gpr) * 8;
         float f[8];
         unpack8(f, x);
         store8_scaled(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
@@ -162,8 +176,9 @@ template <typename T>
 __device__ __forceinline__ void tile_load_async(T* s, int lds, int rows, int cols, const T* g, size_t ldg, int rv, int cv) {
     constexpr int E = 16 / sizeof(T);   // elements per copy
     const int gpr = cols / E;
+    const TileDiv row_of(gpr);
     for (int idx = threadIdx.x; idx < rows * gpr; idx += blockDim.x) {
-        const int r = idx / gpr, c = (idx - r * gpr) * E;
+        const int r = row_of(idx), c = (idx - r * gpr) * E;
         const bool in = r < rv && c < cv;
         cp_async16(s + r * lds + c, in ? g + (size_t)r * ldg + c : g, in ? 16 : 0);
     }
@@ -193,8 +208,9 @@ __device__ __forceinline__ void cta_rows(int rows, int cols, F f, D done) {
 // f(r, c) for every element of a rows x cols index range
 template <typename F>
 __device__ __forceinline__ void cta_for_each(int rows, int cols, F f) {
+    const TileDiv row_of(cols);
     for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
-        const int r = idx / cols, c = idx - r * cols;
+        const int r = row_of(idx), c = idx - r * cols;
         f(r, c);
     }
     __syncthreads();

@@ -1950,8 +1950,9 @@ gdn_fwd_intra_channel_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16*
         if (j > i) { Aqk_c[i * BT + j] = __float2bfloat16(0.0f); }
     });
     // K <- K (.) exp(G); Qg = scale Q (.) exp(G), Kwe = Kw (.) exp(G_BT - G) and G saved; eight channels per step
+    const TileDiv row8_of(dk / 8);
     for (int idx = threadIdx.x; idx < BT * (dk / 8); idx += blockDim.x) {
-        const int r = idx / (dk / 8), c = (idx - r * (dk / 8)) * 8;
+        const int r = row8_of(idx), c = (idx - r * (dk / 8)) * 8;
         const size_t off = (p.c * BT + r) * dk + c;
         uint4 kr = *reinterpret_cast<const uint4*>(sm.K + r * ldk + c);
         const uint4 qr = *reinterpret_cast<const uint4*>(sm.QV + r * ldk + c);
@@ -2279,10 +2280,11 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
     static_assert(NK * GDN_BWD_THREADS == BT * SL, "phase 4: a dk slab of the chunk in NK elements per thread");
     for (int k0 = 0; k0 < dkp; k0 += SL) {
         const int wk = min(SL, dkp - k0), cols = min(wk, dk - k0), n = p.L * cols;
+        const TileDiv row_of(cols);
         float dk_ab[NK], dkw_a[NK];
         #pragma unroll
         for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            const int idx = tid + u * GDN_BWD_THREADS, r = row_of(idx), cc = idx - r * cols;
             dk_ab[u] = idx < n ? grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] : 0.0f;
             dkw_a[u] = split && idx < n ? grad_kw[(p.row0 + r) * ld_dkw + (size_t)p.h * dk + k0 + cc] : 0.0f;
         }
@@ -2297,7 +2299,7 @@ gdn_bwd_chunk_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, floa
         }
         #pragma unroll
         for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_BWD_THREADS, r = idx / cols, cc = idx - r * cols;
+            const int idx = tid + u * GDN_BWD_THREADS, r = row_of(idx), cc = idx - r * cols;
             if (idx < n) {
                 grad_k[(p.row0 + r) * ld_d + (size_t)p.h * dk + k0 + cc] = dk_ab[u] + sm.F0[r * LDF + cc];
                 if (split) {
@@ -2404,8 +2406,9 @@ __device__ __forceinline__ void gdn_bwd_mma_stage(Smem& sm, int dvq, const float
     constexpr int BT = GDN_CHUNK, LB = BT + 8;
     const int ldv = dvq + 8;
     const float* dVn_c = dVn_work + p.c * BT * dv;
+    const TileDiv row4_of(dvq / 4);
     for (int idx = threadIdx.x; idx < BT * dvq / 4; idx += blockDim.x) {
-        const int r = idx / (dvq / 4), c4 = (idx - r * (dvq / 4)) * 4;
+        const int r = row4_of(idx), c4 = (idx - r * (dvq / 4)) * 4;
         const float4 x = c4 < dv ? *reinterpret_cast<const float4*>(dVn_c + (size_t)r * dv + c4) : make_float4(0, 0, 0, 0);
         uint32_t* s = reinterpret_cast<uint32_t*>(sm.dVn + r * ldv + c4);
         s[0] = pack_bf16(x.x, x.y);
@@ -2532,8 +2535,9 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         const int d0 = kb * KB;
         cp_async_wait<0>();
         __syncthreads();   // the block's h, dE, q, k, kw
+        const TileDiv row_of(dvq);
         for (int idx = tid; idx < KB * dvq; idx += blockDim.x) {   // <h, dE>_F, this thread's share
-            const int r = idx / dvq, cc = idx - r * dvq;
+            const int r = row_of(idx), cc = idx - r * dvq;
             hde = fmaf(__bfloat162float(sm.Hs[r * ldv + cc]), __bfloat162float(sm.dE[r * ldv + cc]), hde);
         }
         float f0[2][4] = {}, f1[2][4] = {}, f2[2][4] = {};
@@ -2913,9 +2917,10 @@ gdn_bwd_keys_channel_kernel(float* grad_k, int ld_d, float* grad_kw, int ld_dkw,
         gdn_decay_stack_after(sm.Sa, sm.Sk, LDT, sm.Gs, LDF, wk);
         gdn_decay_rows(sm.F0, LDF, sm.Z_op, LDTB, sm.Skw, sm.Sb, LDT, sm.Gs, LDF, wk);
         gdn_decay_cols(sm.F1, LDF, sm.Z_op, LDTB, sm.Sk, sm.Sa, LDT, sm.Gs, LDF, wk);
+        const TileDiv row_of(cols);
         #pragma unroll
         for (int u = 0; u < NK; u++) {
-            const int idx = tid + u * GDN_KEYS_THREADS, r = idx / cols, cc = idx - r * cols;
+            const int idx = tid + u * GDN_KEYS_THREADS, r = row_of(idx), cc = idx - r * cols;
             if (idx < BT * cols) {
                 float dG = 0.0f;
                 if (idx < n) {

@@ -163,6 +163,7 @@ static cudaError_t emu_device(int* d) { *d = 0; return cudaSuccess; }
 #define __shfl_xor_sync(mask, ...) emu_shfl_xor(__VA_ARGS__)
 #define __fdividef(a, b) ((a) / (b))   // the approximate division: exact here
 #define __expf(x) expf(x)              // the approximate exponential: exact here
+#define __umulhi(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))   // the high word of the 64-bit product
 #define cudaFuncSetAttribute(...) emu_ok(__VA_ARGS__)
 #define cudaDeviceGetAttribute(v, ...) emu_attr(v, __VA_ARGS__)
 #define cudaGetDevice(d) emu_device(d)
