@@ -434,6 +434,28 @@ __host__ __device__ inline int gka_pad(int n) { return (n + 15) / 16 * 16; }
 __host__ __device__ inline int gka_lds(int n) { return gka_pad(n) + 4; }
 __host__ __device__ inline int gka_chunks(int T) { return gka_segments(T); }
 
+// use(idx, load(idx)) for idx = threadIdx.x, + blockDim.x, ... < n, GKA_LOAD_BATCH of this thread's loads in flight
+// before their uses: one memory latency per batch, not per element (ncu, H200: the solve's element-by-element
+// loads of H0 and K from global memory were 9% of its warps' stalls, one CTA per SM leaving nothing to hide them).
+// The same elements in the same order per thread, so sums over them are unchanged.
+#define GKA_LOAD_BATCH 8
+template <typename Ld, typename Use>
+__device__ __forceinline__ void gka_batched(int n, Ld load, Use use) {
+    for (int base = threadIdx.x; base < n; base += GKA_LOAD_BATCH * blockDim.x) {
+        float v[GKA_LOAD_BATCH];
+        #pragma unroll
+        for (int u = 0; u < GKA_LOAD_BATCH; u++) {
+            const int idx = base + u * blockDim.x;
+            v[u] = idx < n ? load(idx) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < GKA_LOAD_BATCH; u++) {
+            const int idx = base + u * blockDim.x;
+            if (idx < n) { use(idx, v[u]); }
+        }
+    }
+}
+
 // per-chunk decay factors in shared memory: gl (the chunk-local inclusive cumsum of g, 0 past the sequence's end)
 __device__ void gka_chunk_decays(float* gl, float* zeta, const float* g, size_t e0, int H, int L) {
     if (threadIdx.x == 0) {
@@ -466,12 +488,10 @@ __device__ void gka_mask_scale(float* S, int lds, float* Y, int ldy, int ny, con
 template <typename Tg>
 __device__ void gka_load_rows(float* s, int lds, const Tg* m, size_t ld, size_t r0, int col0, int n, int L) {
     const int np = gka_pad(n);
-    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * np; idx += blockDim.x) {
+    gka_batched(GKA_CHECKPOINT * np, [&](int idx) {
         const int c = idx / np, j = idx % np;
-        float v = 0.0f;
-        if (c < L && j < n) { v = to_float(m[(r0 + c) * ld + col0 + j]); }
-        s[c * lds + j] = v;
-    }
+        return c < L && j < n ? to_float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
+    }, [&](int idx, float v) { s[(idx / np) * lds + idx % np] = v; });
 }
 
 // Qt = q_hat + alpha (x - q_hat) at row c (token-head row e0 + c H), column j of the chunk starting at row r0; 0
@@ -486,19 +506,18 @@ __device__ __forceinline__ float gka_qt(const floatX* qkv, const float* alpha, c
 __device__ void gka_load_qt(float* Qs, int ld, const floatX* qkv, const float* alpha, const float* x, size_t r0,
                             size_t e0, int H, int hh, int dk, int DE, int L) {
     const int dkp = gka_pad(dk);
-    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * dkp; idx += blockDim.x) {
-        const int c = idx / dkp, j = idx % dkp;
-        Qs[c * ld + j] = gka_qt(qkv, alpha, x, r0, e0, c, j, H, hh, dk, DE, L);
-    }
+    gka_batched(GKA_CHECKPOINT * dkp, [&](int idx) {
+        return gka_qt(qkv, alpha, x, r0, e0, idx / dkp, idx % dkp, H, hh, dk, DE, L);
+    }, [&](int idx, float v) { Qs[(idx / dkp) * ld + idx % dkp] = v; });
 }
 
 // a [rows][cols] fp32 state (global, row-major) into a padded [pad(rows)][lds] tile
 __device__ void gka_load_state(float* s, int lds, const float* m, int rows, int cols) {
     const int rp = gka_pad(rows), cp = gka_pad(cols);
-    for (int idx = threadIdx.x; idx < rp * cp; idx += blockDim.x) {
+    gka_batched(rp * cp, [&](int idx) {
         const int i = idx / cp, j = idx % cp;
-        s[i * lds + j] = i < rows && j < cols ? m[(size_t)i * cols + j] : 0.0f;
-    }
+        return i < rows && j < cols ? m[(size_t)i * cols + j] : 0.0f;
+    }, [&](int idx, float v) { s[(idx / cp) * lds + idx % cp] = v; });
 }
 
 // ---- forward 1: the chunk states (spec 5.1(a)), sequential over chunks. Grid (B*H, column blocks of the
@@ -913,16 +932,17 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     // H0 and K as bf16 tiles (zero padding), ||H0||^2 in fp32
     const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
     float h0sq = 0.0f;
-    for (int idx = tid; idx < GKA_SOLVE_DK * GKA_SOLVE_DK; idx += blockDim.x) {
+    gka_batched(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
         const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        const float v = i < dk && j < dk ? H0g[(size_t)i * dk + j] : 0.0f;
+        return i < dk && j < dk ? H0g[(size_t)i * dk + j] : 0.0f;
+    }, [&](int idx, float v) {
         h0sq += v * v;
-        sm.H0.set(i * LDK + j, v);
-    }
-    for (int idx = tid; idx < BT * GKA_SOLVE_DK; idx += blockDim.x) {
+        sm.H0.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v);
+    });
+    gka_batched(BT * GKA_SOLVE_DK, [&](int idx) {   // bf16 -> fp32 -> bf16: exact
         const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        sm.K.hi[c * LDK + j] = c < L && j < dk ? qkv[(row0 + c) * DE + H * dk + hh * dk + j] : __float2bfloat16_rn(0.0f);
-    }
+        return c < L && j < dk ? __bfloat162float(qkv[(row0 + c) * DE + H * dk + hh * dk + j]) : 0.0f;
+    }, [&](int idx, float v) { sm.K.hi[(idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK] = __float2bfloat16_rn(v); });
     // b of this lane's fragment elements (rows r0 + gq (+ 8), columns hc0 + 8 t + 2 t4 (+ 1)), in pairs
     float2* bl = sm.b + (size_t)warp * 2 * GKA_SOLVE_NTH * 32 + lane;
     #pragma unroll
@@ -1105,10 +1125,10 @@ static size_t gka_chunk_product_mma_smem() {
 // past the sequence's end (L rows) and in the columns n .. 128
 __device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
                                    int L) {
-    for (int idx = threadIdx.x; idx < GKA_CHECKPOINT * GKA_SOLVE_DK; idx += blockDim.x) {
+    gka_batched(GKA_CHECKPOINT * GKA_SOLVE_DK, [&](int idx) {   // bf16 -> fp32 -> bf16: exact
         const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        s[c * GKA_SOLVE_LDK + j] = c < L && j < n ? m[(r0 + c) * ld + col0 + j] : __float2bfloat16_rn(0.0f);
-    }
+        return c < L && j < n ? __bfloat162float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
+    }, [&](int idx, float v) { s[(idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK] = __float2bfloat16_rn(v); });
 }
 
 template <bool DQT>
@@ -1126,10 +1146,10 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     const float* U0 = Uck + ((size_t)bh * NT + n) * dk * dv;
-    for (int idx = tid; idx < GKA_SOLVE_DK * GKA_SOLVE_DK; idx += blockDim.x) {
+    gka_batched(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
         const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        sm.U.set(i * LDK + j, i < dk && j < dv ? U0[(size_t)i * dv + j] : 0.0f);
-    }
+        return i < dk && j < dv ? U0[(size_t)i * dv + j] : 0.0f;
+    }, [&](int idx, float v) { sm.U.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
     const __nv_bfloat16* kq = qkv + H * dk + hh * dk;        // the head's keys, values in qkv's rows
     const __nv_bfloat16* vq = qkv + 2 * H * dk + hh * dv;
     gka_load_bf16_rows(sm.Bt.hi, DQT ? vq : kq, DE, row0, 0, DQT ? dv : dk, L);
@@ -1137,10 +1157,9 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     if (DQT) {
         gka_load_bf16_rows(sm.A.hi, dO, (size_t)H * dv, row0, hh * dv, dv, L);
     } else {
-        for (int idx = tid; idx < BT * GKA_SOLVE_DK; idx += blockDim.x) {   // Qt = q_hat + alpha (x - q_hat)
-            const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-            sm.A.set(c * LDK + j, gka_qt(qkv, alpha, x, row0, e0, c, j, H, hh, dk, DE, L));
-        }
+        gka_batched(BT * GKA_SOLVE_DK, [&](int idx) {   // Qt = q_hat + alpha (x - q_hat)
+            return gka_qt(qkv, alpha, x, row0, e0, idx / GKA_SOLVE_DK, idx % GKA_SOLVE_DK, H, hh, dk, DE, L);
+        }, [&](int idx, float v) { sm.A.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
     }
     __syncthreads();
     gka_masked_s<!DQT>(sm.S, sm.A, sm.Bt, sm.gl, r0, sc0, lane);   // this warp's 16 rows x columns sc0 ..
