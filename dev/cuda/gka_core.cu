@@ -58,7 +58,10 @@ the warp slots); readout 2.11, dQt 2.09, dK_H 4.86, the rest of pass 3 3.89, w 0
 readout and dQt on register tiles too (gka_chunk_product_mma_kernel, U0 and S in two pieces): 1.59 and 1.50 ms;
 the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before. Then w with a warp
 per row (0.27 -> 0.06 ms) and dg's scan with a warp per sequence (0.64 -> 0.05 ms): forward 7.31, backward 15.79,
-forward+backward 22.98 ms.
+forward+backward 22.98 ms. Then
+(2026-11-28) the per-chunk kernels' loads from global memory in batches of eight per thread (gka_batched; ncu: the
+solve's H0 and K loads were 9% of its stalls): forward+backward 21.87 -> 21.28 ms, fp32 64.92 -> 63.88 ms, the
+checks' errors identical.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
