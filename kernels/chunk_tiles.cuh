@@ -54,28 +54,48 @@ struct SmemCarver {
 };
 
 // ----------------------------------------------------------------------------------------------------------
+// batched element-by-element loads: use(idx, load(idx)) for idx = threadIdx.x, + blockDim.x, ... < n, with N of
+// this thread's loads in flight before their uses, so that it waits one memory latency per batch, not per element.
+// Each thread takes the same elements in the same order whatever N is, so sums over them are unchanged. No barrier.
+template <int N, typename Ld, typename Use>
+__device__ __forceinline__ void cta_batched(int n, Ld load, Use use) {
+    for (int base = threadIdx.x; base < n; base += N * blockDim.x) {
+        float v[N];
+        #pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int idx = base + u * blockDim.x;
+            v[u] = idx < n ? load(idx) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int idx = base + u * blockDim.x;
+            if (idx < n) { use(idx, v[u]); }
+        }
+    }
+}
+
+// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts), N evaluations per thread in
+// flight (cta_batched). No barrier: tile_fill below is this with its closing barrier.
+template <int N, typename Ts, typename F>
+__device__ __forceinline__ void tile_set(Ts* s, int lds, int rows, int cols, F f) {
+    const TileDiv row_of(cols);
+    cta_batched<N>(rows * cols, [&](int idx) {
+        const int r = row_of(idx);
+        return f(r, idx - r * cols);
+    }, [&](int idx, float x) {
+        const int r = row_of(idx);
+        s[r * lds + idx - r * cols] = from_float<Ts>(x);
+    });
+}
+
+// ----------------------------------------------------------------------------------------------------------
 // CTA-level building blocks. Each ends with __syncthreads(), so its results are visible to the whole CTA.
 
-// s[r][c] = f(r, c) for r < rows, c < cols (f returns fp32; stored rounded to Ts). Each thread evaluates
-// TILE_FILL_BATCH elements before storing any, so that their global loads are in flight together.
+// s[r][c] = f(r, c) for r < rows, c < cols, TILE_FILL_BATCH evaluations per thread in flight
 #define TILE_FILL_BATCH 16
 template <typename Ts, typename F>
 __device__ __forceinline__ void tile_fill(Ts* s, int lds, int rows, int cols, F f) {
-    const int n = rows * cols, stride = blockDim.x;
-    const TileDiv row_of(cols);
-    for (int base = threadIdx.x; base < n; base += TILE_FILL_BATCH * stride) {
-        float x[TILE_FILL_BATCH];
-        #pragma unroll
-        for (int u = 0; u < TILE_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = row_of(idx);
-            x[u] = idx < n ? f(r, idx - r * cols) : 0.0f;
-        }
-        #pragma unroll
-        for (int u = 0; u < TILE_FILL_BATCH; u++) {
-            const int idx = base + u * stride, r = row_of(idx);
-            if (idx < n) { s[r * lds + idx - r * cols] = from_float<Ts>(x[u]); }
-        }
-    }
+    tile_set<TILE_FILL_BATCH>(s, lds, rows, cols, f);
     __syncthreads();
 }
 
@@ -118,9 +138,10 @@ template <typename Ts, typename Tg> struct TileLoad {
     int rv, cv;
     const float* rowscale;
     float mul;
+    TileDiv row_of;   // of the groups per row, cols / 8
     __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
     __device__ __forceinline__ void fetch(int idx, Raw8<Tg>& x) const {
-        const int gpr = cols / 8, r = TileDiv(gpr)(idx), c = (idx - r * gpr) * 8;
+        const int r = row_of(idx), c = (idx - r * (cols / 8)) * 8;
         if (idx < groups() && r < rv && c < cv) {
             const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
             #pragma unroll
@@ -132,7 +153,7 @@ template <typename Ts, typename Tg> struct TileLoad {
     }
     __device__ __forceinline__ void store(int idx, const Raw8<Tg>& x) const {
         if (idx >= groups()) { return; }
-        const int gpr = cols / 8, r = TileDiv(gpr)(idx), c = (idx - r * gpr) * 8;
+        const int r = row_of(idx), c = (idx - r * (cols / 8)) * 8;
         float f[8];
         unpack8(f, x);
         store8_scaled(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
@@ -143,7 +164,7 @@ template <typename Ts, typename Tg>
 __device__ __forceinline__ TileLoad<Ts, Tg> make_tile_load(Ts* s, int lds, int rows, int cols, const Tg* g, size_t ldg,
                                                         int rv, int cv, const float* rowscale = nullptr,
                                                         float mul = 1.0f) {
-    return TileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul };
+    return TileLoad<Ts, Tg>{ s, lds, rows, cols, g, ldg, rv, cv, rowscale, mul, TileDiv(cols / 8) };
 }
 
 // one pass of tile_load: every tile's N groups of this thread are fetched into registers before any is stored

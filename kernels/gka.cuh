@@ -434,27 +434,10 @@ __host__ __device__ inline int gka_pad(int n) { return (n + 15) / 16 * 16; }
 __host__ __device__ inline int gka_lds(int n) { return gka_pad(n) + 4; }
 __host__ __device__ inline int gka_chunks(int T) { return gka_segments(T); }
 
-// use(idx, load(idx)) for idx = threadIdx.x, + blockDim.x, ... < n, GKA_LOAD_BATCH of this thread's loads in flight
-// before their uses: one memory latency per batch, not per element (ncu, H200: the solve's element-by-element
-// loads of H0 and K from global memory were 9% of its warps' stalls, one CTA per SM leaving nothing to hide them).
-// The same elements in the same order per thread, so sums over them are unchanged.
+// the per-chunk kernels' element-by-element loads from global memory keep GKA_LOAD_BATCH of each thread's loads in
+// flight (cta_batched, tile_set; ncu, H200: the solve's loads of H0 and K one by one were 9% of its warps' stalls,
+// one CTA per SM leaving nothing to hide them)
 #define GKA_LOAD_BATCH 8
-template <typename Ld, typename Use>
-__device__ __forceinline__ void gka_batched(int n, Ld load, Use use) {
-    for (int base = threadIdx.x; base < n; base += GKA_LOAD_BATCH * blockDim.x) {
-        float v[GKA_LOAD_BATCH];
-        #pragma unroll
-        for (int u = 0; u < GKA_LOAD_BATCH; u++) {
-            const int idx = base + u * blockDim.x;
-            v[u] = idx < n ? load(idx) : 0.0f;
-        }
-        #pragma unroll
-        for (int u = 0; u < GKA_LOAD_BATCH; u++) {
-            const int idx = base + u * blockDim.x;
-            if (idx < n) { use(idx, v[u]); }
-        }
-    }
-}
 
 // per-chunk decay factors in shared memory: gl (the chunk-local inclusive cumsum of g, 0 past the sequence's end)
 __device__ void gka_chunk_decays(float* gl, float* zeta, const float* g, size_t e0, int H, int L) {
@@ -487,11 +470,9 @@ __device__ void gka_mask_scale(float* S, int lds, float* Y, int ldy, int ny, con
 // zero past the sequence's end (L rows) and in the padding columns (n .. pad(n))
 template <typename Tg>
 __device__ void gka_load_rows(float* s, int lds, const Tg* m, size_t ld, size_t r0, int col0, int n, int L) {
-    const int np = gka_pad(n);
-    gka_batched(GKA_CHECKPOINT * np, [&](int idx) {
-        const int c = idx / np, j = idx % np;
+    tile_set<GKA_LOAD_BATCH>(s, lds, GKA_CHECKPOINT, gka_pad(n), [&](int c, int j) {
         return c < L && j < n ? to_float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
-    }, [&](int idx, float v) { s[(idx / np) * lds + idx % np] = v; });
+    });
 }
 
 // Qt = q_hat + alpha (x - q_hat) at row c (token-head row e0 + c H), column j of the chunk starting at row r0; 0
@@ -505,19 +486,16 @@ __device__ __forceinline__ float gka_qt(const floatX* qkv, const float* alpha, c
 }
 __device__ void gka_load_qt(float* Qs, int ld, const floatX* qkv, const float* alpha, const float* x, size_t r0,
                             size_t e0, int H, int hh, int dk, int DE, int L) {
-    const int dkp = gka_pad(dk);
-    gka_batched(GKA_CHECKPOINT * dkp, [&](int idx) {
-        return gka_qt(qkv, alpha, x, r0, e0, idx / dkp, idx % dkp, H, hh, dk, DE, L);
-    }, [&](int idx, float v) { Qs[(idx / dkp) * ld + idx % dkp] = v; });
+    tile_set<GKA_LOAD_BATCH>(Qs, ld, GKA_CHECKPOINT, gka_pad(dk), [&](int c, int j) {
+        return gka_qt(qkv, alpha, x, r0, e0, c, j, H, hh, dk, DE, L);
+    });
 }
 
 // a [rows][cols] fp32 state (global, row-major) into a padded [pad(rows)][lds] tile
 __device__ void gka_load_state(float* s, int lds, const float* m, int rows, int cols) {
-    const int rp = gka_pad(rows), cp = gka_pad(cols);
-    gka_batched(rp * cp, [&](int idx) {
-        const int i = idx / cp, j = idx % cp;
+    tile_set<GKA_LOAD_BATCH>(s, lds, gka_pad(rows), gka_pad(cols), [&](int i, int j) {
         return i < rows && j < cols ? m[(size_t)i * cols + j] : 0.0f;
-    }, [&](int idx, float v) { s[(idx / cp) * lds + idx % cp] = v; });
+    });
 }
 
 // ---- forward 1: the chunk states (spec 5.1(a)), sequential over chunks. Grid (B*H, column blocks of the
@@ -874,9 +852,6 @@ template <int NT> __device__ __forceinline__ void gka_frags_zero(float acc[NT][4
     for (int t = 0; t < NT; t++) { acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f; }
 }
 
-// S = (A Bt^T) (.) M (M of the chunk-local cumsum gl; Bt's rows are the n dimension, A in A_LO pieces) of the
-// warp's rows r0 + g (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into S (two pieces): the solve's X K^T, the
-// readout's Qt K^T, dQt's dO V^T
 // P = diag(zeta) A Ust + S Ct (spec 5.1(c) and (f)) for the warp's 16 rows r0 .. and the 32 columns n0 ..: A in
 // A_LO pieces, Ust (two pieces) stored [k][n] with UST_KN, else [n][k]; S in two pieces, Ct stored [k][n];
 // zeta_a, zeta_b the decays of the lane's rows r0 + g and r0 + g + 8
@@ -896,23 +871,52 @@ __device__ __forceinline__ void gka_chunk_rows_product(float p[4][4], const GkaT
     gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, S, GKA_SOLVE_LDS, r0, Ct, GKA_SOLVE_LDK, n0, lane);
 }
 
-template <bool A_LO>
-__device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const GkaTile& Bt, const float* gl, int r0,
-                                             int n0, int lane) {
+// the decay masks of spec 5: M[c][j] = exp(gl_c - gl_j) for j <= c (the forward's), and its transpose
+struct GkaMaskLower {
+    const float* gl;
+    __device__ __forceinline__ float operator()(int c, int j) const { return j <= c ? __expf(gl[c] - gl[j]) : 0.0f; }
+};
+struct GkaMaskUpper {
+    const float* gl;
+    __device__ __forceinline__ float operator()(int c, int j) const { return j >= c ? __expf(gl[j] - gl[c]) : 0.0f; }
+};
+
+// S = (A Bt^T) (.) mask (Bt's rows are the n dimension; A and Bt in A_LO, B_LO pieces) of the warp's rows r0 + g
+// (+ 8) and columns n0 + 8 t + 2 t4 (+ 1), into S (two pieces): with M, the solve's X K^T, the readout's Qt K^T,
+// dQt's dO V^T, pass 3a's X K^T; with M^T, pass 3a's K X^T and K Z^T
+template <bool A_LO, bool B_LO, typename Mask>
+__device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const GkaTile& Bt, int r0, int n0, int lane,
+                                             Mask mask) {
     float s[GKA_SOLVE_NTS][4];
     gka_frags_zero<GKA_SOLVE_NTS>(s);
-    gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, A_LO, false>(s, A, GKA_SOLVE_LDK, r0, Bt, GKA_SOLVE_LDK, n0, lane);
+    gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, A_LO, B_LO>(s, A, GKA_SOLVE_LDK, r0, Bt, GKA_SOLVE_LDK, n0, lane);
     const int g = lane >> 2, t4 = lane & 3;
     #pragma unroll
     for (int t = 0; t < GKA_SOLVE_NTS; t++) {
         #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int c = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
-            const float m0 = j <= c ? __expf(gl[c] - gl[j]) : 0.0f;
-            const float m1 = j + 1 <= c ? __expf(gl[c] - gl[j + 1]) : 0.0f;
-            S.set2(c * GKA_SOLVE_LDS + j, s[t][2 * h] * m0, s[t][2 * h + 1] * m1);
+            S.set2(c * GKA_SOLVE_LDS + j, s[t][2 * h] * mask(c, j), s[t][2 * h + 1] * mask(c, j + 1));
         }
     }
+}
+
+// rows x cols of an fp32 matrix (row stride ld) into a two-piece tile of nr rows of GKA_SOLVE_DK columns, zero past
+// rows and cols; no barrier
+__device__ void gka_set_pieces(GkaTile& t, const float* m, size_t ld, int rows, int cols, int nr) {
+    cta_batched<GKA_LOAD_BATCH>(nr * GKA_SOLVE_DK, [&](int idx) {
+        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        return i < rows && j < cols ? m[(size_t)i * ld + j] : 0.0f;
+    }, [&](int idx, float v) { t.set((idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK, v); });
+}
+
+// rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n) into a [BT][LDK] tile, zero
+// past the sequence's end (L rows) and in the columns n .. 128 (bf16 -> fp32 -> bf16: exact)
+__device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
+                                   int L) {
+    tile_set<GKA_LOAD_BATCH>(s, GKA_SOLVE_LDK, GKA_CHECKPOINT, GKA_SOLVE_DK, [&](int c, int j) {
+        return c < L && j < n ? __bfloat162float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
+    });
 }
 
 __global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
@@ -932,17 +936,14 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     // H0 and K as bf16 tiles (zero padding), ||H0||^2 in fp32
     const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
     float h0sq = 0.0f;
-    gka_batched(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
+    cta_batched<GKA_LOAD_BATCH>(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
         const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
         return i < dk && j < dk ? H0g[(size_t)i * dk + j] : 0.0f;
     }, [&](int idx, float v) {
         h0sq += v * v;
         sm.H0.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v);
     });
-    gka_batched(BT * GKA_SOLVE_DK, [&](int idx) {   // bf16 -> fp32 -> bf16: exact
-        const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        return c < L && j < dk ? __bfloat162float(qkv[(row0 + c) * DE + H * dk + hh * dk + j]) : 0.0f;
-    }, [&](int idx, float v) { sm.K.hi[(idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK] = __float2bfloat16_rn(v); });
+    gka_load_bf16_rows(sm.K.hi, qkv, DE, row0, H * dk + hh * dk, dk, L);
     // b of this lane's fragment elements (rows r0 + gq (+ 8), columns hc0 + 8 t + 2 t4 (+ 1)), in pairs
     float2* bl = sm.b + (size_t)warp * 2 * GKA_SOLVE_NTH * 32 + lane;
     #pragma unroll
@@ -1044,7 +1045,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             sm.X.set2(cb * LDK + j, x[t][2], x[t][3]);
         }
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
-        gka_masked_s<true>(sm.S, sm.X, sm.K, sm.gl, r0, sc0, lane);
+        gka_masked_s<true, false>(sm.S, sm.X, sm.K, r0, sc0, lane, GkaMaskLower{sm.gl});
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
         const double om = sm.om[it];
         const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
@@ -1121,16 +1122,6 @@ static size_t gka_chunk_product_mma_smem() {
     return bytes;
 }
 
-// rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n) into a [BT][LDK] tile, zero
-// past the sequence's end (L rows) and in the columns n .. 128
-__device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
-                                   int L) {
-    gka_batched(GKA_CHECKPOINT * GKA_SOLVE_DK, [&](int idx) {   // bf16 -> fp32 -> bf16: exact
-        const int c = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        return c < L && j < n ? __bfloat162float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
-    }, [&](int idx, float v) { s[(idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK] = __float2bfloat16_rn(v); });
-}
-
 template <bool DQT>
 __global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
 gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX* dO, const floatX* qkv,
@@ -1146,10 +1137,7 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     const float* U0 = Uck + ((size_t)bh * NT + n) * dk * dv;
-    gka_batched(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
-        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        return i < dk && j < dv ? U0[(size_t)i * dv + j] : 0.0f;
-    }, [&](int idx, float v) { sm.U.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
+    gka_set_pieces(sm.U, U0, dv, dk, dv, GKA_SOLVE_DK);
     const __nv_bfloat16* kq = qkv + H * dk + hh * dk;        // the head's keys, values in qkv's rows
     const __nv_bfloat16* vq = qkv + 2 * H * dk + hh * dv;
     gka_load_bf16_rows(sm.Bt.hi, DQT ? vq : kq, DE, row0, 0, DQT ? dv : dk, L);
@@ -1157,12 +1145,12 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     if (DQT) {
         gka_load_bf16_rows(sm.A.hi, dO, (size_t)H * dv, row0, hh * dv, dv, L);
     } else {
-        gka_batched(BT * GKA_SOLVE_DK, [&](int idx) {   // Qt = q_hat + alpha (x - q_hat)
+        cta_batched<GKA_LOAD_BATCH>(BT * GKA_SOLVE_DK, [&](int idx) {   // Qt = q_hat + alpha (x - q_hat)
             return gka_qt(qkv, alpha, x, row0, e0, idx / GKA_SOLVE_DK, idx % GKA_SOLVE_DK, H, hh, dk, DE, L);
         }, [&](int idx, float v) { sm.A.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
     }
     __syncthreads();
-    gka_masked_s<!DQT>(sm.S, sm.A, sm.Bt, sm.gl, r0, sc0, lane);   // this warp's 16 rows x columns sc0 ..
+    gka_masked_s<!DQT, false>(sm.S, sm.A, sm.Bt, r0, sc0, lane, GkaMaskLower{sm.gl});   // this warp's 16 rows x columns sc0 ..
     named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
     // P = diag(zeta) A Ust + S Ct: this warp's 16 rows x columns hc0 .. (32 at a time)
     const float zeta_a = sm.zeta[r0 + gq], zeta_b = sm.zeta[r0 + gq + 8];
@@ -1650,6 +1638,178 @@ gka_chunk_dk_h_kernel(float* dqkv, float* dG, const float* adj, const float* Z, 
     }
 }
 
+#if defined(ENABLE_BF16)
+
+// ---- pass 3a on register tiles (the bf16 build's; dev/cuda/gka_core.cu version 6): gka_chunk_dk_h_kernel's products
+// with the solve's warp layout. Block b of four warps owns rows 16 b .. of HX and dK_H, warp p of it their columns
+// 32 p .. and the columns 16 p .. of each masked S, which the block's warps meet at their named barrier to use.
+// Operands in bf16 pieces as the solve's: H0, X, Z, the end adjoints and every S in two, the keys in one (exact).
+// The row scalings diag(b) and diag(e) of the state terms act on the fp32 products K H0 and K (Zend + Zend^T +
+// Bend), not on K, which then stays exact.
+
+struct GkaDkhSmem {
+    float *gl, *zeta, *ws, *e, *bsum, *Wsum;   // [BT + 1] each (gka_chunk_adjoint_scalars)
+    float *zhx, *khk;                          // [BT][WPR]: the warps' parts of z_c.HX_c and k_c.dK_H[c]
+    GkaTile Hs, K, X, Zt, S;   // [128][LDK] H0, then Zend + Zend^T + Bend; [BT][LDK] x3 (K one piece); [BT][LDS]
+    __host__ __device__ GkaDkhSmem(size_t base, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT;
+        SmemCarver c(base);
+        gl = c.take<float>(BT + 1);
+        zeta = c.take<float>(BT + 1);
+        ws = c.take<float>(BT + 1);
+        e = c.take<float>(BT + 1);
+        bsum = c.take<float>(BT + 1);
+        Wsum = c.take<float>(BT + 1);
+        zhx = c.take<float>(GKA_SOLVE_WPR * BT);
+        khk = c.take<float>(GKA_SOLVE_WPR * BT);
+        Hs.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        Hs.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        X.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        X.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        Zt.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        Zt.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_chunk_dk_h_mma_smem() {
+    size_t bytes = 0;
+    GkaDkhSmem sm(0, &bytes);
+    return bytes;
+}
+
+// Gm (.) Mw: exp(gl_hi - gl_lo) Wsum_hi with hi = max(c, j), lo = min(c, j) (spec 5.2 pass 3, the f^2 term's Gram part)
+struct GkaMaskGram {
+    const float *gl, *Wsum;
+    __device__ __forceinline__ float operator()(int c, int j) const {
+        const int hi = c > j ? c : j, lo = c > j ? j : c;
+        return __expf(gl[hi] - gl[lo]) * Wsum[hi];
+    }
+};
+
+// p += diag(v) (K Bm) for the warp's 16 rows r0 .. and 32 columns n0 .. (Bm two pieces, stored [k][n])
+__device__ __forceinline__ void gka_add_scaled_key_product(float p[4][4], const GkaTile& K, const GkaTile& Bm,
+                                                           const float* v, int r0, int n0, int lane) {
+    float t[4][4];
+    gka_frags_zero<4>(t);
+    gka_warp_mma<4, GKA_SOLVE_DK, true, false, true>(t, K, GKA_SOLVE_LDK, r0, Bm, GKA_SOLVE_LDK, n0, lane);
+    const float va = v[r0 + (lane >> 2)], vb = v[r0 + (lane >> 2) + 8];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        p[i][0] += va * t[i][0];
+        p[i][1] += va * t[i][1];
+        p[i][2] += vb * t[i][2];
+        p[i][3] += vb * t[i][3];
+    }
+}
+
+// this warp's part of the row dots sum_j a(c, j) p[c][j] over its 32 columns n0 .., into part_out[WPR c + part]
+template <typename Fa>
+__device__ __forceinline__ void gka_row_dots_part(float* part_out, const float p[4][4], int r0, int n0, int part,
+                                                  int lane, Fa a) {
+    const int gq = lane >> 2, t4 = lane & 3;
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = r0 + gq + 8 * h;
+        float s = 0.0f;
+        #pragma unroll
+        for (int t = 0; t < 4; t++) {
+            #pragma unroll
+            for (int u = 0; u < 2; u++) { s += a(c, n0 + 8 * t + 2 * t4 + u) * p[t][2 * h + u]; }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (t4 == 0) { part_out[GKA_SOLVE_WPR * c + part] = s; }
+    }
+}
+
+__global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
+gka_chunk_dk_h_mma_kernel(float* dqkv, float* dG, const float* adj, const float* Z, const float* x, const float* f,
+                          const float* w, const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk,
+                          int dv) {
+    extern __shared__ __align__(128) unsigned char gka_smem_dkh_mma[];
+    GkaDkhSmem sm((size_t)gka_smem_dkh_mma, NULL);
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
+    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk, LDK = GKA_SOLVE_LDK, LDS = GKA_SOLVE_LDS;
+    const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;   // its columns of HX / dK_H and of S
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh, dkdk = (size_t)dk * dk;
+    const float* adjn = adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv);
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    gka_chunk_adjoint_scalars(sm.ws, sm.e, sm.bsum, sm.Wsum, sm.gl, sm.zeta, w, e0, H, L);
+    gka_set_pieces(sm.Hs, Hck + ((size_t)bh * NT + n) * dkdk, dk, dk, dk, GKA_SOLVE_DK);
+    gka_load_bf16_rows(sm.K.hi, qkv, DE, row0, H * dk + hh * dk, dk, L);
+    gka_set_pieces(sm.X, x + e0 * dk, (size_t)H * dk, L, dk, BT);
+    gka_set_pieces(sm.Zt, Z + e0 * dk, (size_t)H * dk, L, dk, BT);
+    __syncthreads();
+    // HX = diag(zeta) X H0 + ((X K^T) (.) M) K, then this warp's part of z_c.HX_c (z in fp32 from global memory)
+    float p[4][4];
+    gka_masked_s<true, false>(sm.S, sm.X, sm.K, r0, sc0, lane, GkaMaskLower{sm.gl});
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_chunk_rows_product<true, true>(p, sm.X, sm.Hs, sm.S, sm.K, sm.zeta[r0 + gq], sm.zeta[r0 + gq + 8], r0, hc0,
+                                       lane);
+    gka_row_dots_part(sm.zhx, p, r0, hc0, part, lane, [&](int c, int j) {
+        return c < L && j < dk ? Z[(e0 + (size_t)c * H) * dk + j] : 0.0f;
+    });
+    // -dK_H, the masked terms: ((K X^T) (.) M^T) Z + ((K Z^T) (.) M^T) X + (Gm (.) Mw) K, each S the block's own
+    gka_frags_zero<4>(p);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with S before it is written again
+    gka_masked_s<false, true>(sm.S, sm.K, sm.X, r0, sc0, lane, GkaMaskUpper{sm.gl});
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, true>(p, sm.S, LDS, r0, sm.Zt, LDK, hc0, lane);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_masked_s<false, true>(sm.S, sm.K, sm.Zt, r0, sc0, lane, GkaMaskUpper{sm.gl});
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, true>(p, sm.S, LDS, r0, sm.X, LDK, hc0, lane);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_masked_s<false, false>(sm.S, sm.K, sm.K, r0, sc0, lane, GkaMaskGram{sm.gl, sm.Wsum});
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, sm.S, LDS, r0, sm.K, LDK, hc0, lane);
+    // the state terms: diag(b) K H0 + diag(e) K (Zend + Zend^T + Bend)
+    gka_add_scaled_key_product(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);
+    __syncthreads();   // every warp is done with H0
+    cta_batched<GKA_LOAD_BATCH>(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
+        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
+        return i < dk && j < dk ? adjn[(size_t)i * dk + j] + adjn[(size_t)j * dk + i] + adjn[dkdk + (size_t)i * dk + j] : 0.0f;
+    }, [&](int idx, float v) { sm.Hs.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
+    __syncthreads();
+    gka_add_scaled_key_product(p, sm.K, sm.Hs, sm.e, r0, hc0, lane);
+    // dK_H = -p: this warp's part of k_c.dK_H[c] (the sign is dG's), then dqkv's k part
+    gka_row_dots_part(sm.khk, p, r0, hc0, part, lane, [&](int c, int j) {
+        return __bfloat162float(sm.K.hi[c * LDK + j]);
+    });
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = r0 + gq + 8 * h;
+        if (c >= L) { continue; }
+        float* dst = dqkv + (row0 + c) * DE + H * dk + hh * dk;
+        #pragma unroll
+        for (int t = 0; t < 4; t++) {
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = hc0 + 8 * t + 2 * t4 + u;
+                if (j < dk) { dst[j] = -p[t][2 * h + u]; }
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < L) {   // dG (H part) = -z.HX - (w/2) f^2 - (1/2) k.dK_H, the warps' parts in a fixed order
+        float zhx = 0.0f, khk = 0.0f;
+        for (int q = 0; q < GKA_SOLVE_WPR; q++) {
+            zhx += sm.zhx[GKA_SOLVE_WPR * tid + q];
+            khk += sm.khk[GKA_SOLVE_WPR * tid + q];
+        }
+        const float fc = f[e0 + (size_t)tid * H];
+        dG[e0 + (size_t)tid * H] = -zhx - 0.5f * sm.ws[tid] * fc * fc + 0.5f * khk;
+    }
+}
+
+#endif // ENABLE_BF16
+
 static size_t gka_chunk_du_smem(int dk, int dv) {
     const size_t BT = GKA_CHECKPOINT, ldm = gka_lds(dk > dv ? dk : dv), ldb = gka_lds(BT);
     return ((size_t)gka_pad(dk) * ldm + 4 * BT * ldm + BT * ldb + 6 * (BT + 1)) * sizeof(float);
@@ -1764,15 +1924,16 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 }
 
 // the chunk kernels' tile products, as dev/cuda/gka_core.cu's versions run them: fp32 on CUDA cores (version 2, and
-// dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), or the two solves, the readout and dQt on register tiles
-// (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5)
-// (version 5, the bf16 build only: gka_chunk_solve_mma_kernel's header says why)
-enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA };
+// dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), the two solves, the readout and dQt on register tiles
+// (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5), or
+// pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6). The register tiles are the bf16 build's
+// (gka_chunk_solve_mma_kernel's header says why).
+enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
 #else
-#define GKA_PRODUCTS GKA_PRODUCTS_MMA
+#define GKA_PRODUCTS GKA_PRODUCTS_MMA_DKH
 #endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
@@ -1785,7 +1946,7 @@ template <typename Kernel> struct GkaLaunch {
     size_t smem;
 };
 #if defined(ENABLE_FP32)
-#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA) are the bf16 build's")
+#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA, _MMA_DKH) are the bf16 build's")
 #else
 #define GKA_MMA_LAUNCH(...) (l = {__VA_ARGS__})
 #endif
@@ -1797,7 +1958,7 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
     GkaLaunch<GKASolveKernel> l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_solve_kernel<true>
                                                                  : gka_chunk_solve_kernel<false>,
                                    GKA_CHUNK_THREADS, gka_chunk_solve_smem(dk, iters)};
-    if (products == GKA_PRODUCTS_MMA) {
+    if (products >= GKA_PRODUCTS_MMA) {
         GKA_MMA_LAUNCH(gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters));
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
@@ -1811,9 +1972,23 @@ static GkaLaunch<GKAProductKernel> gka_product_launch(GkaProducts products, bool
     GkaLaunch<GKAProductKernel> l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_product_kernel<true>
                                                                    : gka_chunk_product_kernel<false>,
                                      GKA_CHUNK_THREADS, gka_chunk_product_smem(dk, dv)};
-    if (products == GKA_PRODUCTS_MMA) {
+    if (products >= GKA_PRODUCTS_MMA) {
         GKA_MMA_LAUNCH(dqt ? gka_chunk_product_mma_kernel<true> : gka_chunk_product_mma_kernel<false>,
                        GKA_SOLVE_THREADS, gka_chunk_product_mma_smem());
+    }
+    gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
+    return l;
+}
+
+// the backward's pass 3a (dK_H, dG's H part)
+typedef void (*GKADkhKernel)(float*, float*, const float*, const float*, const float*, const float*, const float*,
+                             const floatX*, const float*, const float*, int, int, int, int);
+static GkaLaunch<GKADkhKernel> gka_dk_h_launch(GkaProducts products, int dk, int dv) {
+    GkaLaunch<GKADkhKernel> l = {products == GKA_PRODUCTS_FP32 ? gka_chunk_dk_h_kernel<false>
+                                                               : gka_chunk_dk_h_kernel<true>,
+                                 GKA_CHUNK_THREADS, gka_chunk_dk_h_smem(dk)};
+    if (products == GKA_PRODUCTS_MMA_DKH) {
+        GKA_MMA_LAUNCH(gka_chunk_dk_h_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_dk_h_mma_smem());
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
     return l;
@@ -1880,17 +2055,17 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     float* adj = rest;
     float* w = adj + (size_t)B * H * NT * (2 * (size_t)dk * dk + (size_t)dk * dv);
     float* dG = w + rows;
-    const size_t dkh = gka_chunk_dk_h_smem(dk), du = gka_chunk_du_smem(dk, dv);
-    auto dkh_kernel = tensor_cores ? gka_chunk_dk_h_kernel<true> : gka_chunk_dk_h_kernel<false>;
+    const GkaLaunch<GKADkhKernel> dkh = gka_dk_h_launch(products, dk, dv);
+    const size_t du = gka_chunk_du_smem(dk, dv);
     auto du_kernel = tensor_cores ? gka_chunk_du_kernel<true> : gka_chunk_du_kernel<false>;
-    gka_kernel_smem((const void*)dkh_kernel, dkh, dk, dv);
     gka_kernel_smem((const void*)du_kernel, du, dk, dv);
     gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
     gka_chunk_adjoint_states_kernel<<<dim3(B * H, 2 * nbk + nbv), GKA_ADJ_THREADS, 0, stream>>>(
         adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
     cudaCheckLaunch();
-    dkh_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, dkh, stream>>>(dqkv, dG, adj, Z, x, f, w, qkv, g, Hck, T, H, dk, dv);
+    dkh.kernel<<<dim3(NT, B * H), dkh.threads, dkh.smem, stream>>>(dqkv, dG, adj, Z, x, f, w, qkv, g, Hck, T, H, dk,
+                                                                  dv);
     cudaCheckLaunch();
     du_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, du, stream>>>(dqkv, dalpha, dG, adj, dQt, Z, dO, x, qkv, alpha, g, T,
                                                                   H, dk, dv, scale);

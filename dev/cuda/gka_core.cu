@@ -5,9 +5,9 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 5        (the argument picks the version that is checked and timed; default: the trainer's, 5 in
+./gka_core_bin 6        (the argument picks the version that is checked and timed; default: the trainer's, 6 in
                          the bf16 build and 4 in fp32)
-./gka_core_bin 5 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 6 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -62,6 +62,14 @@ forward+backward 22.98 ms. Then
 (2026-11-28) the per-chunk kernels' loads from global memory in batches of eight per thread (gka_batched; ncu: the
 solve's H0 and K loads were 9% of its stalls): forward+backward 21.87 -> 21.28 ms, fp32 64.92 -> 63.88 ms, the
 checks' errors identical.
+
+version 6 (bf16 build only) is version 5 with pass 3a (dK_H and dG's H part) on register tiles too (kernels/gka.cuh's
+gka_chunk_dk_h_mma_kernel): the solve's warp layout, each of its masked S matrices made and used by the four warps
+of a 16-row block, H0, x, Z, the end adjoints and every S in two bf16 pieces, the keys in one, the state terms'
+row scalings diag(b), diag(e) on the fp32 products. Measured on an H200 (2026-11-29, same shape, one run): pass 3a
+4.85 -> 1.80 ms under ncu; forward+backward 18.49 ms (version 5 in the same run 20.48 ms, its loads now through
+chunk_tiles.cuh's tile_set and its runtime row divisions by one multiply-high; the old version 5 binary 21.26 ms);
+every check passes (at dk = 128: dk 6.7e-5 and dg 6.4e-5, version 5's 6.8e-5 and 3.9e-5).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -546,7 +554,8 @@ static void release(CoreDevice& d) {
 static int version = 2;   // the version checked and timed (main's argument)
 
 static GkaProducts version_products() {
-    return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : GKA_PRODUCTS_MMA;
+    return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
+                                                                                     : GKA_PRODUCTS_MMA_DKH;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -633,7 +642,7 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
     printf("  GFLOP/s counts the CPU recurrence's FLOPs, (8 + 2r) D^2 forward and (20 + 2r) D^2 backward per token "
            "per head (spec 3.2), not spec 6's chunkwise count\n");
 #if defined(ENABLE_BF16)
-    if (version == 5) {
+    if (version >= 5) {
         int per_sm = 0;
         const size_t smem = gka_chunk_solve_mma_smem(iters);
         cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS,
@@ -647,11 +656,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    // default: what this build's trainer runs (5 in bf16, 4 in fp32)
-    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA ? 5 : 4;
-    if (version < 1 || version > 5) { die("usage: %s [version 1 to 5; default 5 in the bf16 build, 4 in fp32]", argv[0]); }
+    // default: what this build's trainer runs (6 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_DKH ? 6 : 4;
+    if (version < 1 || version > 6) { die("usage: %s [version 1 to 6; default 6 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version == 5) { die("version 5 is the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 and 6 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);
