@@ -910,6 +910,14 @@ __device__ void gka_set_pieces(GkaTile& t, const float* m, size_t ld, int rows, 
     }, [&](int idx, float v) { t.set((idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK, v); });
 }
 
+// the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt) into a two-piece [BT][LDK] tile; no barrier
+__device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* alpha, const float* x, size_t r0,
+                                  size_t e0, int H, int hh, int dk, int DE, int L) {
+    cta_batched<GKA_LOAD_BATCH>(GKA_CHECKPOINT * GKA_SOLVE_DK, [&](int idx) {
+        return gka_qt(qkv, alpha, x, r0, e0, idx / GKA_SOLVE_DK, idx % GKA_SOLVE_DK, H, hh, dk, DE, L);
+    }, [&](int idx, float v) { t.set((idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK, v); });
+}
+
 // rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n) into a [BT][LDK] tile, zero
 // past the sequence's end (L rows) and in the columns n .. 128 (bf16 -> fp32 -> bf16: exact)
 __device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
@@ -1131,7 +1139,7 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     GkaProductSmem sm((size_t)gka_smem_product_mma, NULL);
     const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
-    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk, LDK = GKA_SOLVE_LDK;
+    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk;
     const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
@@ -1145,9 +1153,7 @@ gka_chunk_product_mma_kernel(floatX* o, float* dQt, const float* x, const floatX
     if (DQT) {
         gka_load_bf16_rows(sm.A.hi, dO, (size_t)H * dv, row0, hh * dv, dv, L);
     } else {
-        cta_batched<GKA_LOAD_BATCH>(BT * GKA_SOLVE_DK, [&](int idx) {   // Qt = q_hat + alpha (x - q_hat)
-            return gka_qt(qkv, alpha, x, row0, e0, idx / GKA_SOLVE_DK, idx % GKA_SOLVE_DK, H, hh, dk, DE, L);
-        }, [&](int idx, float v) { sm.A.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
+        gka_set_qt_pieces(sm.A, qkv, alpha, x, row0, e0, H, hh, dk, DE, L);
     }
     __syncthreads();
     gka_masked_s<!DQT, false>(sm.S, sm.A, sm.Bt, r0, sc0, lane, GkaMaskLower{sm.gl});   // this warp's 16 rows x columns sc0 ..
@@ -1690,12 +1696,14 @@ struct GkaMaskGram {
     }
 };
 
-// p += diag(v) (K Bm) for the warp's 16 rows r0 .. and 32 columns n0 .. (Bm two pieces, stored [k][n])
-__device__ __forceinline__ void gka_add_scaled_key_product(float p[4][4], const GkaTile& K, const GkaTile& Bm,
+// p += diag(v) (A Bm) for the warp's 16 rows r0 .. and 32 columns n0 .. (A one piece, the keys or values; Bm two
+// pieces, stored [k][n] with B_KN, else [n][k])
+template <bool B_KN>
+__device__ __forceinline__ void gka_add_row_scaled_product(float p[4][4], const GkaTile& A, const GkaTile& Bm,
                                                            const float* v, int r0, int n0, int lane) {
     float t[4][4];
     gka_frags_zero<4>(t);
-    gka_warp_mma<4, GKA_SOLVE_DK, true, false, true>(t, K, GKA_SOLVE_LDK, r0, Bm, GKA_SOLVE_LDK, n0, lane);
+    gka_warp_mma<4, GKA_SOLVE_DK, B_KN, false, true>(t, A, GKA_SOLVE_LDK, r0, Bm, GKA_SOLVE_LDK, n0, lane);
     const float va = v[r0 + (lane >> 2)], vb = v[r0 + (lane >> 2) + 8];
     #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -1703,6 +1711,28 @@ __device__ __forceinline__ void gka_add_scaled_key_product(float p[4][4], const 
         p[i][1] += va * t[i][1];
         p[i][2] += vb * t[i][2];
         p[i][3] += vb * t[i][3];
+    }
+}
+
+// the warp's 16 x 32 fragments p (rows r0 + g (+ 8), columns n0 + 8 t + 2 t4 (+ 1)) into the rows c < L and columns
+// j < n of dst (row stride ld): dst = mul p, or with ADD dst += mul p
+template <bool ADD>
+__device__ __forceinline__ void gka_frags_store(float* dst, size_t ld, const float p[4][4], float mul, int r0, int n0,
+                                                int L, int n, int lane) {
+    const int gq = lane >> 2, t4 = lane & 3;
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = r0 + gq + 8 * h;
+        if (c >= L) { continue; }
+        float* row = dst + (size_t)c * ld;
+        #pragma unroll
+        for (int t = 0; t < 4; t++) {
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = n0 + 8 * t + 2 * t4 + u;
+                if (j < n) { row[j] = ADD ? row[j] + mul * p[t][2 * h + u] : mul * p[t][2 * h + u]; }
+            }
+        }
     }
 }
 
@@ -1734,7 +1764,7 @@ gka_chunk_dk_h_mma_kernel(float* dqkv, float* dG, const float* adj, const float*
     GkaDkhSmem sm((size_t)gka_smem_dkh_mma, NULL);
     const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
-    const int gq = lane >> 2, t4 = lane & 3, r0 = 16 * blk, LDK = GKA_SOLVE_LDK, LDS = GKA_SOLVE_LDS;
+    const int gq = lane >> 2, r0 = 16 * blk, LDK = GKA_SOLVE_LDK, LDS = GKA_SOLVE_LDS;
     const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;   // its columns of HX / dK_H and of S
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh, dkdk = (size_t)dk * dk;
@@ -1770,32 +1800,19 @@ gka_chunk_dk_h_mma_kernel(float* dqkv, float* dG, const float* adj, const float*
     named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
     gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, sm.S, LDS, r0, sm.K, LDK, hc0, lane);
     // the state terms: diag(b) K H0 + diag(e) K (Zend + Zend^T + Bend)
-    gka_add_scaled_key_product(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);
+    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);
     __syncthreads();   // every warp is done with H0
     cta_batched<GKA_LOAD_BATCH>(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
         const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
         return i < dk && j < dk ? adjn[(size_t)i * dk + j] + adjn[(size_t)j * dk + i] + adjn[dkdk + (size_t)i * dk + j] : 0.0f;
     }, [&](int idx, float v) { sm.Hs.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
     __syncthreads();
-    gka_add_scaled_key_product(p, sm.K, sm.Hs, sm.e, r0, hc0, lane);
+    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.e, r0, hc0, lane);
     // dK_H = -p: this warp's part of k_c.dK_H[c] (the sign is dG's), then dqkv's k part
     gka_row_dots_part(sm.khk, p, r0, hc0, part, lane, [&](int c, int j) {
         return __bfloat162float(sm.K.hi[c * LDK + j]);
     });
-    #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int c = r0 + gq + 8 * h;
-        if (c >= L) { continue; }
-        float* dst = dqkv + (row0 + c) * DE + H * dk + hh * dk;
-        #pragma unroll
-        for (int t = 0; t < 4; t++) {
-            #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int j = hc0 + 8 * t + 2 * t4 + u;
-                if (j < dk) { dst[j] = -p[t][2 * h + u]; }
-            }
-        }
-    }
+    gka_frags_store<false>(dqkv + row0 * DE + H * dk + hh * dk, DE, p, -1.0f, r0, hc0, L, dk, lane);
     __syncthreads();
     if (tid < L) {   // dG (H part) = -z.HX - (w/2) f^2 - (1/2) k.dK_H, the warps' parts in a fixed order
         float zhx = 0.0f, khk = 0.0f;
@@ -1893,6 +1910,117 @@ gka_chunk_du_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, con
     if (tid < L) { dG[e0 + (size_t)tid * H] += qdq[tid] - kdk[tid]; }
 }
 
+#if defined(ENABLE_BF16)
+
+// ---- pass 3b on register tiles (the bf16 build's; dev/cuda/gka_core.cu version 7): gka_chunk_du_kernel's products
+// with pass 3a's layout (gka_chunk_dk_h_mma_kernel): block b of four warps owns rows 16 b .. of dV and dK_U, warp p
+// of it their columns 32 p .. and the columns 16 p .. of each masked S. DUend, Qt and every S in two bf16 pieces,
+// the keys, values and dO in one (exact); diag(e) acts on the fp32 products K DUend and V DUend^T. The elementwise
+// rest (dq_hat, dalpha, qt_c.dQt[c]) reads its operands from global memory, a warp per row.
+
+struct GkaDuSmem {
+    float *gl, *zeta, *e, *qdq;   // [BT] each
+    float* kdk;                   // [BT][WPR]: the warps' parts of k_c.dK_U[c]
+    GkaTile DU, K, V, dO, Qt, S;  // [128][LDK] DUend (two pieces); [BT][LDK] x4 (Qt two pieces); [BT][LDS]
+    __host__ __device__ GkaDuSmem(size_t base, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT;
+        SmemCarver c(base);
+        gl = c.take<float>(BT);
+        zeta = c.take<float>(BT);
+        e = c.take<float>(BT);
+        qdq = c.take<float>(BT);
+        kdk = c.take<float>(GKA_SOLVE_WPR * BT);
+        DU.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        DU.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
+        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        V = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        dO = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
+        Qt.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        Qt.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
+        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_chunk_du_mma_smem() {
+    size_t bytes = 0;
+    GkaDuSmem sm(0, &bytes);
+    return bytes;
+}
+
+__global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
+gka_chunk_du_mma_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, const float* dQt, const float* Z,
+                        const floatX* dO, const float* x, const floatX* qkv, const float* alpha, const float* g, int T,
+                        int H, int dk, int dv, float scale) {
+    extern __shared__ __align__(128) unsigned char gka_smem_du_mma[];
+    GkaDuSmem sm((size_t)gka_smem_du_mma, NULL);
+    const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32, blk = warp / GKA_SOLVE_WPR, part = warp % GKA_SOLVE_WPR;
+    const int r0 = 16 * blk, LDK = GKA_SOLVE_LDK, LDS = GKA_SOLVE_LDS;
+    const int hc0 = 8 * GKA_SOLVE_NTH * part, sc0 = 8 * GKA_SOLVE_NTS * part;   // its columns of dV / dK_U and of S
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh, dkdk = (size_t)dk * dk;
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    if (tid < BT) { sm.e[tid] = expf(sm.gl[BT - 1] - sm.gl[tid]); }
+    gka_set_pieces(sm.DU, adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv) + 2 * dkdk, dv, dk, dv,
+                   GKA_SOLVE_DK);
+    gka_load_bf16_rows(sm.K.hi, qkv, DE, row0, H * dk + hh * dk, dk, L);
+    gka_load_bf16_rows(sm.V.hi, qkv, DE, row0, 2 * H * dk + hh * dv, dv, L);
+    gka_load_bf16_rows(sm.dO.hi, dO, (size_t)H * dv, row0, hh * dv, dv, L);
+    gka_set_qt_pieces(sm.Qt, qkv, alpha, x, row0, e0, H, hh, dk, DE, L);
+    __syncthreads();
+    const auto mask = [&](int c, int j) { return scale * GkaMaskUpper{sm.gl}(c, j); };   // s M^T
+    // dV = diag(e) K DUend + s ((K Qt^T) (.) M^T) dO
+    float p[4][4];
+    gka_frags_zero<4>(p);
+    gka_masked_s<false, true>(sm.S, sm.K, sm.Qt, r0, sc0, lane, mask);
+    gka_add_row_scaled_product<true>(p, sm.K, sm.DU, sm.e, r0, hc0, lane);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, sm.S, LDS, r0, sm.dO, LDK, hc0, lane);
+    gka_frags_store<false>(dqkv + row0 * DE + 2 * H * dk + hh * dv, DE, p, 1.0f, r0, hc0, L, dv, lane);
+    // dK_U = diag(e) V DUend^T + s ((V dO^T) (.) M^T) Qt, added to pass 3a's dK_H in dqkv's k part
+    gka_frags_zero<4>(p);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with S before it is written again
+    gka_masked_s<false, false>(sm.S, sm.V, sm.dO, r0, sc0, lane, mask);
+    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);
+    named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
+    gka_warp_mma<4, GKA_CHECKPOINT, true, true, true>(p, sm.S, LDS, r0, sm.Qt, LDK, hc0, lane);
+    gka_row_dots_part(sm.kdk, p, r0, hc0, part, lane, [&](int c, int j) {
+        return __bfloat162float(sm.K.hi[c * LDK + j]);
+    });
+    gka_frags_store<true>(dqkv + row0 * DE + H * dk + hh * dk, DE, p, 1.0f, r0, hc0, L, dk, lane);
+    // dq_hat = (1 - alpha) dQt + Z, dalpha_c = dQt[c].(x_c - q_hat_c) and qt_c.dQt[c], a warp per row
+    for (int c = warp; c < L; c += GKA_SOLVE_WARPS) {
+        const size_t ec = e0 + (size_t)c * H;
+        const float al = alpha[ec];
+        float da = 0.0f, qd = 0.0f;
+        for (int j = lane; j < dk; j += 32) {
+            const float q = to_float(qkv[(row0 + c) * DE + hh * dk + j]), xq = x[ec * dk + j] - q;
+            const float d = dQt[ec * dk + j];
+            dqkv[(row0 + c) * DE + hh * dk + j] = (1.0f - al) * d + Z[ec * dk + j];
+            da += d * xq;
+            qd += (q + al * xq) * d;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            da += __shfl_xor_sync(0xffffffffu, da, o);
+            qd += __shfl_xor_sync(0xffffffffu, qd, o);
+        }
+        if (lane == 0) {
+            dalpha[ec] = da;
+            sm.qdq[c] = qd;
+        }
+    }
+    __syncthreads();
+    if (tid < L) {   // dG (U part) = qt.dQt - k.dK_U, the warps' parts in a fixed order
+        float kd = 0.0f;
+        for (int q = 0; q < GKA_SOLVE_WPR; q++) { kd += sm.kdk[GKA_SOLVE_WPR * tid + q]; }
+        dG[e0 + (size_t)tid * H] += sm.qdq[tid] - kd;
+    }
+}
+
+#endif // ENABLE_BF16
+
 // dg_t = sum_{s >= t} dG_s over each sequence: one warp per (b, head), lane i taking the i-th of 32 contiguous
 // segments of the sequence. Each lane sums its segment, adds the totals of the segments after it (in lane order)
 // and walks its segment backwards: the same sums in the same order on every run.
@@ -1926,14 +2054,14 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // the chunk kernels' tile products, as dev/cuda/gka_core.cu's versions run them: fp32 on CUDA cores (version 2, and
 // dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), the two solves, the readout and dQt on register tiles
 // (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5), or
-// pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6). The register tiles are the bf16 build's
-// (gka_chunk_solve_mma_kernel's header says why).
-enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH };
+// pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6), or pass 3b too (gka_chunk_du_mma_kernel;
+// version 7). The register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3 };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
 #else
-#define GKA_PRODUCTS GKA_PRODUCTS_MMA_DKH
+#define GKA_PRODUCTS GKA_PRODUCTS_MMA_PASS3
 #endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
@@ -1946,7 +2074,7 @@ template <typename Kernel> struct GkaLaunch {
     size_t smem;
 };
 #if defined(ENABLE_FP32)
-#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA, _MMA_DKH) are the bf16 build's")
+#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's")
 #else
 #define GKA_MMA_LAUNCH(...) (l = {__VA_ARGS__})
 #endif
@@ -1987,8 +2115,21 @@ static GkaLaunch<GKADkhKernel> gka_dk_h_launch(GkaProducts products, int dk, int
     GkaLaunch<GKADkhKernel> l = {products == GKA_PRODUCTS_FP32 ? gka_chunk_dk_h_kernel<false>
                                                                : gka_chunk_dk_h_kernel<true>,
                                  GKA_CHUNK_THREADS, gka_chunk_dk_h_smem(dk)};
-    if (products == GKA_PRODUCTS_MMA_DKH) {
+    if (products >= GKA_PRODUCTS_MMA_DKH) {
         GKA_MMA_LAUNCH(gka_chunk_dk_h_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_dk_h_mma_smem());
+    }
+    gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
+    return l;
+}
+
+// pass 3b (dV, dK_U, dq_hat, dalpha, dG's U part)
+typedef void (*GKADuKernel)(float*, float*, float*, const float*, const float*, const float*, const floatX*,
+                            const float*, const floatX*, const float*, const float*, int, int, int, int, float);
+static GkaLaunch<GKADuKernel> gka_du_launch(GkaProducts products, int dk, int dv) {
+    GkaLaunch<GKADuKernel> l = {products == GKA_PRODUCTS_FP32 ? gka_chunk_du_kernel<false> : gka_chunk_du_kernel<true>,
+                                GKA_CHUNK_THREADS, gka_chunk_du_smem(dk, dv)};
+    if (products == GKA_PRODUCTS_MMA_PASS3) {
+        GKA_MMA_LAUNCH(gka_chunk_du_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_du_mma_smem());
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
     return l;
@@ -2033,7 +2174,6 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     float* dQt = scratch;
     float* Z = dQt + (size_t)B * T * H * dk;
     float* rest = Z + (size_t)B * T * H * dk;
-    const bool tensor_cores = products != GKA_PRODUCTS_FP32;
     const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
     const GkaLaunch<GKAProductKernel> dqt = gka_product_launch(products, true, dk, dv);
     dqt.kernel<<<dim3(NT, B * H), dqt.threads, dqt.smem, stream>>>(NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv,
@@ -2056,9 +2196,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     float* w = adj + (size_t)B * H * NT * (2 * (size_t)dk * dk + (size_t)dk * dv);
     float* dG = w + rows;
     const GkaLaunch<GKADkhKernel> dkh = gka_dk_h_launch(products, dk, dv);
-    const size_t du = gka_chunk_du_smem(dk, dv);
-    auto du_kernel = tensor_cores ? gka_chunk_du_kernel<true> : gka_chunk_du_kernel<false>;
-    gka_kernel_smem((const void*)du_kernel, du, dk, dv);
+    const GkaLaunch<GKADuKernel> du = gka_du_launch(products, dk, dv);
     gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
     gka_chunk_adjoint_states_kernel<<<dim3(B * H, 2 * nbk + nbv), GKA_ADJ_THREADS, 0, stream>>>(
@@ -2067,7 +2205,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     dkh.kernel<<<dim3(NT, B * H), dkh.threads, dkh.smem, stream>>>(dqkv, dG, adj, Z, x, f, w, qkv, g, Hck, T, H, dk,
                                                                   dv);
     cudaCheckLaunch();
-    du_kernel<<<dim3(NT, B * H), GKA_CHUNK_THREADS, du, stream>>>(dqkv, dalpha, dG, adj, dQt, Z, dO, x, qkv, alpha, g, T,
+    du.kernel<<<dim3(NT, B * H), du.threads, du.smem, stream>>>(dqkv, dalpha, dG, adj, dQt, Z, dO, x, qkv, alpha, g, T,
                                                                   H, dk, dv, scale);
     cudaCheckLaunch();
     gka_dg_scan_kernel<<<ceil_div(B * H, GKA_SCAN_WARPS), GKA_SCAN_WARPS * 32, 0, stream>>>(dg, dG, B, T, H);

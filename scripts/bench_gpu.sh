@@ -4,7 +4,8 @@
 # mixers also at B=1, T=16384 and 32768: long context, 16K and 32K tokens per step), beside a PyTorch
 # peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
 # when attn is among the models), plus the timing lines of the kernel labs of the models' cores
-# (dev/cuda/gdn_chunk_bwd.cu for gdn and kaczmarz, kalman_scan.cu for kalman, pdn_core.cu for pdn, pgdn and pkda).
+# (dev/cuda/gdn_chunk_bwd.cu for gdn and kaczmarz, gka_core.cu for gka, kalman_scan.cu for kalman, pdn_core.cu for
+# pdn, pgdn and pkda).
 # Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
 # every run, so a run cut short still leaves the rows done so far) and the log of every run to $OUT/bench_gpu_logs/.
@@ -37,8 +38,8 @@ MAX_SEQ_LEN=4096         # position-embedding rows of the attn model, the same i
 FLA_GDN_TOKS=242000      # DESIGN.md's figure for FLA's GDN layers (one H200, T=1024), not measured here
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-300}
 LAB_DIR=dev/cuda
-declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [kalman]=kalman_scan [pdn]=pdn_core [pgdn]=pdn_core
-                   [pkda]=pdn_core)   # the lab of each core
+declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [gka]=gka_core [kalman]=kalman_scan [pdn]=pdn_core
+                   [pgdn]=pdn_core [pkda]=pdn_core)   # the lab of each core
 LABS=()   # the models' labs, each once, in the models' order
 for M in "${MODELS[@]}"; do
     lab=${MODEL_LAB[$M]:-}

@@ -5,9 +5,9 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 6        (the argument picks the version that is checked and timed; default: the trainer's, 6 in
+./gka_core_bin 7        (the argument picks the version that is checked and timed; default: the trainer's, 7 in
                          the bf16 build and 4 in fp32)
-./gka_core_bin 6 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 7 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -59,7 +59,7 @@ readout and dQt on register tiles too (gka_chunk_product_mma_kernel, U0 and S in
 the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before. Then w with a warp
 per row (0.27 -> 0.06 ms) and dg's scan with a warp per sequence (0.64 -> 0.05 ms): forward 7.31, backward 15.79,
 forward+backward 22.98 ms. Then
-(2026-11-28) the per-chunk kernels' loads from global memory in batches of eight per thread (gka_batched; ncu: the
+(2026-11-28) the per-chunk kernels' loads from global memory in batches of eight per thread (gka_batched, now chunk_tiles.cuh's cta_batched; ncu: the
 solve's H0 and K loads were 9% of its stalls): forward+backward 21.87 -> 21.28 ms, fp32 64.92 -> 63.88 ms, the
 checks' errors identical.
 
@@ -70,6 +70,13 @@ row scalings diag(b), diag(e) on the fp32 products. Measured on an H200 (2026-11
 4.85 -> 1.80 ms under ncu; forward+backward 18.49 ms (version 5 in the same run 20.48 ms, its loads now through
 chunk_tiles.cuh's tile_set and its runtime row divisions by one multiply-high; the old version 5 binary 21.26 ms);
 every check passes (at dk = 128: dk 6.7e-5 and dg 6.4e-5, version 5's 6.8e-5 and 3.9e-5).
+version 7 (bf16 build only, the trainer's) is version 6 with pass 3b (dV, dK_U, dq_hat, dalpha, dG's U part) on
+register tiles too (gka_chunk_du_mma_kernel, pass 3a's layout; DUend, Qt and every S in two pieces, the keys,
+values and dO in one, the elementwise rest a warp per row from global memory). Measured on an H200 (2026-11-29,
+same shape, one run): pass 3b 3.48 -> 1.83 ms under ncu; forward 6.45, backward 10.76, forward+backward 17.24 ms
+(version 6 in the same run 18.51 ms); every check passes (at dk = 128: dk 8.0e-5, dv 1.2e-4, dg 2.1e-4). Per kernel
+now (ncu, ms): chunk states 1.73, solve 5.22, readout 1.17, dQt 1.09, adjoint solve 4.96, adjoint states 3.33,
+pass 3a 1.82, pass 3b 1.83, w 0.05, dg's scan 0.05.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -555,7 +562,7 @@ static int version = 2;   // the version checked and timed (main's argument)
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
-                                                                                     : GKA_PRODUCTS_MMA_DKH;
+           : version == 6 ? GKA_PRODUCTS_MMA_DKH : GKA_PRODUCTS_MMA_PASS3;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -656,11 +663,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    // default: what this build's trainer runs (6 in bf16, 4 in fp32)
-    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_DKH ? 6 : 4;
-    if (version < 1 || version > 6) { die("usage: %s [version 1 to 6; default 6 in the bf16 build, 4 in fp32]", argv[0]); }
+    // default: what this build's trainer runs (7 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_PASS3 ? 7 : 4;
+    if (version < 1 || version > 7) { die("usage: %s [version 1 to 7; default 7 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 and 6 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 7 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);
