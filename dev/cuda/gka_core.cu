@@ -58,10 +58,9 @@ the warp slots); readout 2.11, dQt 2.09, dK_H 4.86, the rest of pass 3 3.89, w 0
 readout and dQt on register tiles too (gka_chunk_product_mma_kernel, U0 and S in two pieces): 1.59 and 1.50 ms;
 the core forward 7.30, backward 16.48, forward+backward 23.74 ms, every check passing as before. Then w with a warp
 per row (0.27 -> 0.06 ms) and dg's scan with a warp per sequence (0.64 -> 0.05 ms): forward 7.31, backward 15.79,
-forward+backward 22.98 ms. Then
-(2026-11-28) the per-chunk kernels' loads from global memory in batches of eight per thread (gka_batched, now chunk_tiles.cuh's cta_batched; ncu: the
-solve's H0 and K loads were 9% of its stalls): forward+backward 21.87 -> 21.28 ms, fp32 64.92 -> 63.88 ms, the
-checks' errors identical.
+forward+backward 22.98 ms. Then (2026-11-28) the per-chunk kernels' loads from global memory in batches of eight
+per thread (gka_batched, now chunk_tiles.cuh's cta_batched; ncu: the solve's H0 and K loads were 9% of its stalls):
+forward+backward 21.87 -> 21.28 ms, fp32 64.92 -> 63.88 ms, the checks' errors identical.
 
 version 6 (bf16 build only) is version 5 with pass 3a (dK_H and dG's H part) on register tiles too (kernels/gka.cuh's
 gka_chunk_dk_h_mma_kernel): the solve's warp layout, each of its masked S matrices made and used by the four warps
