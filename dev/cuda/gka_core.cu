@@ -76,6 +76,14 @@ same shape, one run): pass 3b 3.48 -> 1.83 ms under ncu; forward 6.45, backward 
 (version 6 in the same run 18.51 ms); every check passes (at dk = 128: dk 8.0e-5, dv 1.2e-4, dg 2.1e-4). Per kernel
 now (ncu, ms): chunk states 1.73, solve 5.22, readout 1.17, dQt 1.09, adjoint solve 4.96, adjoint states 3.33,
 pass 3a 1.82, pass 3b 1.83, w 0.05, dg's scan 0.05.
+Then (2026-11-29) the chunk states of the forward and the adjoint states of the backward's pass 2, linear recurrences
+over the chunks with coefficients that do not depend on the states, run as every chunk's term at once and a scan
+over the chunks element by element (kernels/gka.cuh's gka_chunk_state_terms_kernel, gka_chunk_adjoint_terms_kernel,
+gka_state_scan_kernel) instead of one pass per (b, h) walking the chunks: the same sums in the same order, and both
+builds print the same errors as before to the last digit. H200, one run: forward+backward 17.24 -> 16.44 ms (fp32
+61.57 -> 58.86 ms); under ncu the chunk states 1.73 -> 1.30 + 2 x 0.15 ms (terms, then the scans of H and U), the
+adjoint states 3.33 -> 2.23 + 0.42 ms. The gain is larger at B=1, where the sequential passes had only H x
+column-block CTAs: gka:12 at B=1 T=16384 64,031 -> 118,623 tok/s (0.96x its B=16 T=1024 figure of the same run).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
