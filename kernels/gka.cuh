@@ -301,7 +301,9 @@ static void gka_core_check(size_t smem, int dk, int dv) {
     int device = 0, max_optin = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (dk > 128 || dv > 128) { die("gka on the GPU: dk = %d, dv = %d; the recurrent core takes dk, dv <= 128", dk, dv); }
+    if (dk > 128 || dv > 128 || dk % 8 != 0 || dv % 8 != 0) {   // the chunk kernels' 16-byte tile loads want the 8
+        die("gka on the GPU: dk = %d, dv = %d; the recurrent core takes dk, dv <= 128, multiples of 8", dk, dv);
+    }
     if (smem > (size_t)max_optin) {
         die("gka on the GPU: dk = %d, dv = %d need %zu bytes of shared memory per block, the device has %d", dk, dv,
             smem, max_optin);
@@ -547,15 +549,16 @@ gka_chunk_state_terms_kernel(float* Hck, float* Uck, const floatX* qkv, const fl
         for (int c = 0; c < GKA_CHECKPOINT; c++) { e[c] = expf(acc - e[c]); }
     }
     __syncthreads();
-    tile_set<GKA_LOAD_BATCH>(Ks, GKA_STATE_LDR, GKA_CHECKPOINT, 128, [&](int c, int j) {   // the row operand diag(e) K
-        return j < dk ? e[c] * to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]) : 0.0f;
-    });
-    tile_set<GKA_LOAD_BATCH>(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, [&](int c, int jj) {
-        const int j = blockIdx.x * GKA_STATE_COLS + jj;
-        const floatX* row = qkv + (r0 + c) * DE;
-        return j < dk ? to_float(row[H * dk + hh * dk + j]) : j < dk + dv ? to_float(row[2 * H * dk + hh * dv + j - dk]) : 0.0f;
-    });
-    __syncthreads();
+    // the row operand diag(e) K, and the column operand: the block's columns of [K | V], those of K (kc, a multiple of
+    // 8 as dk is) and then those of V from its column vc0
+    const floatX* rows = qkv + r0 * DE;
+    const int cb = blockIdx.x * GKA_STATE_COLS, kc = min(GKA_STATE_COLS, max(0, dk - cb)), vc0 = cb + kc - dk;
+    tile_load<2>(make_tile_load(Ks, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE,
+                                GKA_CHECKPOINT, dk, e),
+                 make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, kc, rows + H * dk + hh * dk + cb, (size_t)DE,
+                                GKA_CHECKPOINT, kc),
+                 make_tile_load(Src + kc, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS - kc,
+                                rows + 2 * H * dk + hh * dv + vc0, (size_t)DE, GKA_CHECKPOINT, dv - vc0));
     float acc[4][4];
     gka_state_block(acc, Ks, Src, ri, ci);
     for (int a = 0; a < 4; a++) {
@@ -1514,24 +1517,28 @@ gka_chunk_adjoint_terms_kernel(float* adj, const float* Z, const float* x, const
     const int L = min(GKA_CHECKPOINT, T - n * GKA_CHECKPOINT);
     gka_chunk_decays(gl, zeta, g, e0, H, L);
     gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
-    // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col]
-    tile_set<GKA_LOAD_BATCH>(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, [&](int c, int i) {
-        const size_t ec = e0 + (size_t)c * H;
-        if (c >= L || i >= dk) { return 0.0f; }
-        if (which == 0) { return zeta[c] * Z[ec * dk + i]; }
-        if (which == 1) { return bsum[c] * to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + i]); }
-        const float q = to_float(qkv[(r0 + c) * DE + hh * dk + i]);
-        return scale * zeta[c] * (q + alpha[ec] * (x[ec * dk + i] - q));
-    });
-    tile_set<GKA_LOAD_BATCH>(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, [&](int c, int jj) {
-        const int j = cb0 + jj;
-        const size_t ec = e0 + (size_t)c * H;
-        if (c >= L || j >= ncols) { return 0.0f; }
-        if (which == 0) { return x[ec * dk + j]; }
-        if (which == 1) { return to_float(qkv[(r0 + c) * DE + H * dk + hh * dk + j]); }
-        return to_float(dO[(r0 + c) * H * dv + hh * dv + j]);
-    });
-    __syncthreads();
+    // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col] (16-byte loads but the
+    // adjoint of Qt's, which is computed)
+    const floatX* rows = qkv + r0 * DE;
+    if (which == 0) {   // zeta_c z_c and x
+        tile_load<2>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, Z + e0 * dk, (size_t)H * dk, L, dk, zeta),
+                     make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, x + e0 * dk + cb0,
+                                    (size_t)H * dk, L, dk - cb0));
+    } else if (which == 1) {   // b_c k_c and K
+        tile_load<2>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE, L, dk,
+                                    bsum),
+                     make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, rows + H * dk + hh * dk + cb0,
+                                    (size_t)DE, L, dk - cb0));
+    } else {   // s zeta_c qt_c and dO
+        tile_set<GKA_LOAD_BATCH>(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, [&](int c, int i) {
+            const size_t ec = e0 + (size_t)c * H;
+            if (c >= L || i >= dk) { return 0.0f; }
+            const float q = to_float(qkv[(r0 + c) * DE + hh * dk + i]);
+            return scale * zeta[c] * (q + alpha[ec] * (x[ec * dk + i] - q));
+        });
+        tile_load<4>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS,
+                                    dO + r0 * H * dv + hh * dv + cb0, (size_t)H * dv, L, dv - cb0));
+    }
     float acc[4][4];
     gka_state_block(acc, Rs, Src, ri, ci);
     const float* H0 = Hck + ((size_t)bh * NT + n) * dkdk;

@@ -84,6 +84,10 @@ builds print the same errors as before to the last digit. H200, one run: forward
 61.57 -> 58.86 ms); under ncu the chunk states 1.73 -> 1.30 + 2 x 0.15 ms (terms, then the scans of H and U), the
 adjoint states 3.33 -> 2.23 + 0.42 ms. The gain is larger at B=1, where the sequential passes had only H x
 column-block CTAs: gka:12 at B=1 T=16384 64,031 -> 118,623 tok/s (0.96x its B=16 T=1024 figure of the same run).
+Then the two term kernels' tiles load 16 bytes at a time (tile_load with the row scalings as its row scales: the
+same products bit for bit; ncu had both issue-bound on element-by-element index arithmetic): chunk-state terms
+1.30 -> 0.73 ms, adjoint terms 2.23 -> 1.61 ms, forward+backward 16.41 -> 15.38 ms (fp32 59.29 -> 58.41 ms), the
+errors of both builds unchanged to the last digit (H200, one run).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
