@@ -442,15 +442,22 @@ __host__ __device__ inline int gka_chunks(int T) { return gka_segments(T); }
 #define GKA_LOAD_BATCH 8
 
 // per-chunk decay factors in shared memory: gl (the chunk-local inclusive cumsum of g, 0 past the sequence's end)
+// and zeta = exp(gl). The chunk's g are fetched by one thread each (staged in zeta) and summed in order by one
+// thread: a single thread fetching them one by one had to wait for each load in turn, its stores to shared memory
+// through generic pointers keeping the compiler from hoisting the next load. Block of at least BT threads.
 __device__ void gka_chunk_decays(float* gl, float* zeta, const float* g, size_t e0, int H, int L) {
-    if (threadIdx.x == 0) {
+    const int tid = threadIdx.x;
+    if (tid < GKA_CHECKPOINT) { zeta[tid] = tid < L ? g[e0 + (size_t)tid * H] : 0.0f; }
+    __syncthreads();
+    if (tid == 0) {
         float acc = 0.0f;
         for (int c = 0; c < GKA_CHECKPOINT; c++) {
-            acc += c < L ? g[e0 + (size_t)c * H] : 0.0f;
+            acc += zeta[c];
             gl[c] = acc;
-            zeta[c] = expf(acc);
         }
     }
+    __syncthreads();
+    if (tid < GKA_CHECKPOINT) { zeta[tid] = expf(gl[tid]); }
     __syncthreads();
 }
 
@@ -536,18 +543,23 @@ __global__ void __launch_bounds__(GKA_STATE_THREADS)
 gka_chunk_state_terms_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk, int dv) {
     __shared__ __align__(16) float Ks[GKA_CHECKPOINT * GKA_STATE_LDR];
     __shared__ __align__(16) float Src[GKA_CHECKPOINT * GKA_STATE_LDC];
-    __shared__ float e[GKA_CHECKPOINT];
+    __shared__ float e[GKA_CHECKPOINT + 1];
     const int n = blockIdx.y, bh = blockIdx.z, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int ri = tid / (GKA_STATE_COLS / 4), ci = tid % (GKA_STATE_COLS / 4);   // rows 4 ri .., columns 4 ci ..
     const int col0 = blockIdx.x * GKA_STATE_COLS + 4 * ci;   // this thread's first column of [H | U]
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT;   // a full chunk: n < NT - 1
-    if (tid == 0) {   // e_c = exp(gl_BT - gl_c)
+    // e_c = exp(gl_BT - gl_c): the chunk's g fetched by one thread each, summed in order by one (gka_chunk_decays)
+    if (tid < GKA_CHECKPOINT) { e[tid] = g[(r0 + tid) * H + hh]; }
+    __syncthreads();
+    if (tid == 0) {
         float acc = 0.0f;
-        for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += g[(r0 + c) * H + hh]; e[c] = acc; }
-        for (int c = 0; c < GKA_CHECKPOINT; c++) { e[c] = expf(acc - e[c]); }
+        for (int c = 0; c < GKA_CHECKPOINT; c++) { acc += e[c]; e[c] = acc; }
+        e[GKA_CHECKPOINT] = acc;
     }
+    __syncthreads();
+    if (tid < GKA_CHECKPOINT) { e[tid] = expf(e[GKA_CHECKPOINT] - e[tid]); }
     __syncthreads();
     // the row operand diag(e) K, and the column operand: the block's columns of [K | V], those of K (kc, a multiple of
     // 8 as dk is) and then those of V from its column vc0
