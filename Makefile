@@ -23,11 +23,17 @@ PROGRAMS = train_kla test_kla test_tasks test_tokenizer test_dataloader test_ran
 COMMON = utils.h tokenizer.h dataloader.h model.h tasks.h train_common.h
 
 # CUDA programs (train_klacu, test_klacu), built whenever nvcc is found, GPU or not.
-# PRECISION=BF16 (default) or FP32; GPU_COMPUTE_CAPABILITY=90 (H100/H200) by default.
+# PRECISION=BF16 (default) or FP32; GPU_COMPUTE_CAPABILITY=90 (H100/H200) by default, built as the arch-specific
+# sm_90a (gka's bf16 solve runs on Hopper's wgmma, kernels/mma.cuh).
 NVCC ?= $(shell command -v nvcc 2> /dev/null)
 PRECISION ?= BF16
 GPU_COMPUTE_CAPABILITY ?= 90
-NVCC_FLAGS = -O3 -std=c++17 -arch=sm_$(GPU_COMPUTE_CAPABILITY) -lineinfo -Xcompiler -Wall
+ifeq ($(GPU_COMPUTE_CAPABILITY),90)
+  NVCC_ARCH = -gencode arch=compute_90a,code=sm_90a
+else
+  NVCC_ARCH = -arch=sm_$(GPU_COMPUTE_CAPABILITY)
+endif
+NVCC_FLAGS = -O3 -std=c++17 $(NVCC_ARCH) -lineinfo -Xcompiler -Wall
 NVCC_LDLIBS = -lcublasLt -lcublas
 ifeq ($(PRECISION),FP32)
   PRECISION_FLAG = -DENABLE_FP32
@@ -80,7 +86,7 @@ ifneq ($(NCCL_HEADER),)
 endif
 ifneq ($(NVCC),)
   CUDA_PROGRAMS = train_klacu test_klacu
-  CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), sm_$(GPU_COMPUTE_CAPABILITY), $(MULTI_GPU_STATUS))
+  CUDA_STATUS = nvcc found: built the CUDA programs ($(PRECISION), $(NVCC_ARCH), $(MULTI_GPU_STATUS))
 else
   CUDA_STATUS = nvcc not found: CUDA programs skipped
 endif

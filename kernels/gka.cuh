@@ -773,7 +773,7 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = fr[tid]; }
 }
 
-// ---- the solve on register tiles (dev/cuda/gka_core.cu version 5; what the bf16 trainer runs): the same CHEB of
+// ---- the solve on register tiles (dev/cuda/gka_core.cu versions 5 to 7): the same CHEB of
 // the chunk's BT = 64 tokens as gka_chunk_solve_kernel, with the iterate x [64][128] (dk padded to 128 with zeros)
 // held in mma.sync C fragments (kernels/mma.cuh) across all r iterations. Sixteen warps in four blocks of
 // GKA_SOLVE_WPR = 4; block b owns rows 16 b .. +15 and its warps share everything an iteration needs, so a block
@@ -830,30 +830,256 @@ struct GkaTile {
     }
 };
 
-struct GkaSolveSmem {
-    double* tau;     // [BT]
-    float *gl, *zeta, *fr, *lam, *red, *quad, *gram;   // [BT] each; red [32]; quad, gram [BT][WPR] (per warp)
-    GkaTile H0, K, X, S;   // [128][LDK], [BT][LDK], [BT][LDK], [BT][LDS]; two pieces but K
-    float2* b;       // [warps][2 NTH fragment element pairs][32 lanes]
-    double* om;      // [iters] the omegas
-    __host__ __device__ GkaSolveSmem(size_t base, int iters, size_t* bytes) {
+// a tile of n bf16 elements carved from shared memory: hi, then lo when two_pieces (else lo = nullptr)
+__host__ __device__ inline GkaTile gka_take_tile(SmemCarver& c, size_t n, bool two_pieces) {
+    GkaTile t;
+    t.hi = c.take<__nv_bfloat16>(n);
+    t.lo = two_pieces ? c.take<__nv_bfloat16>(n) : nullptr;
+    return t;
+}
+
+// the rows [0, nr) x columns [0, GKA_SOLVE_DK) of a row-major global matrix g (row stride ld; g 16-byte aligned, ld
+// a multiple of 8), eight elements at a time: use(r, c0, x[8]) for each group, zeros past rows and cols (cols a
+// multiple of 8), N groups of this thread in flight; no barrier
+#define GKA_LOAD_GROUPS 4   // groups of eight elements in flight per thread
+template <int N, typename Tg, typename Use>
+__device__ __forceinline__ void gka_load_rows8(const Tg* g, size_t ld, int rows, int cols, int nr, Use use) {
+    const int per_row = GKA_SOLVE_DK / 8, n = nr * per_row;
+    for (int base = threadIdx.x; base < n; base += N * blockDim.x) {
+        Raw8<Tg> raw[N];
+        #pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int idx = base + u * blockDim.x, r = idx / per_row, c0 = idx % per_row * 8;
+            const bool in = idx < n && r < rows && c0 < cols;
+            #pragma unroll
+            for (int w = 0; w < (int)(sizeof(Tg) / 2); w++) {
+                raw[u].u[w] = in ? reinterpret_cast<const uint4*>(g + (size_t)r * ld + c0)[w] : make_uint4(0, 0, 0, 0);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int idx = base + u * blockDim.x;
+            if (idx < n) {
+                float x[8];
+                unpack8(x, raw[u]);
+                use(idx / per_row, idx % per_row * 8, x);
+            }
+        }
+    }
+}
+
+// the norms f_c = ||H_c||_F of the chunk's tokens (spec 5.1(b)) from f_c^2 = gamma_c^2 f_{c-1}^2 + a_c, f_{-1}^2 =
+// ||H0||^2 = h0f2, a_c = 2 zeta_c quad_c + the Gram part gram_c (parts [BT][P], summed in order): the affine maps
+// f^2 -> gamma_c^2 f^2 + a_c composed by a scan over the lanes of warp 0 (two tokens per lane); into fr
+template <int P>
+__device__ void gka_norm_scan(float* fr, const float* gl, const float* zeta, const float* quad, const float* gram,
+                              float h0f2) {
+    if (threadIdx.x >= 32) { return; }
+    const int lane = threadIdx.x;
+    float A[2], Bc[2];
+    #pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int c = 2 * lane + e;
+        const float gam = __expf(gl[c] - (c ? gl[c - 1] : 0.0f));
+        float q = 0.0f, w = 0.0f;
+        #pragma unroll
+        for (int p = 0; p < P; p++) {
+            q += quad[P * c + p];
+            w += gram[P * c + p];
+        }
+        A[e] = gam * gam;
+        Bc[e] = 2.0f * zeta[c] * q + w;
+    }
+    float a = A[1] * A[0], bsum = A[1] * Bc[0] + Bc[1];   // the lane's two maps, composed
+    #pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+        const float a_up = __shfl_up_sync(0xffffffffu, a, off), b_up = __shfl_up_sync(0xffffffffu, bsum, off);
+        if (lane >= off) {
+            bsum = a * b_up + bsum;
+            a = a * a_up;
+        }
+    }
+    // f^2 before the lane's first token: the maps of the lanes below applied to h0f2
+    const float a_ex = __shfl_up_sync(0xffffffffu, a, 1), b_ex = __shfl_up_sync(0xffffffffu, bsum, 1);
+    float f2 = lane ? a_ex * h0f2 + b_ex : h0f2;
+    #pragma unroll
+    for (int e = 0; e < 2; e++) {
+        f2 = A[e] * f2 + Bc[e];
+        fr[2 * lane + e] = sqrtf(fmaxf(f2, 0.0f));
+    }
+}
+
+// ---- what the two bf16 solve kernels share (gka_chunk_solve_mma_kernel, gka_chunk_solve_wgmma_kernel): a chunk's
+// per-row data, and this thread's fragment elements of x, x_prev and b: rows ca and ca + 8, columns c0 + 8 t + 2 t4
+// (+ 1) of the NT n-tiles t, the accumulator layout (kernels/mma.cuh)
+
+// the per-row data, carved first: tau (double), the decays, f, a f, a reduction slot, and the parts [BT][parts] of
+// quad_c and of f's Gram term
+struct GkaSolveRows {
+    double* tau;
+    float *gl, *zeta, *fr, *lam, *red, *quad, *gram;
+    __host__ __device__ void take_rows(SmemCarver& c, int parts) {
         const int BT = GKA_CHECKPOINT;
-        SmemCarver c(base);
         tau = c.take<double>(BT);
         gl = c.take<float>(BT);
         zeta = c.take<float>(BT);
         fr = c.take<float>(BT);
         lam = c.take<float>(BT);
         red = c.take<float>(32);
-        quad = c.take<float>(GKA_SOLVE_WPR * BT);
-        gram = c.take<float>(GKA_SOLVE_WPR * BT);
-        H0.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        H0.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        X.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        X.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
-        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        quad = c.take<float>((size_t)parts * BT);
+        gram = c.take<float>((size_t)parts * BT);
+    }
+};
+
+// b (q_hat for the forward, rhs == NULL; alpha rhs for the adjoint) in pairs at bl[(2 t + h) stride], h = 0 for
+// row ca, 1 for ca + 8 (shared memory in the threads' own order: no barrier guards it)
+template <int NT>
+__device__ void gka_load_b_frags(float2* bl, int stride, const float* rhs, const float* alpha, const floatX* qkv,
+                                 size_t row0, size_t e0, int H, int hh, int dk, int DE, int L, int ca, int c0, int t4) {
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = ca + 8 * h;
+        const size_t e = e0 + (size_t)c * H;
+        const float al = rhs && c < L ? alpha[e] : 0.0f;
+        #pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v[2] = {0.0f, 0.0f};
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = c0 + 8 * t + 2 * t4 + u;
+                if (c < L && j < dk) { v[u] = rhs ? al * rhs[e * dk + j] : to_float(qkv[(row0 + c) * DE + hh * dk + j]); }
+            }
+            bl[(t * 2 + h) * stride] = make_float2(v[0], v[1]);
+        }
+    }
+}
+
+// this warp's parts of quad_c = k_c^T H0 k_c and of f's Gram term sum_{j <= c} (1 or 2) M[c][j] (k_c.k_j)^2 (weight
+// 2 for j < c, 1 for j = c: the |k_c|^4 term) for its rows, from its fragments kh of K H0 (columns hc0 .., NTH
+// n-tiles) and gm of K K^T (columns sc0 .., NTS n-tiles), key(c, j) = k_c[j]; into quad, gram [c][part]
+template <int NTH, int NTS, typename Key>
+__device__ void gka_quad_gram_part(GkaSolveRows& r, int parts, int part, const float* kh, const float* gm, int ca,
+                                   int hc0, int sc0, int t4, Key key) {
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = ca + 8 * h;
+        float q = 0.0f, w = 0.0f;
+        #pragma unroll
+        for (int t = 0; t < NTH; t++) {
+            #pragma unroll
+            for (int u = 0; u < 2; u++) { q += kh[4 * t + 2 * h + u] * key(c, hc0 + 8 * t + 2 * t4 + u); }
+        }
+        #pragma unroll
+        for (int t = 0; t < NTS; t++) {
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = sc0 + 8 * t + 2 * t4 + u;
+                const float v = gm[4 * t + 2 * h + u];
+                if (j <= c) { w += (j < c ? 2.0f : 1.0f) * __expf(r.gl[c] - r.gl[j]) * v * v; }
+            }
+        }
+        q += __shfl_xor_sync(0xffffffffu, q, 1);
+        q += __shfl_xor_sync(0xffffffffu, q, 2);
+        w += __shfl_xor_sync(0xffffffffu, w, 1);
+        w += __shfl_xor_sync(0xffffffffu, w, 2);
+        if (t4 == 0) {
+            r.quad[parts * c + part] = q;
+            r.gram[parts * c + part] = w;
+        }
+    }
+}
+
+// f per row (compute_f: from the parts by gka_norm_scan; else read back from f), then tau = 2 / (f (1 + 2a)) and
+// a f; ends with a barrier
+template <int P>
+__device__ void gka_solve_rows_finish(GkaSolveRows& r, int compute_f, const float* f, size_t e0, int H, int L,
+                                      float h0f2, float ridge) {
+    const int tid = threadIdx.x;
+    if (compute_f) {
+        __syncthreads();   // the parts
+        gka_norm_scan<P>(r.fr, r.gl, r.zeta, r.quad, r.gram, h0f2);
+    } else if (tid < GKA_CHECKPOINT) {
+        r.fr[tid] = tid < L ? f[e0 + (size_t)tid * H] : 1.0f;
+    }
+    __syncthreads();
+    if (tid < GKA_CHECKPOINT) {
+        r.tau[tid] = r.fr[tid] > 0.0f ? 2.0 / ((double)r.fr[tid] * (1.0 + 2.0 * (double)ridge)) : 0.0;
+        r.lam[tid] = ridge * r.fr[tid];
+    }
+    __syncthreads();
+}
+
+// x = tau b, x_prev = 0
+template <int NT>
+__device__ __forceinline__ void gka_cheb_start(float (*x)[4], float (*xp)[4], const float2* bl, int stride,
+                                               float tau_a, float tau_b) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 bb = bl[(t * 2 + i / 2) * stride];
+            x[t][i] = (i < 2 ? tau_a : tau_b) * (i % 2 ? bb.y : bb.x);
+            xp[t][i] = 0.0f;
+        }
+    }
+}
+
+// one Chebyshev step of spec 3.1 on this thread's elements, hy = H x: x <- omega x - tau omega (hy + a f x - b) -
+// (omega - 1) x_prev with c1 = tau omega of each row, c2 = omega, c3 = omega - 1; rows with f = 0 (all keys zero)
+// keep x = 0, not 0/0
+struct GkaChebRow {
+    float c1, lam;
+    bool live;
+};
+template <int NT>
+__device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*xp)[4], const float* hy, const float2* bl,
+                                              int stride, GkaChebRow ra, GkaChebRow rb, float c2, float c3) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const GkaChebRow& rw = i < 2 ? ra : rb;
+            const float2 bb = bl[(t * 2 + i / 2) * stride];
+            const float bv = i % 2 ? bb.y : bb.x;
+            float& xv = x[t][i];
+            float& pv = xp[t][i];
+            const float xn = c2 * xv - rw.c1 * (hy[4 * t + i] + rw.lam * xv - bv) - c3 * pv;
+            pv = xv;
+            xv = rw.live ? xn : 0.0f;
+        }
+    }
+}
+
+// x's rows ca, ca + 8 (those before the sequence's end) into sol
+template <int NT>
+__device__ __forceinline__ void gka_store_x_frags(float* sol, const float (*x)[4], size_t e0, int H, int dk, int L,
+                                                  int ca, int c0, int t4) {
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int c = ca + 8 * h;
+        if (c >= L) { continue; }
+        float* dst = sol + (e0 + (size_t)c * H) * dk;
+        #pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const int j = c0 + 8 * t + 2 * t4;
+            if (j < dk) { dst[j] = x[t][2 * h]; }
+            if (j + 1 < dk) { dst[j + 1] = x[t][2 * h + 1]; }
+        }
+    }
+}
+
+struct GkaSolveSmem : GkaSolveRows {   // quad, gram parts: the warps of a row block
+    GkaTile H0, K, X, S;   // [128][LDK], [BT][LDK], [BT][LDK], [BT][LDS]; two pieces but K
+    float2* b;       // [warps][2 NTH fragment element pairs][32 lanes]
+    double* om;      // [iters] the omegas
+    __host__ __device__ GkaSolveSmem(size_t base, int iters, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT;
+        SmemCarver c(base);
+        take_rows(c, GKA_SOLVE_WPR);
+        H0 = gka_take_tile(c, (size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK, true);
+        K = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        X = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, true);
+        S = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDS, true);
         b = c.take<float2>((size_t)GKA_SOLVE_WARPS * 2 * GKA_SOLVE_NTH * 32);
         om = c.take<double>(iters);   // last: the other offsets are compile-time constants
         if (bytes) { *bytes = c.off; }
@@ -956,29 +1182,59 @@ __device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const
     }
 }
 
-// rows x cols of an fp32 matrix (row stride ld) into a two-piece tile of nr rows of GKA_SOLVE_DK columns, zero past
-// rows and cols; no barrier
+// rows x cols of an fp32 matrix (row stride ld, 16-byte aligned rows, cols a multiple of 8) into a two-piece tile of
+// nr rows of GKA_SOLVE_DK columns, zero past rows and cols, 16 bytes at a time; no barrier
 __device__ void gka_set_pieces(GkaTile& t, const float* m, size_t ld, int rows, int cols, int nr) {
-    cta_batched<GKA_LOAD_BATCH>(nr * GKA_SOLVE_DK, [&](int idx) {
-        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        return i < rows && j < cols ? m[(size_t)i * ld + j] : 0.0f;
-    }, [&](int idx, float v) { t.set((idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK, v); });
+    gka_load_rows8<GKA_LOAD_GROUPS>(m, ld, rows, cols, nr, [&](int i, int j0, const float* v) {
+        #pragma unroll
+        for (int e = 0; e < 8; e += 2) { t.set2(i * GKA_SOLVE_LDK + j0 + e, v[e], v[e + 1]); }
+    });
 }
 
-// the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt) into a two-piece [BT][LDK] tile; no barrier
+// the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt) into a two-piece [BT][LDK] tile, zero past L rows and dk
+// columns, eight elements at a time (16 bytes of q_hat and 32 of x per group, GKA_LOAD_GROUPS groups of this thread
+// in flight); no barrier
 __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* alpha, const float* x, size_t r0,
                                   size_t e0, int H, int hh, int dk, int DE, int L) {
-    cta_batched<GKA_LOAD_BATCH>(GKA_CHECKPOINT * GKA_SOLVE_DK, [&](int idx) {
-        return gka_qt(qkv, alpha, x, r0, e0, idx / GKA_SOLVE_DK, idx % GKA_SOLVE_DK, H, hh, dk, DE, L);
-    }, [&](int idx, float v) { t.set((idx / GKA_SOLVE_DK) * GKA_SOLVE_LDK + idx % GKA_SOLVE_DK, v); });
+    const int per_row = GKA_SOLVE_DK / 8, n = GKA_CHECKPOINT * per_row;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int base = threadIdx.x; base < n; base += GKA_LOAD_GROUPS * blockDim.x) {
+        Raw8<floatX> qr[GKA_LOAD_GROUPS];
+        Raw8<float> xr[GKA_LOAD_GROUPS];
+        float al[GKA_LOAD_GROUPS];
+        #pragma unroll
+        for (int u = 0; u < GKA_LOAD_GROUPS; u++) {
+            const int idx = base + u * blockDim.x, c = idx / per_row, j0 = idx % per_row * 8;
+            const bool in = idx < n && c < L && j0 < dk;
+            const size_t e = e0 + (size_t)c * H;
+            const uint4* xg = reinterpret_cast<const uint4*>(x + e * dk + j0);
+            qr[u].u[0] = in ? *reinterpret_cast<const uint4*>(qkv + (r0 + c) * DE + hh * dk + j0) : zero;
+            xr[u].u[0] = in ? xg[0] : zero;
+            xr[u].u[1] = in ? xg[1] : zero;
+            al[u] = in ? alpha[e] : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < GKA_LOAD_GROUPS; u++) {
+            const int idx = base + u * blockDim.x, c = idx / per_row, j0 = idx % per_row * 8;
+            if (idx >= n) { continue; }
+            float q[8], xv[8];
+            unpack8(q, qr[u]);
+            unpack8(xv, xr[u]);
+            #pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                t.set2(c * GKA_SOLVE_LDK + j0 + e, q[e] + al[u] * (xv[e] - q[e]), q[e + 1] + al[u] * (xv[e + 1] - q[e + 1]));
+            }
+        }
+    }
 }
 
-// rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n) into a [BT][LDK] tile, zero
-// past the sequence's end (L rows) and in the columns n .. 128 (bf16 -> fp32 -> bf16: exact)
+// rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n, n a multiple of 8) into a
+// [BT][LDK] tile, zero past the sequence's end (L rows) and in the columns n .. 128, 16 bytes at a time (bf16 ->
+// fp32 -> bf16: exact)
 __device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
                                    int L) {
-    tile_set<GKA_LOAD_BATCH>(s, GKA_SOLVE_LDK, GKA_CHECKPOINT, GKA_SOLVE_DK, [&](int c, int j) {
-        return c < L && j < n ? __bfloat162float(m[(r0 + c) * ld + col0 + j]) : 0.0f;
+    gka_load_rows8<GKA_LOAD_GROUPS>(m + r0 * ld + col0, ld, L, n, GKA_CHECKPOINT, [&](int c, int j0, const float* v) {
+        store8_scaled(s + c * GKA_SOLVE_LDK + j0, v, 1.0f);
     });
 }
 
@@ -1007,24 +1263,9 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         sm.H0.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v);
     });
     gka_load_bf16_rows(sm.K.hi, qkv, DE, row0, H * dk + hh * dk, dk, L);
-    // b of this lane's fragment elements (rows r0 + gq (+ 8), columns hc0 + 8 t + 2 t4 (+ 1)), in pairs
+    const int ca = r0 + gq, cb = ca + 8;   // this lane's rows
     float2* bl = sm.b + (size_t)warp * 2 * GKA_SOLVE_NTH * 32 + lane;
-    #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int c = r0 + gq + 8 * h;
-        const size_t e = e0 + (size_t)c * H;
-        const float al = rhs && c < L ? alpha[e] : 0.0f;
-        #pragma unroll
-        for (int t = 0; t < GKA_SOLVE_NTH; t++) {
-            float v[2] = {0.0f, 0.0f};
-            #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int j = hc0 + 8 * t + 2 * t4 + u;
-                if (c < L && j < dk) { v[u] = rhs ? al * rhs[e * dk + j] : to_float(qkv[(row0 + c) * DE + hh * dk + j]); }
-            }
-            bl[(t * 2 + h) * 32] = make_float2(v[0], v[1]);
-        }
-    }
+    gka_load_b_frags<GKA_SOLVE_NTH>(bl, 32, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
     const float h0f2 = gka_block_sum(h0sq, sm.red);   // its barriers publish the tiles too
     if (compute_f) {
         // quad_c = k_c^T H0 k_c: this warp's part of K H0, times K, summed over its columns
@@ -1035,71 +1276,16 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         float s[GKA_SOLVE_NTS][4];
         gka_frags_zero<GKA_SOLVE_NTS>(s);
         gka_warp_mma<GKA_SOLVE_NTS, GKA_SOLVE_DK, false, false, false>(s, sm.K, LDK, r0, sm.K, LDK, sc0, lane);
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int c = r0 + gq + 8 * h;
-            float q = 0.0f, w = 0.0f;
-            #pragma unroll
-            for (int t = 0; t < GKA_SOLVE_NTH; t++) {
-                #pragma unroll
-                for (int u = 0; u < 2; u++) { q += acc[t][2 * h + u] * __bfloat162float(sm.K.hi[c * LDK + hc0 + 8 * t + 2 * t4 + u]); }
-            }
-            #pragma unroll
-            for (int t = 0; t < GKA_SOLVE_NTS; t++) {
-                #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int j = sc0 + 8 * t + 2 * t4 + u;
-                    const float gm = s[t][2 * h + u];
-                    if (j <= c) { w += (j < c ? 2.0f : 1.0f) * __expf(sm.gl[c] - sm.gl[j]) * gm * gm; }
-                }
-            }
-            q += __shfl_xor_sync(0xffffffffu, q, 1);
-            q += __shfl_xor_sync(0xffffffffu, q, 2);
-            w += __shfl_xor_sync(0xffffffffu, w, 1);
-            w += __shfl_xor_sync(0xffffffffu, w, 2);
-            if (t4 == 0) {
-                sm.quad[GKA_SOLVE_WPR * c + part] = q;
-                sm.gram[GKA_SOLVE_WPR * c + part] = w;
-            }
-        }
-        __syncthreads();
-        if (tid == 0) {   // f_c^2 = gamma_c^2 f_{c-1}^2 + 2 zeta_c quad_c + sum_{j <= c} (1 or 2) M[c][j] (k_c.k_j)^2
-            float f2 = h0f2, prev = 0.0f;
-            for (int c = 0; c < BT; c++) {
-                const float gam = __expf(sm.gl[c] - prev);
-                prev = sm.gl[c];
-                float q = 0.0f, w = 0.0f;
-                for (int p = 0; p < GKA_SOLVE_WPR; p++) {
-                    q += sm.quad[GKA_SOLVE_WPR * c + p];
-                    w += sm.gram[GKA_SOLVE_WPR * c + p];
-                }
-                f2 = gam * gam * f2 + 2.0f * sm.zeta[c] * q + w;
-                sm.fr[c] = sqrtf(fmaxf(f2, 0.0f));
-            }
-        }
-    } else if (tid < BT) {
-        sm.fr[tid] = tid < L ? f[e0 + (size_t)tid * H] : 1.0f;
+        gka_quad_gram_part<GKA_SOLVE_NTH, GKA_SOLVE_NTS>(sm, GKA_SOLVE_WPR, part, &acc[0][0], &s[0][0], ca, hc0, sc0, t4,
+                                                         [&](int c, int j) { return __bfloat162float(sm.K.hi[c * LDK + j]); });
     }
-    __syncthreads();
-    if (tid < BT) {
-        sm.tau[tid] = sm.fr[tid] > 0.0f ? 2.0 / ((double)sm.fr[tid] * (1.0 + 2.0 * (double)ridge)) : 0.0;
-        sm.lam[tid] = ridge * sm.fr[tid];
-    }
-    __syncthreads();
-    // this lane's rows: their tau, a f and zeta
-    const int ca = r0 + gq, cb = ca + 8;
+    gka_solve_rows_finish<GKA_SOLVE_WPR>(sm, compute_f, f, e0, H, L, h0f2, ridge);
+    // this lane's rows: their a f and zeta
+
     const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
-    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;   // f = 0 (all keys zero): x = 0, not 0/0
+    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;
     float x[GKA_SOLVE_NTH][4], xp[GKA_SOLVE_NTH][4];
-    #pragma unroll
-    for (int t = 0; t < GKA_SOLVE_NTH; t++) {
-        #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float2 bb = bl[(t * 2 + i / 2) * 32];
-            x[t][i] = (float)sm.tau[i < 2 ? ca : cb] * (i % 2 ? bb.y : bb.x);
-            xp[t][i] = 0.0f;
-        }
-    }
+    gka_cheb_start<GKA_SOLVE_NTH>(x, xp, bl, 32, (float)sm.tau[ca], (float)sm.tau[cb]);
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_SOLVE_NTH; t++) {
@@ -1118,35 +1304,183 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             float hy[4][4];
             const int n0 = hc0 + 32 * q;
             gka_chunk_rows_product<true, true>(hy, sm.X, sm.H0, sm.S, sm.K, zeta_a, zeta_b, r0, n0, lane);
-            #pragma unroll
-            for (int t = 0; t < 4; t++) {
-                #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float c1 = i < 2 ? c1a : c1b, lam = i < 2 ? lam_a : lam_b;
-                    const float2 bb = bl[((4 * q + t) * 2 + i / 2) * 32];
-                    const float bv = i % 2 ? bb.y : bb.x;
-                    float& xv = x[4 * q + t][i];
-                    float& pv = xp[4 * q + t][i];
-                    const float xn = c2 * xv - c1 * (hy[t][i] + lam * xv - bv) - c3 * pv;
-                    pv = xv;
-                    xv = (i < 2 ? live_a : live_b) ? xn : 0.0f;
-                }
-            }
+            gka_cheb_step<4>(x + 4 * q, xp + 4 * q, &hy[0][0], bl + 4 * q * 2 * 32, 32, {c1a, lam_a, live_a},
+                             {c1b, lam_b, live_b}, c2, c3);
         }
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with Xs before it is written again
     }
-    #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int c = h ? cb : ca;
-        if (c >= L) { continue; }
-        float* dst = sol + (e0 + (size_t)c * H) * dk;
-        #pragma unroll
-        for (int t = 0; t < GKA_SOLVE_NTH; t++) {
-            const int j = hc0 + 8 * t + 2 * t4;
-            if (j < dk) { dst[j] = x[t][2 * h]; }
-            if (j + 1 < dk) { dst[j + 1] = x[t][2 * h + 1]; }
-        }
+    gka_store_x_frags<GKA_SOLVE_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
+    if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+// ---- the solve on warpgroup MMAs (dev/cuda/gka_core.cu version 8; what the bf16 trainer runs): the CHEB of
+// gka_chunk_solve_mma_kernel with the same bf16 pieces, GKA_WG_GROUPS warpgroups per (chunk, b*H + h). The
+// register-tile solve above is bound by its own fragment loads: sixteen warps each read their A and B fragments
+// through ldmatrix, X four times over and H0 four times per iteration (H200, ncu: shared-memory pipe 68% busy, the
+// tensor pipe 40%, short-scoreboard the first stall). Here the tensor cores read the operands from shared memory
+// themselves (kernels/mma.cuh's wgmma): H0 once per iteration, X once per warpgroup. Warpgroup q owns the columns
+// GKA_WG_NH q .. of x and HY and the columns GKA_WG_NS q .. of S; its warp w the rows 16 w .. 16 w + 15 of them
+// (the accumulator layout). An iteration (spec 5.1(c), 3.1):
+//   1. x into Xs (two pieces); a barrier;
+//   2. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) issued as two groups;
+//      while HY runs, S (.) M into Ss (two pieces); a barrier (Ss written, Xs read by every warpgroup);
+//   3. HY = diag(zeta) HY, then HY += S K (two pieces of S), and the update of x in registers.
+// The keys are bf16 in two K-major tiles, K [c][d] for X K^T and Kt [d][c] for S K; H0 is stored as B of X H0
+// ([n][k], element (n, k) = H0[k][n]); the decay mask M of this thread's elements of S stays in registers. f
+// (compute_f) from the same tiles: quad_c from K H0, the Gram matrix K K^T, then gka_norm_scan.
+
+#define GKA_WG_GROUPS 2   // (four, 32 columns each, measured 10% slower: 4.52 against 4.11 ms per solve, H200)
+#define GKA_WG_THREADS (128 * GKA_WG_GROUPS)
+#define GKA_WG_NH (GKA_SOLVE_DK / GKA_WG_GROUPS)      // columns of x and HY per warpgroup
+#define GKA_WG_NS (GKA_CHECKPOINT / GKA_WG_GROUPS)    // columns of S per warpgroup
+#define GKA_WG_NTH (GKA_WG_NH / 8)                    // their n-tiles
+#define GKA_WG_NTS (GKA_WG_NS / 8)
+
+struct GkaSolveWgSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
+    GkaTile H0, K, Kt, X, S;   // [128][128] (two pieces), [BT][128], [128][BT], [BT][128] (two), [BT][BT] (two)
+    float2* b;      // [2 GKA_WG_NTH fragment element pairs][GKA_WG_THREADS]
+    double* om;     // [iters]
+    __host__ __device__ GkaSolveWgSmem(size_t base, int iters, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
+        SmemCarver c(base);
+        take_rows(c, GKA_WG_GROUPS);
+        H0 = gka_take_tile(c, (size_t)D * D, true);
+        K = gka_take_tile(c, (size_t)BT * D, false);
+        Kt = gka_take_tile(c, (size_t)D * BT, false);
+        X = gka_take_tile(c, (size_t)BT * D, true);
+        S = gka_take_tile(c, (size_t)BT * BT, true);
+        b = c.take<float2>((size_t)2 * GKA_WG_NTH * GKA_WG_THREADS);
+        om = c.take<double>(iters);
+        if (bytes) { *bytes = c.off; }
     }
+};
+
+static size_t gka_chunk_solve_wgmma_smem(int iters) {
+    size_t bytes = 0;
+    GkaSolveWgSmem sm(0, iters, &bytes);
+    return bytes;
+}
+
+// acc (+)= A B[n0 .. n0 + N) over the k-steps of K-major tiles A [64][KD] and B [*][KD] in their pieces: A.hi B.hi,
+// then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from zero
+template <int N, int KD, bool A_LO, bool B_LO>
+__device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const GkaTile& Bm, int n0, int accumulate) {
+    #pragma unroll
+    for (int kc = 0; kc < KD / 16; kc++) {
+        const uint64_t ah = wgmma_desc(A.hi, 0, 16 * kc, KD), bh = wgmma_desc(Bm.hi, n0, 16 * kc, KD);
+        wgmma_m64k16<N>(acc, ah, bh, accumulate || kc > 0);
+        if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc(A.lo, 0, 16 * kc, KD), bh, 1); }
+        if (B_LO) { wgmma_m64k16<N>(acc, ah, wgmma_desc(Bm.lo, n0, 16 * kc, KD), 1); }
+    }
+}
+
+__global__ void __launch_bounds__(GKA_WG_THREADS, 1)
+gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
+                             const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk, int dv,
+                             int iters, float ridge) {
+    extern __shared__ __align__(128) unsigned char gka_smem_solve_wg[];
+    GkaSolveWgSmem sm((size_t)gka_smem_solve_wg, iters, NULL);
+    const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
+    const int tid = threadIdx.x, grp = tid / 128, lane = tid % 32, gq = lane >> 2, t4 = lane & 3;
+    const int ca = 16 * (tid % 128 / 32) + gq, cb = ca + 8;            // this lane's rows
+    const int hc0 = GKA_WG_NH * grp, sc0 = GKA_WG_NS * grp;             // its warpgroup's first columns of HY, S
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+    gka_omegas(sm.om, iters, ridge);
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    // H0 as B of X H0 (element (n, k) = H0[k][n]), two pieces, zero padded; ||H0||^2 in fp32
+    const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
+    float h0sq = 0.0f;
+    gka_load_rows8<8>(H0g, dk, dk, dk, D, [&](int i, int j0, const float* v) {
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            h0sq += v[e] * v[e];
+            sm.H0.set(wgmma_tile_off(j0 + e, i, D), v[e]);
+        }
+    });
+    // the keys (bf16, exact) as K [c][d] and Kt [d][c]
+    const floatX* kq = qkv + H * dk + hh * dk;
+    gka_load_rows8<GKA_LOAD_GROUPS>(kq + row0 * DE, DE, L, dk, BT, [&](int c, int j0, const float* v) {
+        store8_scaled(sm.K.hi + wgmma_tile_off(c, j0, D), v, 1.0f);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = __float2bfloat16_rn(v[e]); }
+    });
+    float2* bl = sm.b + tid;
+    gka_load_b_frags<GKA_WG_NTH>(bl, GKA_WG_THREADS, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
+    fence_proxy_async();   // the tiles, for the tensor cores
+    const float h0f2 = gka_block_sum(h0sq, sm.red);   // its barriers publish the tiles too
+    float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
+    if (compute_f) {
+        // quad_c = k_c^T H0 k_c from K H0; (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4
+        // term), 0 above, from K K^T: this warpgroup's columns of each
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NH, 128, false, true>(hy, sm.K, sm.H0, hc0, 0);
+        gka_wgmma<GKA_WG_NS, 128, false, false>(s, sm.K, sm.K, sc0, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        wgmma_hold<4 * GKA_WG_NTS>(s);
+        gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
+            return __bfloat162float(sm.K.hi[wgmma_tile_off(c, j, D)]);
+        });
+    }
+    gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
+    const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
+    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;
+    float x[GKA_WG_NTH][4], xp[GKA_WG_NTH][4];
+    gka_cheb_start<GKA_WG_NTH>(x, xp, bl, GKA_WG_THREADS, (float)sm.tau[ca], (float)sm.tau[cb]);
+    float mk[4 * GKA_WG_NTS];   // M at this thread's elements of S, the same every iteration
+    #pragma unroll
+    for (int t = 0; t < GKA_WG_NTS; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { mk[4 * t + i] = GkaMaskLower{sm.gl}(i < 2 ? ca : cb, sc0 + 8 * t + 2 * t4 + i % 2); }
+    }
+    for (int it = 0; it < iters; it++) {
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            const int j = hc0 + 8 * t + 2 * t4;
+            sm.X.set2(wgmma_tile_off(ca, j, D), x[t][0], x[t][1]);
+            sm.X.set2(wgmma_tile_off(cb, j, D), x[t][2], x[t][3]);
+        }
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NS, 128, true, false>(s, sm.X, sm.K, sc0, 0);
+        wgmma_commit();
+        gka_wgmma<GKA_WG_NH, 128, true, true>(hy, sm.X, sm.H0, hc0, 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        wgmma_hold<4 * GKA_WG_NTS>(s);
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTS; t++) {
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int c = h ? cb : ca, j = sc0 + 8 * t + 2 * t4;
+                sm.S.set2(wgmma_tile_off(c, j, BT), s[4 * t + 2 * h] * mk[4 * t + 2 * h], s[4 * t + 2 * h + 1] * mk[4 * t + 2 * h + 1]);
+            }
+        }
+        fence_proxy_async();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            hy[4 * t] *= zeta_a;
+            hy[4 * t + 1] *= zeta_a;
+            hy[4 * t + 2] *= zeta_b;
+            hy[4 * t + 3] *= zeta_b;
+        }
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NH, 64, true, false>(hy, sm.S, sm.Kt, hc0, 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        const double om = sm.om[it];
+        const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
+        const float c3 = (float)(om - 1.0);
+        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, bl, GKA_WG_THREADS, {c1a, lam_a, live_a}, {c1b, lam_b, live_b}, c2, c3);
+    }
+    gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
 }
 
@@ -1167,14 +1501,11 @@ struct GkaProductSmem {
         SmemCarver c(base);
         gl = c.take<float>(BT);
         zeta = c.take<float>(BT);
-        A.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        A.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        U.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        U.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        Bt = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        Ct = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
-        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        A = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, true);
+        U = gka_take_tile(c, (size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK, true);
+        Bt = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        Ct = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        S = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDS, true);
         if (bytes) { *bytes = c.off; }
     }
 };
@@ -1530,7 +1861,7 @@ gka_chunk_adjoint_terms_kernel(float* adj, const float* Z, const float* x, const
     gka_chunk_decays(gl, zeta, g, e0, H, L);
     gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
     // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col] (16-byte loads but the
-    // adjoint of Qt's, which is computed)
+    // adjoint of Qt's, which is computed: gka_set_qt_pieces's 16-byte loads measured slower here, 1.43 -> 1.68 ms)
     const floatX* rows = qkv + r0 * DE;
     if (which == 0) {   // zeta_c z_c and x
         tile_load<2>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, Z + e0 * dk, (size_t)H * dk, L, dk, zeta),
@@ -1710,18 +2041,20 @@ struct GkaDkhSmem {
         Wsum = c.take<float>(BT + 1);
         zhx = c.take<float>(GKA_SOLVE_WPR * BT);
         khk = c.take<float>(GKA_SOLVE_WPR * BT);
-        Hs.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        Hs.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        X.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        X.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        Zt.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        Zt.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
-        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        Hs = gka_take_tile(c, (size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK, true);
+        K = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        X = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, true);
+        Zt = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, true);
+        S = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDS, true);
         if (bytes) { *bytes = c.off; }
     }
 };
+
+// Zend's fp32 staging in pass 3a: row stride 129 (odd: its transpose's reads fall in different banks), in the space
+// of the tiles X and Zt
+#define GKA_DKH_LDZ (GKA_SOLVE_DK + 1)
+static_assert(GKA_SOLVE_DK * GKA_DKH_LDZ * sizeof(float) <= 4 * GKA_CHECKPOINT * GKA_SOLVE_LDK * sizeof(__nv_bfloat16),
+              "Zend's staging fits in the two-piece tiles X and Zt");
 
 static size_t gka_chunk_dk_h_mma_smem() {
     size_t bytes = 0;
@@ -1843,11 +2176,23 @@ gka_chunk_dk_h_mma_kernel(float* dqkv, float* dG, const float* adj, const float*
     gka_warp_mma<4, GKA_CHECKPOINT, true, true, false>(p, sm.S, LDS, r0, sm.K, LDK, hc0, lane);
     // the state terms: diag(b) K H0 + diag(e) K (Zend + Zend^T + Bend)
     gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);
-    __syncthreads();   // every warp is done with H0
-    cta_batched<GKA_LOAD_BATCH>(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
-        const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
-        return i < dk && j < dk ? adjn[(size_t)i * dk + j] + adjn[(size_t)j * dk + i] + adjn[dkdk + (size_t)i * dk + j] : 0.0f;
-    }, [&](int idx, float v) { sm.Hs.set((idx / GKA_SOLVE_DK) * LDK + idx % GKA_SOLVE_DK, v); });
+    __syncthreads();   // every warp is done with H0, X, Z and S
+    // Zend + Zend^T + Bend, Zend staged in fp32 in X's and Z's tiles (free now, carved one after another) so that its
+    // transpose is read from shared memory; the same sums in the same order as element by element from global memory
+    float* zend = reinterpret_cast<float*>(sm.X.hi);   // [128][GKA_DKH_LDZ]
+    gka_load_rows8<GKA_LOAD_GROUPS>(adjn, dk, dk, dk, GKA_SOLVE_DK, [&](int i, int j0, const float* v) {
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { zend[i * GKA_DKH_LDZ + j0 + e] = v[e]; }
+    });
+    __syncthreads();
+    gka_load_rows8<GKA_LOAD_GROUPS>(adjn + dkdk, dk, dk, dk, GKA_SOLVE_DK, [&](int i, int j0, const float* v) {
+        #pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const int j = j0 + e;
+            sm.Hs.set2(i * LDK + j, zend[i * GKA_DKH_LDZ + j] + zend[j * GKA_DKH_LDZ + i] + v[e],
+                       zend[i * GKA_DKH_LDZ + j + 1] + zend[(j + 1) * GKA_DKH_LDZ + i] + v[e + 1]);
+        }
+    });
     __syncthreads();
     gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.e, r0, hc0, lane);
     // dK_H = -p: this warp's part of k_c.dK_H[c] (the sign is dG's), then dqkv's k part
@@ -1972,15 +2317,12 @@ struct GkaDuSmem {
         e = c.take<float>(BT);
         qdq = c.take<float>(BT);
         kdk = c.take<float>(GKA_SOLVE_WPR * BT);
-        DU.hi = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        DU.lo = c.take<__nv_bfloat16>((size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK);
-        K = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        V = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        dO = {c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK), nullptr};
-        Qt.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        Qt.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDK);
-        S.hi = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
-        S.lo = c.take<__nv_bfloat16>((size_t)BT * GKA_SOLVE_LDS);
+        DU = gka_take_tile(c, (size_t)GKA_SOLVE_DK * GKA_SOLVE_LDK, true);
+        K = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        V = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        dO = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, false);
+        Qt = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDK, true);
+        S = gka_take_tile(c, (size_t)BT * GKA_SOLVE_LDS, true);
         if (bytes) { *bytes = c.off; }
     }
 };
@@ -2097,13 +2439,15 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), the two solves, the readout and dQt on register tiles
 // (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5), or
 // pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6), or pass 3b too (gka_chunk_du_mma_kernel;
-// version 7). The register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
-enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3 };
+// version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a). The register
+// tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
+                   GKA_PRODUCTS_WGMMA };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
 #else
-#define GKA_PRODUCTS GKA_PRODUCTS_MMA_PASS3
+#define GKA_PRODUCTS GKA_PRODUCTS_WGMMA
 #endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
@@ -2130,6 +2474,12 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
                                    GKA_CHUNK_THREADS, gka_chunk_solve_smem(dk, iters)};
     if (products >= GKA_PRODUCTS_MMA) {
         GKA_MMA_LAUNCH(gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters));
+    }
+    if (products == GKA_PRODUCTS_WGMMA) {
+        static int in_image = -1;   // asked once: whether the device code running is sm_90a's (kernels/mma.cuh)
+        if (in_image < 0) { cudaCheck(cudaMemcpyFromSymbol(&in_image, wgmma_image, sizeof(int))); }
+        if (!in_image) { die("gka: the bf16 solve runs on wgmma, which needs device code built for sm_90a (make's GPU_COMPUTE_CAPABILITY=90)"); }
+        GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
     return l;
@@ -2170,7 +2520,7 @@ typedef void (*GKADuKernel)(float*, float*, float*, const float*, const float*, 
 static GkaLaunch<GKADuKernel> gka_du_launch(GkaProducts products, int dk, int dv) {
     GkaLaunch<GKADuKernel> l = {products == GKA_PRODUCTS_FP32 ? gka_chunk_du_kernel<false> : gka_chunk_du_kernel<true>,
                                 GKA_CHUNK_THREADS, gka_chunk_du_smem(dk, dv)};
-    if (products == GKA_PRODUCTS_MMA_PASS3) {
+    if (products >= GKA_PRODUCTS_MMA_PASS3) {
         GKA_MMA_LAUNCH(gka_chunk_du_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_du_mma_smem());
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);

@@ -92,4 +92,93 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ---- Hopper warpgroup MMA (wgmma.mma_async, sm_90a): the four warps of a warpgroup (128 consecutive threads, the
+// first a multiple of 128) compute D[64][N] (+)= A[64][16] B[16][N], bf16 inputs, fp32 accumulation, with A and B
+// read by the tensor cores from shared memory through matrix descriptors. D's fragments: warp w of the warpgroup
+// holds rows 16 w .. 16 w + 15 as mma.sync's C fragments of the N / 8 n-tiles in order, d[4 t .. 4 t + 3] = n-tile
+// t (header). The shared tiles are K-major without swizzling: 8 x 8 "core matrices" (8 rows of 16 contiguous
+// bytes, 128 bytes in all), element (r, k) of a tile of kd columns at wgmma_tile_off(r, k, kd); A is stored [m][k],
+// B [n][k]. The operation runs asynchronously: shared-memory writes it must see need fence.proxy.async (then a
+// barrier), accumulator registers written by other code need wgmma_fence before it, and its results are there
+// only after wgmma_commit and wgmma_wait. wgmma exists only in the arch-specific target sm_90a (nvcc -gencode
+// arch=compute_90a,code=sm_90a, as the Makefile builds; -arch=sm_90a adds compute_90 PTX): elsewhere WGMMA_ASM
+// is a trap, and wgmma_image, 1 only in an sm_90a image, lets the host check what it runs (gka_solve_launch).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+static __device__ int wgmma_image = 1;
+#else
+#define WGMMA_ASM(...) __trap()
+static __device__ int wgmma_image = 0;
+#endif
+
+// element offset of (r, k) in a K-major tile of kd columns (kd a multiple of 8): core matrix (r / 8, k / 8), row
+// r % 8, column k % 8; the core matrices of a row group follow each other along k
+__host__ __device__ __forceinline__ int wgmma_tile_off(int r, int k, int kd) {
+    return ((r >> 3) * (kd >> 3) + (k >> 3)) * 64 + (r & 7) * 8 + (k & 7);
+}
+// the descriptor of rows r0 .. (r0 a multiple of 8) and the 16 columns k0 .. k0 + 15 (k0 a multiple of 16) of such a
+// tile at p: start address, leading byte offset 128 (the next core matrix along k), stride byte offset 16 kd (the
+// next 8 rows); no swizzle
+// (the address passes through a volatile move, so that the compiler makes each descriptor where it is used
+// instead of holding every k-step's in registers across a loop)
+__device__ __forceinline__ uint64_t wgmma_desc(const __nv_bfloat16* p, int r0, int k0, int kd) {
+    uint32_t base = smem_addr(p);
+    asm volatile("" : "+r"(base));
+    const uint64_t a = base + 2 * wgmma_tile_off(r0, k0, kd);
+    return ((a & 0x3ffff) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)((16 * kd) >> 4) << 32);
+}
+// D (+)= A B (accumulate 0: D = A B) for N = 32 and 64; wgmma_m64k16<N> picks one
+__device__ __forceinline__ void wgmma_m64n32k16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    WGMMA_ASM(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n64k16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    WGMMA_ASM(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+template <int N> __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    static_assert(N == 32 || N == 64, "wgmma_m64k16: N is 32 or 64");
+    if (N == 32) { wgmma_m64n32k16(d, desc_a, desc_b, accumulate); }
+    if (N == 64) { wgmma_m64n64k16(d, desc_a, desc_b, accumulate); }
+}
+// orders this thread's register and shared-memory accesses before the next wgmma_m64n*k16
+__device__ __forceinline__ void wgmma_fence() {
+    WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+// makes this thread's generic-proxy shared-memory writes visible to the tensor cores' (async proxy) reads
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// closes the group of wgmma operations issued since the last commit
+__device__ __forceinline__ void wgmma_commit() {
+    WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// waits until at most N committed groups are in flight; the accumulators of the finished ones may then be read
+// (wgmma_hold keeps the compiler from moving their reads above the wait)
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void wgmma_hold1(float& v) {
+    asm volatile("" : "+f"(v)::"memory");
+}
+template <int R> __device__ __forceinline__ void wgmma_hold(float d[R]) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) { wgmma_hold1(d[i]); }
+}
+
 #endif // TRAIN_KLA_KERNELS_MMA_CUH

@@ -9,7 +9,7 @@
 # Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
 # every run, so a run cut short still leaves the rows done so far) and the log of every run to $OUT/bench_gpu_logs/.
-# Needs: nvcc for sm_90 (builds train_klacu and the labs when absent), the demo shards data/demo/demo_{train,val}_*.bin
+# Needs: nvcc for sm_90a (builds train_klacu and the labs when absent), the demo shards data/demo/demo_{train,val}_*.bin
 # (made by `make data` on a machine with the npm packages; the GPU machine has no network, so carry data/demo along),
 # and a python3 with torch and CUDA for the peer.
 # Usage: bash scripts/bench_gpu.sh
@@ -194,7 +194,7 @@ fi
 for lab in "${LABS[@]}"; do
     if [ ! -x "$LAB_DIR/${lab}_bin" ]; then
         say "building $LAB_DIR/${lab}_bin"
-        if ! (cd "$LAB_DIR" && nvcc -O3 -arch=sm_90 -std=c++17 -I../.. "$lab.cu" -o "${lab}_bin") > "$logs/build_$lab.log" 2>&1; then
+        if ! (cd "$LAB_DIR" && nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. "$lab.cu" -o "${lab}_bin") > "$logs/build_$lab.log" 2>&1; then
             say "building $lab failed:"
             tail -n 10 "$logs/build_$lab.log" | sed 's/^/    /' >&2
         fi

@@ -3,11 +3,11 @@ Kernel lab for the core of the gka layer (spec/gka.md 3, 3.1, 3.2, 5): the forwa
 checked against a CPU reference in double precision, then timed.
 
 Compile and run from dev/cuda:
-nvcc -O3 -arch=sm_90 -std=c++17 -I../.. gka_core.cu -o gka_core_bin
-nvcc -O3 -arch=sm_90 -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 7        (the argument picks the version that is checked and timed; default: the trainer's, 7 in
+nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. gka_core.cu -o gka_core_bin
+nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
+./gka_core_bin 8        (the argument picks the version that is checked and timed; default: the trainer's, 8 in
                          the bf16 build and 4 in fp32)
-./gka_core_bin 7 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 8 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -69,7 +69,7 @@ row scalings diag(b), diag(e) on the fp32 products. Measured on an H200 (2026-11
 4.85 -> 1.80 ms under ncu; forward+backward 18.49 ms (version 5 in the same run 20.48 ms, its loads now through
 chunk_tiles.cuh's tile_set and its runtime row divisions by one multiply-high; the old version 5 binary 21.26 ms);
 every check passes (at dk = 128: dk 6.7e-5 and dg 6.4e-5, version 5's 6.8e-5 and 3.9e-5).
-version 7 (bf16 build only, the trainer's) is version 6 with pass 3b (dV, dK_U, dq_hat, dalpha, dG's U part) on
+version 7 (bf16 build only) is version 6 with pass 3b (dV, dK_U, dq_hat, dalpha, dG's U part) on
 register tiles too (gka_chunk_du_mma_kernel, pass 3a's layout; DUend, Qt and every S in two pieces, the keys,
 values and dO in one, the elementwise rest a warp per row from global memory). Measured on an H200 (2026-11-29,
 same shape, one run): pass 3b 3.48 -> 1.83 ms under ncu; forward 6.45, backward 10.76, forward+backward 17.24 ms
@@ -91,6 +91,28 @@ errors of both builds unchanged to the last digit (H200, one run).
 Then gka_chunk_decays, in every per-chunk kernel, fetches the chunk's log decays with 64 threads at once (one thread
 had fetched them one after another) and sums them in the same order: forward+backward 15.36 -> 14.59 ms (fp32
 58.39 -> 57.49 ms), the errors of both builds unchanged to the last digit (H200, one run).
+version 8 (bf16 build only, sm_90a, the trainer's) is version 7 with both solves on Hopper's warpgroup MMAs
+(kernels/gka.cuh's gka_chunk_solve_wgmma_kernel): the same bf16 pieces and iteration, two warpgroups of 64 columns
+each, the tensor cores reading X, S, H0 and the keys from shared memory themselves. ncu on version 7's solve (H200):
+shared-memory pipe 68% busy with ldmatrix traffic (X read four times, H0 four times per iteration), tensor pipe 40%,
+short-scoreboard the first stall. The wgmma solve also loads H0 and the keys 16 bytes at a time and takes f's
+per-token recurrence as a warp scan of affine maps (ncu's samples had a quarter of the kernel in its setup, the keys'
+2-byte loads 9%, the one-thread recurrence 4%). Measured on an H200 (2026-11-29, same shape, one run): solve 5.04 ->
+4.11 ms, adjoint solve 4.80 -> 4.06 ms under ncu; forward+backward 14.59 -> 13.21 ms (version 7 in the same run
+14.59 ms); every check passes (at dk = 128: o 1.7e-3, x 1.7e-6, dk 8.2e-5, dv 1.2e-4, dalpha 2.1e-4, dg 2.5e-4;
+version 7's 1.7e-3, 1.7e-6, 8.0e-5, 1.2e-4, 2.0e-4, 2.1e-4). Four warpgroups of 32 columns: 4.52 ms per solve. One
+warpgroup per chunk (all 128 columns, x_prev in shared memory): 5.9 ms, the tensor pipe 22% busy, every phase of an
+iteration waiting on the one before it. The solve is then bound by that chain (an iteration's X stores, the S and
+X H0 products, the S K product and the update run one after another, two CTA barriers each; tensor pipe 32%).
+Then (same day, H200, each step's errors identical to the last digit in both builds): the other register-tile
+kernels' loads 16 bytes at a time (kernels/gka.cuh's gka_set_pieces, gka_set_qt_pieces, gka_load_bf16_rows: they
+had fetched element by element): readout 1.04 -> 0.46 ms, dQt 0.96 -> 0.39, pass 3a 1.72 -> 1.39, pass 3b 1.68 ->
+0.95 ms, forward+backward 13.24 -> 11.26 ms; the solve's decay mask M kept in registers (it had taken an exponential
+per element of S in every iteration): solve 4.10 -> 3.42 ms, adjoint solve 4.06 -> 3.38 ms; pass 3a's Zend + Zend^T
+read through an fp32 staging in shared memory instead of strided from global memory: 1.39 -> 1.07 ms.
+All of version 8 (one run, the binary of the trainer's commit): forward 5.57 -> 3.76 ms, forward+backward 14.59 ->
+9.93 ms (fp32 build unchanged, 57.6 ms, its errors identical); under ncu the solve 3.45, adjoint solve 3.42, readout
+0.46, dQt 0.39, chunk-state terms 0.67, adjoint terms 1.44, pass 3a 1.08, pass 3b 0.96 ms.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -576,7 +598,7 @@ static int version = 2;   // the version checked and timed (main's argument)
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
-           : version == 6 ? GKA_PRODUCTS_MMA_DKH : GKA_PRODUCTS_MMA_PASS3;
+           : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : GKA_PRODUCTS_WGMMA;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -664,11 +686,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
            "per head (spec 3.2), not spec 6's chunkwise count\n");
 #if defined(ENABLE_BF16)
     if (version >= 5) {
+        const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(version_products(), dk, dv, iters);
         int per_sm = 0;
-        const size_t smem = gka_chunk_solve_mma_smem(iters);
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS,
-                                                                smem));
-        printf("  the register-tile solve: %zu bytes of shared memory, %d CTAs per SM\n", smem, per_sm);
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, solve.kernel, solve.threads, solve.smem));
+        printf("  the solve: %d threads, %zu bytes of shared memory, %d CTAs per SM\n", solve.threads, solve.smem,
+               per_sm);
     }
 #endif
     printf("  issue 11 targets at this shape: forward <= 1.65 ms, forward+backward <= 5.42 ms (now %.1fx and %.1fx "
@@ -677,11 +699,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    // default: what this build's trainer runs (7 in bf16, 4 in fp32)
-    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_PASS3 ? 7 : 4;
-    if (version < 1 || version > 7) { die("usage: %s [version 1 to 7; default 7 in the bf16 build, 4 in fp32]", argv[0]); }
+    // default: what this build's trainer runs (8 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_WGMMA ? 8 : 4;
+    if (version < 1 || version > 8) { die("usage: %s [version 1 to 8; default 8 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 to 7 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 8 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);

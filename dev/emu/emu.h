@@ -4,7 +4,7 @@
 // std::barrier of the CTA's threads; a warp shuffle writes every lane's value to the warp's buffer and reads its
 // partner's between two barriers of the warp. Dynamic shared memory is filled with NaN before every CTA, so a read
 // of an unwritten element shows in the results. Only 1-D blocks; the runtime calls the kernels' host code makes
-// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice) are answered here. kernels/mma.cuh's warp-wide
+// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice, cudaMemcpyFromSymbol) are answered here. kernels/mma.cuh's warp-wide
 // instructions are emulated the same way: ldmatrix (each lane's row address through the warp's buffer, then the
 // PTX fragment layout), mma.sync m16n8k16 (every lane's fragments through the buffer, then each lane's C elements
 // as fp32 sums in k order; the tensor cores' own order and rounding may differ in the last bits) and named
@@ -54,6 +54,16 @@ template <typename T> static T emu_shfl_xor(T v, int o, int width = 32) {
     int src = lane ^ o;
     if (src / width != lane / width) { src = lane; }
     T r; memcpy(&r, &W.slot[src], sizeof(T));
+    W.bar->arrive_and_wait();
+    return r;
+}
+template <typename T> static T emu_shfl_up(T v, int o) {   // lanes below o keep their own value
+    EmuWarp& W = emu_cta->warps[emu_threadIdx.x / 32];
+    const int lane = emu_threadIdx.x % 32;
+    uint64_t b = 0; memcpy(&b, &v, sizeof(T));
+    W.slot[lane] = b;
+    W.bar->arrive_and_wait();
+    T r; memcpy(&r, &W.slot[lane >= o ? lane - o : lane], sizeof(T));
     W.bar->arrive_and_wait();
     return r;
 }
@@ -116,6 +126,31 @@ static void emu_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
         c[i] += sum;
     }
 }
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 with A and B in shared memory (kernels/mma.cuh): here a
+// descriptor is the operand's host address with its stride byte offset SBO >> 4 in the top 16 bits, the leading
+// byte offset being the 128 of kernels/mma.cuh's K-major tiles. Element (r, k) of an operand lies at start + (r / 8)
+// SBO + (k / 8) 128 + (r % 8) 16 + (k % 8) 2 bytes (PTX's core matrices without swizzle). Each thread of the
+// warpgroup computes its own elements of D (warp w: rows 16 w + g (+ 8), n-tile t: columns 8 t + 2 t4 (+ 1)) at
+// once, fp32 sums in k order, so the fences, commits and waits do nothing.
+static uint64_t emu_wgmma_desc(const void* start, int sbo) {
+    return (uint64_t)(uintptr_t)start | ((uint64_t)(sbo >> 4) << 48);
+}
+static float emu_wgmma_elem(uint64_t desc, int r, int k) {
+    const char* start = (const char*)(uintptr_t)(desc & ((1ull << 48) - 1));
+    const size_t sbo = (size_t)(desc >> 48) << 4;
+    return emu_bf16_float(emu_b16(start + (r / 8) * sbo + (k / 8) * 128 + (r % 8) * 16, k % 8));
+}
+static void emu_wgmma(float* d, int N, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    const int t = emu_threadIdx.x % 128, w = t / 32, g = t % 32 / 4, t4 = t % 4;
+    for (int nt = 0; nt < N / 8; nt++) {
+        for (int i = 0; i < 4; i++) {
+            const int r = 16 * w + g + 8 * (i / 2), n = 8 * nt + 2 * t4 + i % 2;
+            float sum = 0.0f;
+            for (int k = 0; k < 16; k++) { sum += emu_wgmma_elem(desc_a, r, k) * emu_wgmma_elem(desc_b, n, k); }
+            d[4 * nt + i] = (accumulate ? d[4 * nt + i] : 0.0f) + sum;
+        }
+    }
+}
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes: done at once (the zeros too), so commit and wait are no-ops
 static void emu_cp_async16(void* dst, const void* src, int src_bytes) {
     memcpy(dst, src, src_bytes);
@@ -161,9 +196,11 @@ static cudaError_t emu_device(int* d) { *d = 0; return cudaSuccess; }
 #define gridDim emu_gridDim
 #define __syncthreads() emu_syncthreads()
 #define __shfl_xor_sync(mask, ...) emu_shfl_xor(__VA_ARGS__)
+#define __shfl_up_sync(mask, ...) emu_shfl_up(__VA_ARGS__)
 #define __fdividef(a, b) ((a) / (b))   // the approximate division: exact here
 #define __expf(x) expf(x)              // the approximate exponential: exact here
 #define __umulhi(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))   // the high word of the 64-bit product
 #define cudaFuncSetAttribute(...) emu_ok(__VA_ARGS__)
 #define cudaDeviceGetAttribute(v, ...) emu_attr(v, __VA_ARGS__)
 #define cudaGetDevice(d) emu_device(d)
+#define cudaMemcpyFromSymbol(dst, symbol, bytes) (memcpy(dst, &(symbol), bytes), cudaSuccess)

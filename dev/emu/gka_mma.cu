@@ -1,18 +1,18 @@
 /*
-dev/emu/gka_mma.cu: kernels/gka.cuh's register-tile kernels (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel,
+dev/emu/gka_mma.cu: kernels/gka.cuh's tensor-core kernels (gka_chunk_solve_wgmma_kernel, gka_chunk_product_mma_kernel,
 gka_chunk_dk_h_mma_kernel, gka_chunk_du_mma_kernel: the bf16 trainer's products, GKA_PRODUCTS, dev/cuda/gka_core.cu
-version 7) against the CUDA-core fp32 products (version 2), both
-run on the CPU by dev/emu/emu.h's emulator, which emulates ldmatrix, mma.sync and named barriers: the bf16 build's
+version 8) against the CUDA-core fp32 products (version 2), both
+run on the CPU by dev/emu/emu.h's emulator, which emulates ldmatrix, mma.sync, wgmma and named barriers: the bf16 build's
 core forward (o, x, f) and chunked backward (dq, dk, dv, dalpha, dg) from the same bf16 inputs.
 Inputs as dev/emu/gka_backward.cu draws them, B = 1, H = 2.
 Tolerance: o 4e-3 relative L2 (stored in bf16: both sides round the same fp32 value to bf16, and a last-bit
 difference in it moves an element by up to 2^-8), every fp32 output 5e-4. The register tiles hold x, H0, S and U0
 as two bf16 pieces (16 of fp32's 24 bits), and the solve magnifies what is left by up to its condition number
 (kernels/gka.cuh's solve header; the H200 lab measured dk 1.1e-4 and dalpha 1.9e-4 against float64). Measured
-here (T = 100, dk, dv = 16, 24): o 4.9e-4, x 3.1e-6, dk 1.1e-4, dv 1.2e-4, dalpha 2.0e-4, dg 8.6e-5 (1.3e-5 with
-pass 3 in 3xTF32, version 5; 3.5e-5 with pass 3a alone on register tiles, version 6). The negative controls of
-dev/emu/run.sh: x in one bf16 piece in the solve's state product X H0 measured dv 1.1e-3, dalpha 1.9e-3, dg
-8.6e-4; pass 3a without diag(b) K H0 dk 1.7e-3, dg 2.8e-2; pass 3b without diag(e) V DUend^T dk 4.2e-1, dg 1.4:
+here (T = 100, dk, dv = 16, 24): o 4.6e-4, x 3.1e-6, dk 9.9e-5, dv 1.2e-4, dalpha 2.0e-4, dg 6.3e-5 (version 7,
+the solves on mma.sync: o 4.9e-4, dk 1.1e-4, dg 8.6e-5; 1.3e-5 with pass 3 in 3xTF32, version 5). The negative
+controls of dev/emu/run.sh: x in one bf16 piece in the wgmma solve's state product X H0 measured dv 1.1e-3, dalpha
+1.9e-3, dg 8.0e-4; pass 3a without diag(b) K H0 dk 1.7e-3, dg 2.8e-2; pass 3b without diag(e) V DUend^T dk 4.2e-1, dg 1.4:
 caught.
 Run through dev/emu/run.sh. Usage: gka_mma [T dk dv] (default 150 16 24). Exit status 1 when an output misses its
 tolerance or holds a NaN.

@@ -8,7 +8,7 @@
 #     the recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
 #     (dkw += Z1^T K), the preconditioner backward without the carries of the later chunks, pkda's dg without the
 #     chunk-end state terms, and the per-channel decayed products without their off-diagonal blocks, must fail;
-#   gka_mma.cu: gka's register-tile kernels (the bf16 trainer's solves, readout, dQt and pass 3 on mma.sync, emulated)
+#   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma, readout, dQt and pass 3 on mma.sync)
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative controls: x's second bf16 piece left out of
 #     the solve's state product, pass 3a's diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, must fail;
@@ -83,8 +83,8 @@ negative() {
 }
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
-negative gka.cuh 's/gka_chunk_rows_product<true, true>(hy, sm.X/gka_chunk_rows_product<true, false>(hy, sm.X/' \
-    "x's second bf16 piece in the register-tile solve's state product" gka_mma "100 16 24"
+negative gka.cuh 's/gka_wgmma<GKA_WG_NH, 128, true, true>(hy, sm.X, sm.H0/gka_wgmma<GKA_WG_NH, 128, false, true>(hy, sm.X, sm.H0/' \
+    "x's second bf16 piece in the wgmma solve's state product" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);$//' \
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \

@@ -7,8 +7,9 @@ transform.py: the CUDA kernel headers (kernels/*.cuh) as host C++ for dev/emu/em
 - The tensor-core products of kernels/chunk_tiles.cuh are only declared, so only the CUDA-core instantiations can run:
   `if (TC)` becomes `if constexpr (TC)` and the gka kernels' <true> instantiations become <false> (not the
   register-tile ones, whose template argument is not the products' kind).
-- The inline PTX of kernels/mma.cuh (ldmatrix, mma.sync, named barriers, cp.async) becomes calls of emu.h's
-  emulations (a cp.async copies at once: its commit and wait do nothing).
+- The inline PTX of kernels/mma.cuh (ldmatrix, mma.sync, named barriers, cp.async, wgmma) becomes calls of emu.h's
+  emulations (a cp.async copies at once: its commit and wait do nothing; so does a wgmma: its fences, commits and
+  waits do nothing, and its descriptors carry host addresses).
 Usage: python3 dev/emu/transform.py SRC_DIR DST_DIR (every file is copied, the .cuh files transformed)
 """
 import re, sys, os
@@ -26,13 +27,20 @@ for root, _, files in os.walk(src):
             if fn == 'mma.cuh':   # PTX: each function's asm statement becomes its emulation
                 calls = {'named_barrier_sync': 'emu_named_barrier(id, threads);', 'ldsm_x4': 'emu_ldsm_x4(r, p, false);',
                          'ldsm_x4_trans': 'emu_ldsm_x4(r, p, true);', 'mma_bf16': 'emu_mma_bf16(c, a, b0, b1);',
-                         'cp_async16': 'emu_cp_async16(dst, src, src_bytes);', 'cp_async_commit': '', 'cp_async_wait': ''}
+                         'cp_async16': 'emu_cp_async16(dst, src, src_bytes);', 'cp_async_commit': '', 'cp_async_wait': '',
+                         'wgmma_m64n32k16': 'emu_wgmma(d, 32, desc_a, desc_b, accumulate);',
+                         'wgmma_m64n64k16': 'emu_wgmma(d, 64, desc_a, desc_b, accumulate);',
+                         'wgmma_fence': '', 'fence_proxy_async': '', 'wgmma_commit': '', 'wgmma_wait': '', 'wgmma_hold1': ''}
                 for fname, call in calls.items():
-                    m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*asm volatile\((?:.|\n)*?\);\n', s)
+                    m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*(?:asm volatile|WGMMA_ASM)\((?:.|\n)*?\);\n', s)
                     assert m, fname
                     head = s[m.start():s.index('{', m.start()) + 1]
                     s = s[:m.start()] + head + '\n    ' + call + '\n' + s[m.end():]
                 s = s.replace('(uint32_t)__cvta_generic_to_shared(p)', '0')
+                # wgmma: the emulator is an sm_90a image, and a descriptor carries the tile's host address
+                s = s.replace('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)', '#if 1')
+                a = s.index('uint64_t wgmma_desc('); b = s.index('\n}\n', a)
+                s = s[:s.index('{', a) + 1] + '\n    return emu_wgmma_desc(p + wgmma_tile_off(r0, k0, kd), 16 * kd);' + s[b:]
             s = s.replace('__shared__', 'static')
             s = re.sub(r'__launch_bounds__\((?:[^()]|\([^()]*\))*\)', '', s)   # arguments may hold one level of calls
             s = re.sub(r'\b__global__\b', '', s)

@@ -25,7 +25,7 @@ if make -s -n -B build/train_klacu_bf16 2>/dev/null | grep -q -- "-DMULTI_GPU"; 
 else
     echo "PASS CUDA build: NCCL not found, the programs above are single-GPU ones"
 fi
-if out=$(nvcc -O1 -arch=sm_90 -std=c++17 -DENABLE_BF16 train_kla.cu -o "$tmp/train_klacu_single" -lcublasLt -lcublas 2>&1); then
+if out=$(nvcc -O1 -gencode arch=compute_90a,code=sm_90a -std=c++17 -DENABLE_BF16 train_kla.cu -o "$tmp/train_klacu_single" -lcublasLt -lcublas 2>&1); then
     echo "PASS CUDA build: train_klacu without NCCL (the single-GPU program)"
 else
     echo "FAIL CUDA build: train_klacu without NCCL"
@@ -34,7 +34,7 @@ fi
 for lab in dev/cuda/*.cu; do
     name=$(basename "$lab" .cu)
     for precision in BF16 FP32; do
-        if out=$(nvcc -O1 -arch=sm_90 -std=c++17 -DENABLE_$precision -I. "$lab" -o "$tmp/$name" -lcublasLt -lcublas 2>&1); then
+        if out=$(nvcc -O1 -gencode arch=compute_90a,code=sm_90a -std=c++17 -DENABLE_$precision -I. "$lab" -o "$tmp/$name" -lcublasLt -lcublas 2>&1); then
             echo "PASS CUDA build: lab $name ($precision)"
         else
             echo "FAIL CUDA build: lab $name ($precision)"

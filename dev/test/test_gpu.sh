@@ -120,7 +120,7 @@ LABS=${GPU_TEST_LABS:-gdn_chunk_fwd gdn_chunk_bwd shortconv attention trunk kalm
 for lab in $LABS; do
     for precision in bf16 fp32; do
         bin=build/labs/${lab}_${precision}_bin
-        if [ ! -x "$bin" ] && ! nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -DENABLE_${precision^^} -I. "dev/cuda/$lab.cu" \
+        if [ ! -x "$bin" ] && ! nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -lineinfo -DENABLE_${precision^^} -I. "dev/cuda/$lab.cu" \
                 -o "$bin" -lcublasLt -lcublas; then
             echo "FAIL lab $lab ($precision): does not build" | tee -a "$log"
             continue
