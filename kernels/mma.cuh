@@ -2,8 +2,9 @@
 kernels/mma.cuh: warp-level tensor-core primitives shared by the kernels that keep their tiles in registers
 (kernels/attention.cuh's flash attention, kernels/gka.cuh's Chebyshev solve, kernels/gdn_chunk.cuh's state passes):
 ldmatrix fragment loads from shared memory and the lane offsets they take, mma.sync m16n8k16 (bf16 inputs, fp32
-accumulation), the bf16 packing of fp32 values, named barriers (a part of a CTA waiting for itself), and cp.async
-(global to shared memory copies in flight while the CTA computes).
+accumulation), the bf16 packing of fp32 values, named barriers (a part of a CTA waiting for itself), cp.async
+(global to shared memory copies in flight while the CTA computes), and Hopper's warpgroup MMA, wgmma (operands read
+from shared memory by the tensor cores; gka's solve, its section below).
 
 mma.sync m16n8k16 fragments (lane = 4 * g + t4):
   A (16x16, row-major): a[0] = A[g][2t4..+1], a[1] = A[g+8][2t4..+1], a[2] = A[g][2t4+8..+9], a[3] = A[g+8][2t4+8..+9]
@@ -119,7 +120,7 @@ __host__ __device__ __forceinline__ int wgmma_tile_off(int r, int k, int kd) {
 // the descriptor of rows r0 .. (r0 a multiple of 8) and the 16 columns k0 .. k0 + 15 (k0 a multiple of 16) of such a
 // tile at p: start address, leading byte offset 128 (the next core matrix along k), stride byte offset 16 kd (the
 // next 8 rows); no swizzle
-// (the address passes through a volatile move, so that the compiler makes each descriptor where it is used
+// (the address passes through an empty volatile asm, so that the compiler makes each descriptor where it is used
 // instead of holding every k-step's in registers across a loop)
 __device__ __forceinline__ uint64_t wgmma_desc(const __nv_bfloat16* p, int r0, int k0, int kd) {
     uint32_t base = smem_addr(p);
