@@ -255,9 +255,9 @@ __device__ __forceinline__ float gka_col_dot_part(const float* M, int ld, const 
     return s0 + s1;
 }
 
-// spec 3.1: omega_1..omega_r (omega_0 = 2, rho = 1/(1 + 2a)), in double, by thread 0 into shared memory
-__device__ void gka_omegas(double* om, int r, float ridge) {
-    if (threadIdx.x == 0) {
+// spec 3.1: omega_1..omega_r (omega_0 = 2, rho = 1/(1 + 2a)), in double, by one thread into shared memory
+__device__ void gka_omegas(double* om, int r, float ridge, int thread = 0) {
+    if (threadIdx.x == thread) {
         const double rho = 1.0 / (1.0 + 2.0 * (double)ridge), rho4 = rho * rho / 4.0;
         double w = 2.0;
         for (int i = 0; i < r; i++) { w = 1.0 / (1.0 - rho4 * w); om[i] = w; }
@@ -435,6 +435,14 @@ static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, flo
 __host__ __device__ inline int gka_pad(int n) { return (n + 15) / 16 * 16; }
 __host__ __device__ inline int gka_lds(int n) { return gka_pad(n) + 4; }
 __host__ __device__ inline int gka_chunks(int T) { return gka_segments(T); }
+
+// a chunk's start state H0 as the solves read it: Hck (fp32; the CUDA-core, 3xTF32 and register-tile solves), or the
+// wgmma solve's tiles, gka_h0_tiles_kernel's bf16 pieces, with ||H0||_F^2 per chunk in sq
+struct GkaH0 {
+    const float* Hck;
+    const __nv_bfloat16* tiles;
+    const float* sq;
+};
 
 // the per-chunk kernels' element-by-element loads from global memory keep GKA_LOAD_BATCH of each thread's loads in
 // flight (cta_batched, tile_set; ncu, H200: the solve's loads of H0 and K one by one were 9% of its warps' stalls,
@@ -664,7 +672,7 @@ static size_t gka_chunk_solve_smem(int dk, int iters) {
 template <bool TC>
 __global__ void __launch_bounds__(GKA_CHUNK_THREADS)
 gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha, const floatX* qkv,
-                       const float* g, const float* Hck, int T, int H, int dk, int dv, int iters, float ridge) {
+                       const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters, float ridge) {
     extern __shared__ double gka_smem_solve[];
     const int BT = GKA_CHECKPOINT, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
@@ -687,7 +695,7 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
     const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;
     gka_omegas(om, iters, ridge);
     gka_chunk_decays(gl, zeta, g, e0, H, L);
-    gka_load_state(H0, ldk, Hck + ((size_t)bh * NT + n) * dk * dk, dk, dk);
+    gka_load_state(H0, ldk, h0.Hck + ((size_t)bh * NT + n) * dk * dk, dk, dk);
     gka_load_rows(Ks, ldk, qkv, DE, r0, H * dk + hh * dk, dk, L);
     if (tid < BT) { al[tid] = rhs && tid < L ? alpha[e0 + (size_t)tid * H] : 1.0f; }
     __syncthreads();
@@ -800,9 +808,13 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 // The fp32 build keeps gka_chunk_solve_kernel's 3xTF32: bf16 pieces reach fp32's accuracy only with three of every
 // operand, 270 KB of shared memory.
 
+#define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
+// the wgmma solves' H0 tiles (gka_h0_tiles_kernel, below): bf16 elements per chunk, and in all
+#define GKA_H0T_ELEMS (2 * GKA_SOLVE_DK * GKA_SOLVE_DK)
+static size_t gka_h0_tiles_elems(int B, int T, int H) { return (size_t)B * H * gka_chunks(T) * GKA_H0T_ELEMS; }
+
 #if defined(ENABLE_BF16)
 
-#define GKA_SOLVE_DK 128                      // the padded key width of the register tiles
 #define GKA_SOLVE_LDK (GKA_SOLVE_DK + 8)     // bf16 row stride of the [*][dk] tiles (16-byte padding)
 #define GKA_SOLVE_LDS (GKA_CHECKPOINT + 8)   // bf16 row stride of S [BT][BT]
 #define GKA_SOLVE_WPR 4                        // warps per 16-row block (the group that meets at its barrier)
@@ -810,6 +822,14 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 #define GKA_SOLVE_THREADS (GKA_SOLVE_WARPS * 32)
 #define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
 #define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
+
+// two adjacent elements v0, v1 in two bf16 pieces: hi[0 .. 1] = bf16(v), lo[0 .. 1] = bf16(v - hi)
+__device__ __forceinline__ void gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
+    const uint32_t h = pack_bf16(v0, v1);
+    const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
+    *reinterpret_cast<uint32_t*>(hi) = h;
+    *reinterpret_cast<uint32_t*>(lo) = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+}
 
 // a bf16 tile, hi = bf16(v), and a second piece lo = bf16(v - hi) (lo == nullptr: one piece, the keys)
 struct GkaTile {
@@ -821,11 +841,10 @@ struct GkaTile {
         if (lo) { lo[idx] = __float2bfloat16_rn(v - __bfloat162float(h)); }
     }
     __device__ void set2(int idx, float v0, float v1) {   // idx even: two adjacent columns
-        const uint32_t h = pack_bf16(v0, v1);
-        *reinterpret_cast<uint32_t*>(hi + idx) = h;
         if (lo) {
-            const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
-            *reinterpret_cast<uint32_t*>(lo + idx) = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+            gka_store2_pieces(hi + idx, lo + idx, v0, v1);
+        } else {
+            *reinterpret_cast<uint32_t*>(hi + idx) = pack_bf16(v0, v1);
         }
     }
 };
@@ -943,13 +962,17 @@ __device__ void gka_load_b_frags(float2* bl, int stride, const float* rhs, const
         const float al = rhs && c < L ? alpha[e] : 0.0f;
         #pragma unroll
         for (int t = 0; t < NT; t++) {
-            float v[2] = {0.0f, 0.0f};
-            #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int j = c0 + 8 * t + 2 * t4 + u;
-                if (c < L && j < dk) { v[u] = rhs ? al * rhs[e * dk + j] : to_float(qkv[(row0 + c) * DE + hh * dk + j]); }
+            const int j = c0 + 8 * t + 2 * t4;   // even, and dk a multiple of 8: j < dk holds both columns
+            float2 v = make_float2(0.0f, 0.0f);
+            if (c < L && j < dk) {
+                if (rhs) {
+                    v = *reinterpret_cast<const float2*>(rhs + e * dk + j);
+                    v = make_float2(al * v.x, al * v.y);
+                } else {
+                    v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qkv + (row0 + c) * DE + hh * dk + j));
+                }
             }
-            bl[(t * 2 + h) * stride] = make_float2(v[0], v[1]);
+            bl[(t * 2 + h) * stride] = v;
         }
     }
 }
@@ -1024,26 +1047,33 @@ __device__ __forceinline__ void gka_cheb_start(float (*x)[4], float (*xp)[4], co
     }
 }
 
-// one Chebyshev step of spec 3.1 on this thread's elements, hy = H x: x <- omega x - tau omega (hy + a f x - b) -
-// (omega - 1) x_prev with c1 = tau omega of each row, c2 = omega, c3 = omega - 1; rows with f = 0 (all keys zero)
-// keep x = 0, not 0/0
+// one Chebyshev step of spec 3.1 on this thread's elements, hy = H x: x <- omega x - c1 (hy + a f x - b) -
+// (omega - 1) x_prev with c1 = tau omega (fp32) of each row, the residual hy + a f x - b formed first (it is small
+// near convergence: (omega - c1 a f) x + c1 (b - hy) would round two large terms, measured 2x the error in x);
+// om = omega and om1 = omega - 1 rounded from double; rows with f = 0 (all keys zero) keep x = 0, not 0/0
 struct GkaChebRow {
-    float c1, lam;
-    bool live;
+    float tau, lam;   // tau = 2 / (f (1 + 2a)) and a f of the row
+    bool live;        // f > 0
 };
+__device__ __forceinline__ GkaChebRow gka_cheb_row(const GkaSolveRows& r, int c) {
+    const float tau = (float)r.tau[c];
+    return {tau, r.lam[c], tau > 0.0f};
+}
 template <int NT>
 __device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*xp)[4], const float* hy, const float2* bl,
-                                              int stride, GkaChebRow ra, GkaChebRow rb, float c2, float c3) {
+                                              int stride, const GkaChebRow& ra, const GkaChebRow& rb, float om,
+                                              float om1) {
+    const float c1a = ra.tau * om, c1b = rb.tau * om;
     #pragma unroll
     for (int t = 0; t < NT; t++) {
         #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const GkaChebRow& rw = i < 2 ? ra : rb;
             const float2 bb = bl[(t * 2 + i / 2) * stride];
             const float bv = i % 2 ? bb.y : bb.x;
             float& xv = x[t][i];
             float& pv = xp[t][i];
-            const float xn = c2 * xv - rw.c1 * (hy[4 * t + i] + rw.lam * xv - bv) - c3 * pv;
+            const GkaChebRow& rw = i < 2 ? ra : rb;
+            const float xn = om * xv - (i < 2 ? c1a : c1b) * (hy[4 * t + i] + rw.lam * xv - bv) - om1 * pv;
             pv = xv;
             xv = rw.live ? xn : 0.0f;
         }
@@ -1240,7 +1270,7 @@ __device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, siz
 
 __global__ void __launch_bounds__(GKA_SOLVE_THREADS, 1)
 gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
-                           const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk, int dv, int iters,
+                           const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
                            float ridge) {
     extern __shared__ __align__(128) unsigned char gka_smem_solve_mma[];
     GkaSolveSmem sm((size_t)gka_smem_solve_mma, iters, NULL);
@@ -1253,7 +1283,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     gka_omegas(sm.om, iters, ridge);
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     // H0 and K as bf16 tiles (zero padding), ||H0||^2 in fp32
-    const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
+    const float* H0g = h0.Hck + ((size_t)bh * NT + n) * dk * dk;
     float h0sq = 0.0f;
     cta_batched<GKA_LOAD_BATCH>(GKA_SOLVE_DK * GKA_SOLVE_DK, [&](int idx) {
         const int i = idx / GKA_SOLVE_DK, j = idx % GKA_SOLVE_DK;
@@ -1282,10 +1312,10 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
     gka_solve_rows_finish<GKA_SOLVE_WPR>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     // this lane's rows: their a f and zeta
 
-    const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
-    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;
+    const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
+    const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
     float x[GKA_SOLVE_NTH][4], xp[GKA_SOLVE_NTH][4];
-    gka_cheb_start<GKA_SOLVE_NTH>(x, xp, bl, 32, (float)sm.tau[ca], (float)sm.tau[cb]);
+    gka_cheb_start<GKA_SOLVE_NTH>(x, xp, bl, 32, ra.tau, rb.tau);
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_SOLVE_NTH; t++) {
@@ -1296,21 +1326,68 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
         gka_masked_s<true, false>(sm.S, sm.X, sm.K, r0, sc0, lane, GkaMaskLower{sm.gl});
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);
-        const double om = sm.om[it];
-        const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
-        const float c3 = (float)(om - 1.0);
+        const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
         #pragma unroll
         for (int q = 0; q < GKA_SOLVE_NTH / 4; q++) {   // the warp's columns 32 at a time (fewer live registers)
             float hy[4][4];
             const int n0 = hc0 + 32 * q;
             gka_chunk_rows_product<true, true>(hy, sm.X, sm.H0, sm.S, sm.K, zeta_a, zeta_b, r0, n0, lane);
-            gka_cheb_step<4>(x + 4 * q, xp + 4 * q, &hy[0][0], bl + 4 * q * 2 * 32, 32, {c1a, lam_a, live_a},
-                             {c1b, lam_b, live_b}, c2, c3);
+            gka_cheb_step<4>(x + 4 * q, xp + 4 * q, &hy[0][0], bl + 4 * q * 2 * 32, 32, ra, rb, om, om1);
         }
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with Xs before it is written again
     }
     gka_store_x_frags<GKA_SOLVE_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+// ---- the wgmma solves' H0 operand, once per forward (spec 5.1(b, c)): each chunk's start state as the B operand of
+// X H0 (element (n, k) = H0[k][n] at wgmma_tile_off(n, k, GKA_SOLVE_DK), zero padded to GKA_SOLVE_DK^2) in two bf16
+// pieces, hi = bf16(H0) then lo = bf16(H0 - hi), and ||H0||_F^2 (fp32, a fixed order). Both solves copy a chunk's
+// 64 KB into shared memory as they are (cp.async): converted in the solve itself, H0's load was 13% of its time
+// (ncu, H200), one CTA per SM waiting on its global loads with nothing else to run.
+#define GKA_H0T_THREADS 256
+
+// grid: one CTA per chunk (b*H + h) * NT + n, Hck's order
+__global__ void __launch_bounds__(GKA_H0T_THREADS)
+gka_h0_tiles_kernel(__nv_bfloat16* tiles, float* sq, const float* Hck, int dk) {
+    __shared__ float red[GKA_H0T_THREADS / 32];
+    const int D = GKA_SOLVE_DK;
+    const float* H0 = Hck + (size_t)blockIdx.x * dk * dk;
+    __nv_bfloat16* hi = tiles + (size_t)blockIdx.x * GKA_H0T_ELEMS;
+    __nv_bfloat16* lo = hi + D * D;
+    float acc = 0.0f;
+    // n fastest: a warp reads 32 consecutive columns of a row of H0 and writes four core-matrix rows of 128 bytes
+    for (int idx = threadIdx.x; idx < D * D / 8; idx += blockDim.x) {
+        const int n = idx % D, k0 = idx / D * 8;
+        float v[8];
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            v[e] = n < dk && k0 + e < dk ? H0[(size_t)(k0 + e) * dk + n] : 0.0f;
+            acc += v[e] * v[e];
+        }
+        uint32_t h[4], l[4];
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            h[e] = pack_bf16(v[2 * e], v[2 * e + 1]);
+            const __nv_bfloat162 p = *reinterpret_cast<const __nv_bfloat162*>(&h[e]);
+            l[e] = pack_bf16(v[2 * e] - __low2float(p), v[2 * e + 1] - __high2float(p));
+        }
+        *reinterpret_cast<uint4*>(hi + wgmma_tile_off(n, k0, D)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(lo + wgmma_tile_off(n, k0, D)) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+    acc = warp_reduce_sum(acc);
+    if (threadIdx.x % 32 == 0) { red[threadIdx.x / 32] = acc; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < GKA_H0T_THREADS / 32; w++) { total += red[w]; }
+        sq[blockIdx.x] = total;
+    }
+}
+
+static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int chunks, int dk, cudaStream_t stream) {
+    gka_h0_tiles_kernel<<<chunks, GKA_H0T_THREADS, 0, stream>>>(tiles, sq, Hck, dk);
+    cudaCheckLaunch();
 }
 
 // ---- the solve on warpgroup MMAs (dev/cuda/gka_core.cu version 8; what the bf16 trainer runs): the CHEB of
@@ -1325,9 +1402,11 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
 //   2. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) issued as two groups;
 //      while HY runs, S (.) M into Ss (two pieces); a barrier (Ss written, Xs read by every warpgroup);
 //   3. HY = diag(zeta) HY, then HY += S K (two pieces of S), and the update of x in registers.
-// The keys are bf16 in two K-major tiles, K [c][d] for X K^T and Kt [d][c] for S K; H0 is stored as B of X H0
-// ([n][k], element (n, k) = H0[k][n]); the decay mask M of this thread's elements of S stays in registers. f
-// (compute_f) from the same tiles: quad_c from K H0, the Gram matrix K K^T, then gka_norm_scan.
+// (Tried: Xs in two tiles used in turn, S K in its own accumulator queued behind X H0 without the wait for it
+// before the barrier: 2.86 against 2.76 ms per solve, H200.) The keys are bf16 in two K-major tiles, K [c][d] for
+// X K^T and Kt [d][c] for S K; H0 is stored as B of X H0 ([n][k], element (n, k) = H0[k][n]), copied from
+// gka_h0_tiles_kernel's image; the decay mask M of this thread's elements of S stays in registers. f (compute_f)
+// from the same tiles: quad_c from K H0, the Gram matrix K K^T, then gka_norm_scan.
 
 #define GKA_WG_GROUPS 2   // (four, 32 columns each, measured 10% slower: 4.52 against 4.11 ms per solve, H200)
 #define GKA_WG_THREADS (128 * GKA_WG_GROUPS)
@@ -1365,19 +1444,21 @@ static size_t gka_chunk_solve_wgmma_smem(int iters) {
 // then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from zero
 template <int N, int KD, bool A_LO, bool B_LO>
 __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const GkaTile& Bm, int n0, int accumulate) {
+    const uint64_t ah = wgmma_desc(A.hi, 0, 0, KD), bh = wgmma_desc(Bm.hi, n0, 0, KD);
+    const uint64_t al = A_LO ? wgmma_desc(A.lo, 0, 0, KD) : 0, bl = B_LO ? wgmma_desc(Bm.lo, n0, 0, KD) : 0;
     #pragma unroll
     for (int kc = 0; kc < KD / 16; kc++) {
-        const uint64_t ah = wgmma_desc(A.hi, 0, 16 * kc, KD), bh = wgmma_desc(Bm.hi, n0, 16 * kc, KD);
-        wgmma_m64k16<N>(acc, ah, bh, accumulate || kc > 0);
-        if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc(A.lo, 0, 16 * kc, KD), bh, 1); }
-        if (B_LO) { wgmma_m64k16<N>(acc, ah, wgmma_desc(Bm.lo, n0, 16 * kc, KD), 1); }
+        const uint64_t ahk = wgmma_desc_advance(ah, 16 * kc), bhk = wgmma_desc_advance(bh, 16 * kc);
+        wgmma_m64k16<N>(acc, ahk, bhk, accumulate || kc > 0);
+        if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * kc), bhk, 1); }
+        if (B_LO) { wgmma_m64k16<N>(acc, ahk, wgmma_desc_advance(bl, 16 * kc), 1); }
     }
 }
 
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
 gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
-                             const floatX* qkv, const float* g, const float* Hck, int T, int H, int dk, int dv,
-                             int iters, float ridge) {
+                             const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
+                             float ridge) {
     extern __shared__ __align__(128) unsigned char gka_smem_solve_wg[];
     GkaSolveWgSmem sm((size_t)gka_smem_solve_wg, iters, NULL);
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
@@ -1386,29 +1467,37 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     const int hc0 = GKA_WG_NH * grp, sc0 = GKA_WG_NS * grp;             // its warpgroup's first columns of HY, S
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
-    gka_omegas(sm.om, iters, ridge);
-    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
-    // H0 as B of X H0 (element (n, k) = H0[k][n]), two pieces, zero padded; ||H0||^2 in fp32
-    const float* H0g = Hck + ((size_t)bh * NT + n) * dk * dk;
-    float h0sq = 0.0f;
-    gka_load_rows8<8>(H0g, dk, dk, dk, D, [&](int i, int j0, const float* v) {
-        #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            h0sq += v[e] * v[e];
-            sm.H0.set(wgmma_tile_off(j0 + e, i, D), v[e]);
-        }
-    });
-    // the keys (bf16, exact) as K [c][d] and Kt [d][c]
-    const floatX* kq = qkv + H * dk + hh * dk;
-    gka_load_rows8<GKA_LOAD_GROUPS>(kq + row0 * DE, DE, L, dk, BT, [&](int c, int j0, const float* v) {
-        store8_scaled(sm.K.hi + wgmma_tile_off(c, j0, D), v, 1.0f);
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = __float2bfloat16_rn(v[e]); }
-    });
+    // H0's two pieces (gka_h0_tiles_kernel's image, 64 KB) and the keys K [c][d] (bf16, zero past L rows and dk
+    // columns) copied as they are, in flight while the rest loads
+    const size_t ck = (size_t)bh * NT + n;
+    const __nv_bfloat16* h0t = h0.tiles + ck * GKA_H0T_ELEMS;
+    for (int i = tid; i < GKA_H0T_ELEMS / 8; i += GKA_WG_THREADS) {
+        cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
+    }
+    const floatX* kq = qkv + row0 * DE + H * dk + hh * dk;
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {   // c fastest (below: 4-way bank conflicts, not 16)
+        const int c = i % BT, j0 = i / BT * 8;
+        const bool in = c < L && j0 < dk;
+        cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
+    }
+    cp_async_commit();
     float2* bl = sm.b + tid;
     gka_load_b_frags<GKA_WG_NTH>(bl, GKA_WG_THREADS, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
+    gka_omegas(sm.om, iters, ridge, 32);   // by warp 1, while warp 0's thread 0 sums the decays
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    cp_async_wait<0>();
+    __syncthreads();
+    // Kt [d][c] from K
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+        const int c = i % BT, j0 = i / BT * 8;
+        const uint4 v = *reinterpret_cast<const uint4*>(sm.K.hi + wgmma_tile_off(c, j0, D));
+        const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
+    }
     fence_proxy_async();   // the tiles, for the tensor cores
-    const float h0f2 = gka_block_sum(h0sq, sm.red);   // its barriers publish the tiles too
+    __syncthreads();
+    const float h0f2 = h0.sq[ck];
     float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
     if (compute_f) {
         // quad_c = k_c^T H0 k_c from K H0; (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4
@@ -1425,22 +1514,24 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         });
     }
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
-    const float lam_a = sm.lam[ca], lam_b = sm.lam[cb], zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
-    const bool live_a = sm.tau[ca] > 0.0, live_b = sm.tau[cb] > 0.0;
+    const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
+    const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
     float x[GKA_WG_NTH][4], xp[GKA_WG_NTH][4];
-    gka_cheb_start<GKA_WG_NTH>(x, xp, bl, GKA_WG_THREADS, (float)sm.tau[ca], (float)sm.tau[cb]);
+    gka_cheb_start<GKA_WG_NTH>(x, xp, bl, GKA_WG_THREADS, ra.tau, rb.tau);
     float mk[4 * GKA_WG_NTS];   // M at this thread's elements of S, the same every iteration
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTS; t++) {
         #pragma unroll
         for (int i = 0; i < 4; i++) { mk[4 * t + i] = GkaMaskLower{sm.gl}(i < 2 ? ca : cb, sc0 + 8 * t + 2 * t4 + i % 2); }
     }
+    // this thread's elements in Xs and Ss: (ca, c0 + 8 t + 2 t4) at xo + 64 t, and row cb = ca + 8 a core matrix row
+    // group (8 kd elements) further
+    const int xo = wgmma_tile_off(ca, hc0 + 2 * t4, D), so = wgmma_tile_off(ca, sc0 + 2 * t4, BT);
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
-            const int j = hc0 + 8 * t + 2 * t4;
-            sm.X.set2(wgmma_tile_off(ca, j, D), x[t][0], x[t][1]);
-            sm.X.set2(wgmma_tile_off(cb, j, D), x[t][2], x[t][3]);
+            gka_store2_pieces(sm.X.hi + xo + 64 * t, sm.X.lo + xo + 64 * t, x[t][0], x[t][1]);
+            gka_store2_pieces(sm.X.hi + xo + 64 * t + 8 * D, sm.X.lo + xo + 64 * t + 8 * D, x[t][2], x[t][3]);
         }
         fence_proxy_async();
         __syncthreads();
@@ -1455,8 +1546,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         for (int t = 0; t < GKA_WG_NTS; t++) {
             #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int c = h ? cb : ca, j = sc0 + 8 * t + 2 * t4;
-                sm.S.set2(wgmma_tile_off(c, j, BT), s[4 * t + 2 * h] * mk[4 * t + 2 * h], s[4 * t + 2 * h + 1] * mk[4 * t + 2 * h + 1]);
+                const int o = so + 64 * t + 8 * BT * h, e = 4 * t + 2 * h;
+                gka_store2_pieces(sm.S.hi + o, sm.S.lo + o, s[e] * mk[e], s[e + 1] * mk[e + 1]);
             }
         }
         fence_proxy_async();
@@ -1475,10 +1566,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
-        const double om = sm.om[it];
-        const float c1a = (float)(sm.tau[ca] * om), c1b = (float)(sm.tau[cb] * om), c2 = (float)om;
-        const float c3 = (float)(om - 1.0);
-        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, bl, GKA_WG_THREADS, {c1a, lam_a, live_a}, {c1b, lam_b, live_b}, c2, c3);
+        const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
+        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, bl, GKA_WG_THREADS, ra, rb, om, om1);
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
@@ -2461,13 +2550,16 @@ template <typename Kernel> struct GkaLaunch {
 };
 #if defined(ENABLE_FP32)
 #define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's")
+static void gka_h0_tiles(__nv_bfloat16*, float*, const float*, int, int, cudaStream_t) {
+    die("gka on the GPU: the wgmma solve's H0 tiles are the bf16 build's");
+}
 #else
 #define GKA_MMA_LAUNCH(...) (l = {__VA_ARGS__})
 #endif
 
 // the solve
-typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*,
-                               const float*, int, int, int, int, int, float);
+typedef void (*GKASolveKernel)(float*, float*, int, const float*, const float*, const floatX*, const float*, GkaH0,
+                               int, int, int, int, int, float);
 static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, int dv, int iters) {
     GkaLaunch<GKASolveKernel> l = {products == GKA_PRODUCTS_TF32 ? gka_chunk_solve_kernel<true>
                                                                  : gka_chunk_solve_kernel<false>,
@@ -2527,11 +2619,12 @@ static GkaLaunch<GKADuKernel> gka_du_launch(GkaProducts products, int dk, int dv
     return l;
 }
 
-// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0. products: the
-// chunk kernels' tile products (GkaProducts).
-static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, const floatX* qkv,
-                             const float* alpha, const float* g, int B, int T, int H, int dk, int dv, int iters,
-                             float ridge, GkaProducts products, cudaStream_t stream) {
+// spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0; with
+// GKA_PRODUCTS_WGMMA also H0t, h0sq (gka_h0_tiles_elems and B*H*NT; else they may be NULL), which the backward's
+// solve reads too. products: the chunk kernels' tile products (GkaProducts).
+static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, __nv_bfloat16* H0t, float* h0sq,
+                             const floatX* qkv, const float* alpha, const float* g, int B, int T, int H, int dk,
+                             int dv, int iters, float ridge, GkaProducts products, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
     const GkaLaunch<GKAProductKernel> readout = gka_product_launch(products, false, dk, dv);
@@ -2546,8 +2639,10 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     gka_state_scan_kernel<<<dim3(ceil_div(dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
         Uck, dk * dv, g, T, H, 0);
     cudaCheckLaunch();
-    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g, Hck, T, H, dk,
-                                                                        dv, iters, ridge);
+    if (products == GKA_PRODUCTS_WGMMA) { gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, stream); }
+    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
+                                                                        GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,
+                                                                        ridge);
     cudaCheckLaunch();
     readout.kernel<<<dim3(NT, B * H), readout.threads, readout.smem, stream>>>(o, NULL, x, NULL, qkv, alpha, g, Uck, T,
                                                                               H, dk, dv, 1.0f / sqrtf((float)dk));
@@ -2562,11 +2657,12 @@ static size_t gka_core_backward_scratch_floats(int B, int T, int H, int dk, int 
     return 2 * (size_t)B * T * H * dk + (seg > adj ? seg : adj);
 }
 
-// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (products: as gka_core_forward's), then the rest:
+// spec 5.2 pass 1 (dQt, the adjoint solve Z) on the chunks (products, H0t, h0sq: gka_core_forward's), then the rest:
 // chunked, passes 2 and 3 on the chunks (on tensor cores unless products is GKA_PRODUCTS_FP32); else the rest of
 // 3.2 as the recurrence. Final-state gradients 0. Writes dqkv (dL/d q_hat | k | v), dalpha, dg.
 static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scratch, const floatX* dO,
-                              const float* Hck, const float* Uck, const floatX* qkv, const float* alpha, const float* g,
+                              const float* Hck, const float* Uck, const __nv_bfloat16* H0t, const float* h0sq,
+                              const floatX* qkv, const float* alpha, const float* g,
                               const float* x, const float* f, int B, int T, int H, int dk, int dv, int iters,
                               float ridge, GkaProducts products, bool chunked, cudaStream_t stream) {
     const int NT = gka_chunks(T);
@@ -2579,8 +2675,9 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     dqt.kernel<<<dim3(NT, B * H), dqt.threads, dqt.smem, stream>>>(NULL, dQt, NULL, dO, qkv, alpha, g, Uck, T, H, dk, dv,
                                                                   scale);
     cudaCheckLaunch();
-    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g, Hck, T,
-                                                                        H, dk, dv, iters, ridge);
+    solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(Z, (float*)f, 0, dQt, alpha, qkv, g,
+                                                                        GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,
+                                                                        ridge);
     cudaCheckLaunch();
     if (!chunked) {
         const size_t rec = gka_core_backward_smem(dk, dv);

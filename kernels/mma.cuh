@@ -128,6 +128,9 @@ __device__ __forceinline__ uint64_t wgmma_desc(const __nv_bfloat16* p, int r0, i
     const uint64_t a = base + 2 * wgmma_tile_off(r0, k0, kd);
     return ((a & 0x3ffff) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)((16 * kd) >> 4) << 32);
 }
+// the descriptor d moved k columns along k (k a multiple of 8): 16 k bytes further, which is k in its start address
+// field (16-byte units); the field does not carry into the next (shared addresses are below 256 KB)
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t d, int k) { return d + (uint64_t)k; }
 // D (+)= A B (accumulate 0: D = A B) for N = 32 and 64; wgmma_m64k16<N> picks one
 __device__ __forceinline__ void wgmma_m64n32k16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     WGMMA_ASM(

@@ -113,6 +113,18 @@ read through an fp32 staging in shared memory instead of strided from global mem
 All of version 8 (one run, the binary of the trainer's commit): forward 5.57 -> 3.76 ms, forward+backward 14.59 ->
 9.93 ms (fp32 build unchanged, 57.6 ms, its errors identical); under ncu the solve 3.45, adjoint solve 3.42, readout
 0.46, dQt 0.39, chunk-state terms 0.67, adjoint terms 1.44, pass 3a 1.08, pass 3b 0.96 ms.
+Then (2026-11-29, H200; ncu's samples of the solve: 22% of it before the iterations, 13% H0's fp32 load and split
+into pieces, the iterations 1100 instructions per warp): H0's pieces made once per forward in wgmma's layout
+(kernels/gka.cuh's gka_h0_tiles_kernel, 0.11 ms, with ||H0||^2; both solves copy them with cp.async), the keys
+copied the same way (Kt from K in shared memory), the b loads in pairs, the omegas on another warp than the decay
+sums; in the iterations the fragment stores to fixed offsets and without the second piece's test, the descriptors
+made once per product and moved along k by adding to the address, and the update's c1 = tau omega in fp32 (the
+double products and conversions had stalled the math pipe). Solve 3.38 -> 2.78 ms, adjoint solve 3.37 -> 2.74 ms
+(ncu), 830 instructions per warp per iteration; forward 3.75 -> 3.41 ms, forward+backward 9.92 -> 9.06 ms (one run,
+the commit's binaries); the errors move in the third digit either way (dk = 128: dk 1.1e-4, dg 2.2e-4), fp32 build
+unchanged. Tried: the update as (omega - c1 a f) x + c1 (b - hy) - (omega - 1) x_prev (one operation less) doubled
+x's error at dk = 32 (3.3e-6 -> 6.7e-6; the residual is small, the two terms are not); Xs in two tiles with S K in
+its own accumulator (no wait for X H0 before the second barrier): 2.86 ms per solve, slower.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -563,6 +575,8 @@ static void v1_backward(float* dqkv, float* dalpha, float* dg, float* scratch, c
 struct CoreDevice {
     floatX *qkv, *o, *dO;
     float *alpha, *g, *x, *f, *Hck, *Uck, *dqkv, *dalpha, *dg, *scratch;
+    __nv_bfloat16* H0t;   // with h0sq: the wgmma solves' H0 tiles (version 8)
+    float* h0sq;
 };
 
 static CoreDevice upload(CoreInputs& in) {
@@ -579,6 +593,8 @@ static CoreDevice upload(CoreInputs& in) {
     d.f = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "f");
     d.Hck = (float*)cuda_malloc_or_die(nseg * in.dk * in.dk * sizeof(float), "Hck");
     d.Uck = (float*)cuda_malloc_or_die(nseg * in.dk * in.dv * sizeof(float), "Uck");
+    d.H0t = (__nv_bfloat16*)cuda_malloc_or_die(gka_h0_tiles_elems(in.B, in.T, H) * sizeof(__nv_bfloat16), "H0t");
+    d.h0sq = (float*)cuda_malloc_or_die(nseg * sizeof(float), "h0sq");
     d.dqkv = (float*)cuda_malloc_or_die(BT * DE * sizeof(float), "dqkv");
     d.dalpha = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dalpha");
     d.dg = (float*)cuda_malloc_or_die(BT * H * sizeof(float), "dg");
@@ -588,8 +604,8 @@ static CoreDevice upload(CoreInputs& in) {
 }
 
 static void release(CoreDevice& d) {
-    for (void* p : std::vector<void*>{d.qkv, d.o, d.dO, d.alpha, d.g, d.x, d.f, d.Hck, d.Uck, d.dqkv, d.dalpha, d.dg,
-                                      d.scratch}) {
+    for (void* p : std::vector<void*>{d.qkv, d.o, d.dO, d.alpha, d.g, d.x, d.f, d.Hck, d.Uck, d.H0t, d.h0sq, d.dqkv,
+                                      d.dalpha, d.dg, d.scratch}) {
         cudaCheck(cudaFree(p));
     }
 }
@@ -606,8 +622,8 @@ static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
         gka_recurrent_forward(d.o, d.x, d.f, d.Hck, d.Uck, NULL, NULL, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk,
                               in.dv, iters, RIDGE, 0);
     } else {
-        gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE,
-                         version_products(), 0);
+        gka_core_forward(d.o, d.x, d.f, d.Hck, d.Uck, d.H0t, d.h0sq, d.qkv, d.alpha, d.g, in.B, in.T, in.H, in.dk,
+                         in.dv, iters, RIDGE, version_products(), 0);
     }
 }
 static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -615,8 +631,8 @@ static void run_backward(const CoreInputs& in, CoreDevice& d, int iters) {
         v1_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B, in.T,
                     in.H, in.dk, in.dv, iters, RIDGE);
     } else {
-        gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.qkv, d.alpha, d.g, d.x, d.f, in.B,
-                          in.T, in.H, in.dk, in.dv, iters, RIDGE, version_products(), version >= 4, 0);
+        gka_core_backward(d.dqkv, d.dalpha, d.dg, d.scratch, d.dO, d.Hck, d.Uck, d.H0t, d.h0sq, d.qkv, d.alpha, d.g,
+                          d.x, d.f, in.B, in.T, in.H, in.dk, in.dv, iters, RIDGE, version_products(), version >= 4, 0);
     }
 }
 

@@ -24,13 +24,13 @@ int main(int argc, char** argv) {
     GkaInputs in = gka_emu_inputs(B, T, H, dk, dv);
     std::vector<floatX> o((size_t)B * T * H * dv);
     std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk), Uck((size_t)B * H * NT * dk * dv);
-    gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), in.qkv.data(), in.alpha.data(), in.g.data(), B, T, H, dk, dv,
+    gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), NULL, NULL, in.qkv.data(), in.alpha.data(), in.g.data(), B, T, H, dk, dv,
                      iters, ridge, GKA_PRODUCTS_FP32, 0);
     std::vector<float> out[2][3];
     for (int chunked = 0; chunked < 2; chunked++) {
         std::vector<float> dqkv((size_t)B * T * DE, NAN), dal((size_t)B * T * H, NAN), dg((size_t)B * T * H, NAN);
         std::vector<float> scratch(gka_core_backward_scratch_floats(B, T, H, dk, dv), NAN);
-        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), in.dO.data(), Hck.data(), Uck.data(), in.qkv.data(),
+        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), in.dO.data(), Hck.data(), Uck.data(), NULL, NULL, in.qkv.data(),
                           in.alpha.data(), in.g.data(), x.data(), f.data(), B, T, H, dk, dv, iters, ridge, GKA_PRODUCTS_FP32, chunked == 1, 0);
         out[chunked][0] = dqkv; out[chunked][1] = dal; out[chunked][2] = dg;
     }

@@ -42,12 +42,13 @@ int main(int argc, char** argv) {
         const GkaProducts products = v ? GKA_PRODUCTS : GKA_PRODUCTS_FP32;
         std::vector<floatX> o((size_t)B * T * H * dv);
         std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk),
-            Uck((size_t)B * H * NT * dk * dv);
-        gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), in.qkv.data(), in.alpha.data(), in.g.data(), B, T, H,
+            Uck((size_t)B * H * NT * dk * dv), h0sq((size_t)B * H * NT);
+        std::vector<__nv_bfloat16> H0t(gka_h0_tiles_elems(B, T, H));
+        gka_core_forward(o.data(), x.data(), f.data(), Hck.data(), Uck.data(), H0t.data(), h0sq.data(), in.qkv.data(), in.alpha.data(), in.g.data(), B, T, H,
                          dk, dv, iters, ridge, products, 0);
         std::vector<float> dqkv((size_t)B * T * DE, NAN), dal((size_t)B * T * H, NAN), dg((size_t)B * T * H, NAN);
         std::vector<float> scratch(gka_core_backward_scratch_floats(B, T, H, dk, dv), NAN);
-        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), in.dO.data(), Hck.data(), Uck.data(), in.qkv.data(),
+        gka_core_backward(dqkv.data(), dal.data(), dg.data(), scratch.data(), in.dO.data(), Hck.data(), Uck.data(), H0t.data(), h0sq.data(), in.qkv.data(),
                           in.alpha.data(), in.g.data(), x.data(), f.data(), B, T, H, dk, dv, iters, ridge, products, true, 0);
         out[v] = {to_floats(o), x, f, dqkv, dal, dg};
     }

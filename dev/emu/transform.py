@@ -41,6 +41,9 @@ for root, _, files in os.walk(src):
                 s = s.replace('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)', '#if 1')
                 a = s.index('uint64_t wgmma_desc('); b = s.index('\n}\n', a)
                 s = s[:s.index('{', a) + 1] + '\n    return emu_wgmma_desc(p + wgmma_tile_off(r0, k0, kd), 16 * kd);' + s[b:]
+                adv = '{ return d + (uint64_t)k; }'   # wgmma_desc_advance: 16 k bytes of host address
+                assert adv in s
+                s = s.replace(adv, '{ return d + 16 * (uint64_t)k; }')
             s = s.replace('__shared__', 'static')
             s = re.sub(r'__launch_bounds__\((?:[^()]|\([^()]*\))*\)', '', s)   # arguments may hold one level of calls
             s = re.sub(r'\b__global__\b', '', s)

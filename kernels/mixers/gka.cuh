@@ -37,6 +37,8 @@ typedef struct {
     floatX *proj, *u, *qkv, *o, *y;                  // (B,T,ldP), (B,T,D), (B,T,DE), (B,T,H*dv) x2
     float *qn, *kn, *beta, *alpha, *g, *f, *rstd;    // (B,T,H) each
     float *x, *Hck, *Uck;                            // (B,T,H*dk) CHEB solutions; segment-start states
+    __nv_bfloat16* H0t;                              // the wgmma solves' H0 tiles (bf16 build; else NULL)
+    float* h0sq;                                     // (B,H,NT) their ||H0||^2
 } GKAActs;
 
 typedef struct {
@@ -83,6 +85,9 @@ static void gka_layout_acts(void* acts, const void* settings, const Config* c, c
     a->x = carve_f(base, cur, BT * s->H * s->dk);
     a->Hck = carve_f(base, cur, NS * s->dk * s->dk);
     a->Uck = carve_f(base, cur, NS * s->dk * s->dv);
+    const bool tiles = GKA_PRODUCTS == GKA_PRODUCTS_WGMMA;   // kernels/gka.cuh's gka_h0_tiles_kernel
+    a->H0t = tiles ? (__nv_bfloat16*)carve(base, cur, gka_h0_tiles_elems(B, T, s->H) * sizeof(__nv_bfloat16)) : NULL;
+    a->h0sq = tiles ? carve_f(base, cur, NS) : NULL;
 }
 
 // the backward's own scratch, carved in this order from MixerContext.own
@@ -139,8 +144,8 @@ static void gka_forward(const MixerContext* mc, const void* settings, const Laye
                          p->alpha_bias, p->A_log, p->dt_bias, BT, s->H, s->Hkv, s->dk, s->dv, st);
     profile_mark("fwd gka conv + features");
     // step 8: the core (spec 3), H_0 = U_0 = 0
-    gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, a->qkv, a->alpha, a->g, B, T, s->H, s->dk, s->dv, s->iters,
-                     s->ridge, GKA_PRODUCTS, st);
+    gka_core_forward(a->o, a->x, a->f, a->Hck, a->Uck, a->H0t, a->h0sq, a->qkv, a->alpha, a->g, B, T, s->H, s->dk,
+                     s->dv, s->iters, s->ridge, GKA_PRODUCTS, st);
     profile_mark("fwd gka chunk core");
     // steps 9-10: gated RMSNorm with the gate block, then the output projection
     gated_rmsnorm_forward(a->y, a->rstd, a->o, a->proj + s->D, s->ldP, p->onorm_w, BT, s->H, s->dv, s->onorm_eps, st);
@@ -169,8 +174,9 @@ static void gka_backward(const MixerContext* mc, const void* settings, const Lay
                            a->rstd, p->onorm_w, BT, sh->H, sh->dv, st);
     profile_mark("bwd gka out_proj + out norm");
     // the core (spec 3.2), final-state gradients 0: fp32 dq_hat | dk | dv, dalpha, dg
-    gka_core_backward(s.dqkv, s.dalpha, s.dg, s.core, s.dout_o, a->Hck, a->Uck, a->qkv, a->alpha, a->g, a->x, a->f, B,
-                      T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_PRODUCTS, GKA_CHUNKED_BACKWARD, st);
+    gka_core_backward(s.dqkv, s.dalpha, s.dg, s.core, s.dout_o, a->Hck, a->Uck, a->H0t, a->h0sq, a->qkv, a->alpha,
+                      a->g, a->x, a->f, B, T, sh->H, sh->dk, sh->dv, sh->iters, sh->ridge, GKA_PRODUCTS,
+                      GKA_CHUNKED_BACKWARD, st);
     profile_mark("bwd gka core");
     // l2 norms, beta, alpha, decay, GQA reduce: dL/d(SiLU out), the a | b | alpha columns of dproj
     gka_features_backward(s.du, s.dproj, sh->ldP, gr->A_log, gr->dt_bias, gr->b_bias, gr->alpha_bias, mc->reduce,
