@@ -545,8 +545,9 @@ __device__ __forceinline__ void gka_state_block(float acc[4][4], const float* R,
 }
 
 // chunk n's term K^T diag(e) K | K^T diag(e) V (n < NT - 1: the last chunk's is not needed) into Hck/Uck[bh, n + 1].
-// Grid (column blocks of the concatenated [H | U] state, GKA_STATE_COLS each; NT - 1; B*H), block GKA_STATE_THREADS;
-// each thread a 4 x 4 block of its CTA's 128 x 32 part (gka_state_block).
+// Grid (1, NT - 1, B*H), block GKA_STATE_THREADS: the row operand diag(e) K loaded once, then the concatenated [H | U]
+// state GKA_STATE_COLS columns at a time, each thread a 4 x 4 block of the CTA's 128 x 32 part (gka_state_block).
+// (A CTA per column block, each loading the row operand: 0.67 ms, H200, B=16 T=2048.)
 __global__ void __launch_bounds__(GKA_STATE_THREADS)
 gka_chunk_state_terms_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk, int dv) {
     __shared__ __align__(16) float Ks[GKA_CHECKPOINT * GKA_STATE_LDR];
@@ -554,7 +555,6 @@ gka_chunk_state_terms_kernel(float* Hck, float* Uck, const floatX* qkv, const fl
     __shared__ float e[GKA_CHECKPOINT + 1];
     const int n = blockIdx.y, bh = blockIdx.z, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int ri = tid / (GKA_STATE_COLS / 4), ci = tid % (GKA_STATE_COLS / 4);   // rows 4 ri .., columns 4 ci ..
-    const int col0 = blockIdx.x * GKA_STATE_COLS + 4 * ci;   // this thread's first column of [H | U]
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
     const size_t dkdk = (size_t)dk * dk, dkdv = (size_t)dk * dv;
     const size_t r0 = (size_t)b * T + (size_t)n * GKA_CHECKPOINT;   // a full chunk: n < NT - 1
@@ -569,26 +569,30 @@ gka_chunk_state_terms_kernel(float* Hck, float* Uck, const floatX* qkv, const fl
     __syncthreads();
     if (tid < GKA_CHECKPOINT) { e[tid] = expf(e[GKA_CHECKPOINT] - e[tid]); }
     __syncthreads();
-    // the row operand diag(e) K, and the column operand: the block's columns of [K | V], those of K (kc, a multiple of
-    // 8 as dk is) and then those of V from its column vc0
+    // the row operand diag(e) K, then per block the column operand: the block's columns of [K | V], those of K (kc, a
+    // multiple of 8 as dk is) and then those of V from its column vc0
     const floatX* rows = qkv + r0 * DE;
-    const int cb = blockIdx.x * GKA_STATE_COLS, kc = min(GKA_STATE_COLS, max(0, dk - cb)), vc0 = cb + kc - dk;
-    tile_load<2>(make_tile_load(Ks, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE,
-                                GKA_CHECKPOINT, dk, e),
-                 make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, kc, rows + H * dk + hh * dk + cb, (size_t)DE,
-                                GKA_CHECKPOINT, kc),
-                 make_tile_load(Src + kc, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS - kc,
-                                rows + 2 * H * dk + hh * dv + vc0, (size_t)DE, GKA_CHECKPOINT, dv - vc0));
-    float acc[4][4];
-    gka_state_block(acc, Ks, Src, ri, ci);
-    for (int a = 0; a < 4; a++) {
-        const int i = 4 * ri + a;
-        for (int q = 0; q < 4 && i < dk; q++) {
-            const int col = col0 + q;
-            if (col < dk) {
-                Hck[((size_t)bh * NT + n + 1) * dkdk + (size_t)i * dk + col] = acc[a][q];
-            } else if (col < dk + dv) {
-                Uck[((size_t)bh * NT + n + 1) * dkdv + (size_t)i * dv + col - dk] = acc[a][q];
+    tile_load<4>(make_tile_load(Ks, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE,
+                                GKA_CHECKPOINT, dk, e));
+    for (int cb = 0; cb < dk + dv; cb += GKA_STATE_COLS) {
+        const int kc = min(GKA_STATE_COLS, max(0, dk - cb)), vc0 = cb + kc - dk;
+        tile_load<1>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, kc, rows + H * dk + hh * dk + cb, (size_t)DE,
+                                    GKA_CHECKPOINT, kc),
+                     make_tile_load(Src + kc, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS - kc,
+                                    rows + 2 * H * dk + hh * dv + vc0, (size_t)DE, GKA_CHECKPOINT, dv - vc0));
+        float acc[4][4];
+        gka_state_block(acc, Ks, Src, ri, ci);
+        __syncthreads();   // Src read by every thread before the next block's
+        const int col0 = cb + 4 * ci;   // this thread's first column of [H | U]
+        for (int a = 0; a < 4; a++) {
+            const int i = 4 * ri + a;
+            for (int q = 0; q < 4 && i < dk; q++) {
+                const int col = col0 + q;
+                if (col < dk) {
+                    Hck[((size_t)bh * NT + n + 1) * dkdk + (size_t)i * dk + col] = acc[a][q];
+                } else if (col < dk + dv) {
+                    Uck[((size_t)bh * NT + n + 1) * dkdv + (size_t)i * dv + col - dk] = acc[a][q];
+                }
             }
         }
     }
@@ -1924,9 +1928,10 @@ __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, floa
 // chunk n >= 1 adding its part to zeta_BT(n) times the state after it: a linear recurrence run as the forward's chunk
 // states are (the same results as the sequential pass to the last bit; ncu, H200, B=16 T=2048: 3.33 ms
 // sequentially): every chunk's part at once, then gka_state_scan_kernel in reverse.
-// chunk n's part (n = 1 .. NT-1) into adj[bh, n - 1]. Grid (column blocks, NT - 1, B*H), block GKA_ADJ_THREADS.
-// The column blocks are those of Zend (ceil(dk/32)), then of Bend (ceil(dk/32)), then of DUend (ceil(dv/32)); a
-// thread keeps a 4 x 4 block of its matrix, as the forward's chunk states.
+// chunk n's part (n = 1 .. NT-1) into adj[bh, n - 1]. Grid (3, NT - 1, B*H), block GKA_ADJ_THREADS: CTA 0 makes
+// Zend, 1 Bend, 2 DUend, GKA_STATE_COLS columns at a time with the row operand loaded once; a thread keeps a 4 x 4
+// block of its matrix, as the forward's chunk states. (A CTA per column block, the row operand and the chunk's scalars
+// made by each: 1.43 ms, H200, B=16 T=2048.)
 __global__ void __launch_bounds__(GKA_ADJ_THREADS)
 gka_chunk_adjoint_terms_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
                                const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T, int H,
@@ -1937,10 +1942,7 @@ gka_chunk_adjoint_terms_kernel(float* adj, const float* Z, const float* x, const
         bsum[GKA_CHECKPOINT + 1], Wsum[GKA_CHECKPOINT];
     const int n = blockIdx.y + 1, bh = blockIdx.z, b = bh / H, hh = bh % H, tid = threadIdx.x;
     const int ri = tid / (GKA_STATE_COLS / 4), ci = tid % (GKA_STATE_COLS / 4);   // rows 4 ri .., columns 4 ci ..
-    const int nbk = (dk + GKA_STATE_COLS - 1) / GKA_STATE_COLS;
-    const int which = blockIdx.x < nbk ? 0 : blockIdx.x < 2 * nbk ? 1 : 2;   // Zend, Bend, DUend
-    const int cb0 = (blockIdx.x - which * nbk) * GKA_STATE_COLS;             // the block's first column of it
-    const int col0 = cb0 + 4 * ci;                                           // this thread's first column
+    const int which = blockIdx.x;   // Zend, Bend, DUend
     const int ncols = which == 2 ? dv : dk;
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
     const size_t dkdk = (size_t)dk * dk, per_chunk = 2 * dkdk + (size_t)dk * dv;
@@ -1949,38 +1951,47 @@ gka_chunk_adjoint_terms_kernel(float* adj, const float* Z, const float* x, const
     const int L = min(GKA_CHECKPOINT, T - n * GKA_CHECKPOINT);
     gka_chunk_decays(gl, zeta, g, e0, H, L);
     gka_chunk_adjoint_scalars(ws, e, bsum, Wsum, gl, zeta, w, e0, H, L);
-    // the row operand R [c][i] (rows i of the matrix) and the column operand Src [c][col] (16-byte loads but the
-    // adjoint of Qt's, which is computed: gka_set_qt_pieces's 16-byte loads measured slower here, 1.43 -> 1.68 ms)
+    // the row operand R [c][i] (rows i of the matrix; 16-byte loads but the adjoint of Qt's, which is computed:
+    // gka_set_qt_pieces's 16-byte loads measured slower here, 1.43 -> 1.68 ms) and, per column block, the column
+    // operand Src [c][col]
     const floatX* rows = qkv + r0 * DE;
-    if (which == 0) {   // zeta_c z_c and x
-        tile_load<2>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, Z + e0 * dk, (size_t)H * dk, L, dk, zeta),
-                     make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, x + e0 * dk + cb0,
-                                    (size_t)H * dk, L, dk - cb0));
-    } else if (which == 1) {   // b_c k_c and K
-        tile_load<2>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE, L, dk,
-                                    bsum),
-                     make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, rows + H * dk + hh * dk + cb0,
-                                    (size_t)DE, L, dk - cb0));
-    } else {   // s zeta_c qt_c and dO
+    if (which == 0) {   // zeta_c z_c
+        tile_load<4>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, Z + e0 * dk, (size_t)H * dk, L, dk, zeta));
+    } else if (which == 1) {   // b_c k_c
+        tile_load<4>(make_tile_load(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, rows + H * dk + hh * dk, (size_t)DE, L, dk,
+                                    bsum));
+    } else {   // s zeta_c qt_c
         tile_set<GKA_LOAD_BATCH>(Rs, GKA_STATE_LDR, GKA_CHECKPOINT, 128, [&](int c, int i) {
             const size_t ec = e0 + (size_t)c * H;
             if (c >= L || i >= dk) { return 0.0f; }
             const float q = to_float(qkv[(r0 + c) * DE + hh * dk + i]);
             return scale * zeta[c] * (q + alpha[ec] * (x[ec * dk + i] - q));
         });
-        tile_load<4>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS,
-                                    dO + r0 * H * dv + hh * dv + cb0, (size_t)H * dv, L, dv - cb0));
     }
-    float acc[4][4];
-    gka_state_block(acc, Rs, Src, ri, ci);
     const float* H0 = Hck + ((size_t)bh * NT + n) * dkdk;
     float* out = adj + ((size_t)bh * NT + n - 1) * per_chunk + offset;
-    for (int a = 0; a < 4; a++) {
-        const int i = 4 * ri + a;
-        for (int q = 0; q < 4; q++) {
-            const int col = col0 + q;
-            if (which == 1 && i < dk && col < dk) { acc[a][q] += bsum[GKA_CHECKPOINT] * H0[(size_t)i * dk + col]; }
-            if (i < dk && col < ncols) { out[(size_t)i * ncols + col] = acc[a][q]; }
+    for (int cb0 = 0; cb0 < ncols; cb0 += GKA_STATE_COLS) {
+        if (which == 0) {   // x
+            tile_load<1>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS, x + e0 * dk + cb0,
+                                        (size_t)H * dk, L, dk - cb0));
+        } else if (which == 1) {   // K
+            tile_load<1>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS,
+                                        rows + H * dk + hh * dk + cb0, (size_t)DE, L, dk - cb0));
+        } else {   // dO
+            tile_load<1>(make_tile_load(Src, GKA_STATE_LDC, GKA_CHECKPOINT, GKA_STATE_COLS,
+                                        dO + r0 * H * dv + hh * dv + cb0, (size_t)H * dv, L, dv - cb0));
+        }
+        float acc[4][4];
+        gka_state_block(acc, Rs, Src, ri, ci);
+        __syncthreads();   // Src read by every thread before the next block's
+        const int col0 = cb0 + 4 * ci;   // this thread's first column
+        for (int a = 0; a < 4; a++) {
+            const int i = 4 * ri + a;
+            for (int q = 0; q < 4; q++) {
+                const int col = col0 + q;
+                if (which == 1 && i < dk && col < dk) { acc[a][q] += bsum[GKA_CHECKPOINT] * H0[(size_t)i * dk + col]; }
+                if (i < dk && col < ncols) { out[(size_t)i * ncols + col] = acc[a][q]; }
+            }
         }
     }
 }
@@ -2629,8 +2640,8 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
     const GkaLaunch<GKAProductKernel> readout = gka_product_launch(products, false, dk, dv);
     if (NT > 1) {
-        gka_chunk_state_terms_kernel<<<dim3(ceil_div(dk + dv, GKA_STATE_COLS), NT - 1, B * H), GKA_STATE_THREADS, 0,
-                                       stream>>>(Hck, Uck, qkv, g, T, H, dk, dv);
+        gka_chunk_state_terms_kernel<<<dim3(1, NT - 1, B * H), GKA_STATE_THREADS, 0, stream>>>(Hck, Uck, qkv, g, T, H,
+                                                                                             dk, dv);
         cudaCheckLaunch();
     }
     gka_state_scan_kernel<<<dim3(ceil_div(dk * dk, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
@@ -2688,7 +2699,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
         cudaCheckLaunch();
         return;
     }
-    const int rows = B * T * H, nbk = ceil_div(dk, GKA_STATE_COLS), nbv = ceil_div(dv, GKA_STATE_COLS);
+    const int rows = B * T * H;
     float* adj = rest;
     float* w = adj + (size_t)B * H * NT * (2 * (size_t)dk * dk + (size_t)dk * dv);
     float* dG = w + rows;
@@ -2697,7 +2708,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
     if (NT > 1) {
-        gka_chunk_adjoint_terms_kernel<<<dim3(2 * nbk + nbv, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
+        gka_chunk_adjoint_terms_kernel<<<dim3(3, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
             adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
         cudaCheckLaunch();
     }

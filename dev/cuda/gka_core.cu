@@ -125,6 +125,14 @@ the commit's binaries); the errors move in the third digit either way (dk = 128:
 unchanged. Tried: the update as (omega - c1 a f) x + c1 (b - hy) - (omega - 1) x_prev (one operation less) doubled
 x's error at dk = 32 (3.3e-6 -> 6.7e-6; the residual is small, the two terms are not); Xs in two tiles with S K in
 its own accumulator (no wait for X H0 before the second barrier): 2.86 ms per solve, slower.
+Then the chunk-state kernels of both passes with a CTA per matrix and chunk instead of per 32-column block: the row
+operand (diag(e) K, zeta Z, b K, s zeta Qt) and the backward's per-chunk scalars made once instead of four or eight
+times, the column blocks in a loop (the same sums in the same order: every output identical in both builds).
+Adjoint terms 1.43 -> 1.05 ms, chunk-state terms 0.67 -> 0.62 ms (ncu); forward+backward 9.08 -> 8.75 ms in one run.
+Under ncu the solve's shared-memory pipe is 68% busy over the whole kernel, nearly all of it the wgmma operand
+fetches (X and S are read from shared memory by every product, 24 or 32 wavefronts per instruction), the tensor
+pipe 48%: the next step is X as a register operand (wgmma's A from registers for X H0 and X K^T, which would cut
+those fetches by about 45%).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
