@@ -827,12 +827,15 @@ static size_t gka_h0_tiles_elems(int B, int T, int H) { return (size_t)B * H * g
 #define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
 #define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
 
-// two adjacent elements v0, v1 in two bf16 pieces: hi[0 .. 1] = bf16(v), lo[0 .. 1] = bf16(v - hi)
-__device__ __forceinline__ void gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
+// two adjacent elements v0, v1 in two bf16 pieces: hi[0 .. 1] = bf16(v), lo[0 .. 1] = bf16(v - hi); returns the two
+// words (hi, lo)
+__device__ __forceinline__ uint2 gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
     const uint32_t h = pack_bf16(v0, v1);
     const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
+    const uint32_t l = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
     *reinterpret_cast<uint32_t*>(hi) = h;
-    *reinterpret_cast<uint32_t*>(lo) = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+    *reinterpret_cast<uint32_t*>(lo) = l;
+    return make_uint2(h, l);
 }
 
 // a bf16 tile, hi = bf16(v), and a second piece lo = bf16(v - hi) (lo == nullptr: one piece, the keys)
@@ -1399,11 +1402,14 @@ static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int 
 // register-tile solve above is bound by its own fragment loads: sixteen warps each read their A and B fragments
 // through ldmatrix, X four times over and H0 four times per iteration (H200, ncu: shared-memory pipe 68% busy, the
 // tensor pipe 40%, short-scoreboard the first stall). Here the tensor cores read the operands from shared memory
-// themselves (kernels/mma.cuh's wgmma): H0 once per iteration, X once per warpgroup. Warpgroup q owns the columns
+// themselves (kernels/mma.cuh's wgmma): H0 once per iteration, X once per warpgroup, except a warpgroup's own
+// columns of X, which its products take from registers (gka_wgmma_x: the shared-memory pipe had been 68% busy, nearly
+// all of it operand fetches; 2.78 -> 2.71 ms per solve, H200). Warpgroup q owns the columns
 // GKA_WG_NH q .. of x and HY and the columns GKA_WG_NS q .. of S; its warp w the rows 16 w .. 16 w + 15 of them
 // (the accumulator layout). An iteration (spec 5.1(c), 3.1):
 //   1. x into Xs (two pieces); a barrier;
-//   2. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) issued as two groups;
+//   2. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) issued as two groups,
+//      the warpgroup's own k-steps first;
 //      while HY runs, S (.) M into Ss (two pieces); a barrier (Ss written, Xs read by every warpgroup);
 //   3. HY = diag(zeta) HY, then HY += S K (two pieces of S), and the update of x in registers.
 // (Tried: Xs in two tiles used in turn, S K in its own accumulator queued behind X H0 without the wait for it
@@ -1456,6 +1462,31 @@ __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const Gk
         wgmma_m64k16<N>(acc, ahk, bhk, accumulate || kc > 0);
         if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * kc), bhk, 1); }
         if (B_LO) { wgmma_m64k16<N>(acc, ahk, wgmma_desc_advance(bl, 16 * kc), 1); }
+    }
+}
+
+// acc = X B[n0 .. n0 + N) over X's 128 columns (two pieces), B in B_LO pieces: the warpgroup's own k-steps kc_own ..
+// kc_own + 3 (its columns of x) with A from registers, xa[j][piece] the A fragments of k-step kc_own + j; the other
+// four k-steps from the shared tile X
+template <int N, bool B_LO>
+__device__ __forceinline__ void gka_wgmma_x(float* acc, const uint32_t (*xa)[2][4], int kc_own, const GkaTile& X,
+                                            const GkaTile& Bm, int n0) {
+    const int KD = GKA_SOLVE_DK, kc_other = 4 - kc_own;
+    const uint64_t bh = wgmma_desc(Bm.hi, n0, 0, KD), bl = B_LO ? wgmma_desc(Bm.lo, n0, 0, KD) : 0;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint64_t bhk = wgmma_desc_advance(bh, 16 * (kc_own + j));
+        wgmma_m64k16_rs<N>(acc, xa[j][0], bhk, j > 0);
+        wgmma_m64k16_rs<N>(acc, xa[j][1], bhk, 1);
+        if (B_LO) { wgmma_m64k16_rs<N>(acc, xa[j][0], wgmma_desc_advance(bl, 16 * (kc_own + j)), 1); }
+    }
+    const uint64_t ah = wgmma_desc(X.hi, 0, 16 * kc_other, KD), al = wgmma_desc(X.lo, 0, 16 * kc_other, KD);
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint64_t ahk = wgmma_desc_advance(ah, 16 * j), bhk = wgmma_desc_advance(bh, 16 * (kc_other + j));
+        wgmma_m64k16<N>(acc, ahk, bhk, 1);
+        wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * j), bhk, 1);
+        if (B_LO) { wgmma_m64k16<N>(acc, ahk, wgmma_desc_advance(bl, 16 * (kc_other + j)), 1); }
     }
 }
 
@@ -1531,18 +1562,24 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     // this thread's elements in Xs and Ss: (ca, c0 + 8 t + 2 t4) at xo + 64 t, and row cb = ca + 8 a core matrix row
     // group (8 kd elements) further
     const int xo = wgmma_tile_off(ca, hc0 + 2 * t4, D), so = wgmma_tile_off(ca, sc0 + 2 * t4, BT);
+    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces as A fragments of its 16-column k-steps (gka_wgmma_x)
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
-            gka_store2_pieces(sm.X.hi + xo + 64 * t, sm.X.lo + xo + 64 * t, x[t][0], x[t][1]);
-            gka_store2_pieces(sm.X.hi + xo + 64 * t + 8 * D, sm.X.lo + xo + 64 * t + 8 * D, x[t][2], x[t][3]);
+            const uint2 wa = gka_store2_pieces(sm.X.hi + xo + 64 * t, sm.X.lo + xo + 64 * t, x[t][0], x[t][1]);
+            const uint2 wb = gka_store2_pieces(sm.X.hi + xo + 64 * t + 8 * D, sm.X.lo + xo + 64 * t + 8 * D, x[t][2],
+                                               x[t][3]);
+            xa[t / 2][0][2 * (t % 2)] = wa.x;
+            xa[t / 2][0][2 * (t % 2) + 1] = wb.x;
+            xa[t / 2][1][2 * (t % 2)] = wa.y;
+            xa[t / 2][1][2 * (t % 2) + 1] = wb.y;
         }
         fence_proxy_async();
         __syncthreads();
         wgmma_fence();
-        gka_wgmma<GKA_WG_NS, 128, true, false>(s, sm.X, sm.K, sc0, 0);
+        gka_wgmma_x<GKA_WG_NS, false>(s, xa, GKA_WG_NTH / 2 * grp, sm.X, sm.K, sc0);
         wgmma_commit();
-        gka_wgmma<GKA_WG_NH, 128, true, true>(hy, sm.X, sm.H0, hc0, 0);
+        gka_wgmma_x<GKA_WG_NH, true>(hy, xa, GKA_WG_NTH / 2 * grp, sm.X, sm.H0, hc0);
         wgmma_commit();
         wgmma_wait<1>();
         wgmma_hold<4 * GKA_WG_NTS>(s);
@@ -1557,6 +1594,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         fence_proxy_async();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
+        wgmma_hold_a<GKA_WG_NTH * 4>(&xa[0][0][0]);
         __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {

@@ -160,6 +160,37 @@ template <int N> __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t
     if (N == 32) { wgmma_m64n32k16(d, desc_a, desc_b, accumulate); }
     if (N == 64) { wgmma_m64n64k16(d, desc_a, desc_b, accumulate); }
 }
+// the same with A from registers: warp w of the warpgroup gives rows 16 w .. 16 w + 15 of A as mma.sync's A fragment
+// a[4] (the header); the registers must keep their values until a wgmma_wait covers the operation (wgmma_hold_a)
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float d[16], const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    WGMMA_ASM(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    WGMMA_ASM(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_m64k16_rs(float* d, const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    static_assert(N == 32 || N == 64, "wgmma_m64k16_rs: N is 32 or 64");
+    if (N == 32) { wgmma_m64n32k16_rs(d, a, desc_b, accumulate); }
+    if (N == 64) { wgmma_m64n64k16_rs(d, a, desc_b, accumulate); }
+}
 // orders this thread's register and shared-memory accesses before the next wgmma_m64n*k16
 __device__ __forceinline__ void wgmma_fence() {
     WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -183,6 +214,11 @@ __device__ __forceinline__ void wgmma_hold1(float& v) {
 template <int R> __device__ __forceinline__ void wgmma_hold(float d[R]) {
     #pragma unroll
     for (int i = 0; i < R; i++) { wgmma_hold1(d[i]); }
+}
+// keeps register A operands (R words) alive and unchanged up to here: after the wgmma_wait that covers their products
+template <int R> __device__ __forceinline__ void wgmma_hold_a(uint32_t* a) {
+    #pragma unroll
+    for (int i = 0; i < R; i++) { asm volatile("" : "+r"(a[i])::"memory"); }
 }
 
 #endif // TRAIN_KLA_KERNELS_MMA_CUH

@@ -151,6 +151,33 @@ static void emu_wgmma(float* d, int N, uint64_t desc_a, uint64_t desc_b, int acc
         }
     }
 }
+// the same with A from registers (wgmma_m64n*k16_rs): warp w's lanes hold rows 16 w .. 16 w + 15 of A as mma.sync's
+// A fragments, exchanged within the warp as emu_mma_bf16 does; the lane's elements of D from its rows g, g + 8
+static void emu_wgmma_rs(float* d, int N, const uint32_t a[4], uint64_t desc_b, int accumulate) {
+    EmuWarp& W = emu_warp();
+    const int lane = emu_threadIdx.x % 32, g = lane / 4, t4 = lane % 4, buf = W.calls[lane]++ % 2;
+    uint32_t (*frag)[6] = W.frag[buf];
+    for (int i = 0; i < 4; i++) { frag[lane][i] = a[i]; }
+    W.bar->arrive_and_wait();
+    float A[2][16];
+    for (int lt = 0; lt < 4; lt++) {
+        const uint32_t* f = frag[4 * g + lt];
+        for (int h = 0; h < 2; h++) {
+            A[0][2 * lt + h] = emu_bf16_float((f[0] >> (16 * h)) & 0xffff);
+            A[1][2 * lt + h] = emu_bf16_float((f[1] >> (16 * h)) & 0xffff);
+            A[0][2 * lt + 8 + h] = emu_bf16_float((f[2] >> (16 * h)) & 0xffff);
+            A[1][2 * lt + 8 + h] = emu_bf16_float((f[3] >> (16 * h)) & 0xffff);
+        }
+    }
+    for (int nt = 0; nt < N / 8; nt++) {
+        for (int i = 0; i < 4; i++) {
+            const int n = 8 * nt + 2 * t4 + i % 2;
+            float sum = 0.0f;
+            for (int k = 0; k < 16; k++) { sum += A[i / 2][k] * emu_wgmma_elem(desc_b, n, k); }
+            d[4 * nt + i] = (accumulate ? d[4 * nt + i] : 0.0f) + sum;
+        }
+    }
+}
 // cp.async.cg.shared.global [dst], [src], 16, src_bytes: done at once (the zeros too), so commit and wait are no-ops
 static void emu_cp_async16(void* dst, const void* src, int src_bytes) {
     memcpy(dst, src, src_bytes);

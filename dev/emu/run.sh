@@ -11,7 +11,8 @@
 #   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma, readout, dQt and pass 3 on mma.sync)
 #     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
 #     ldmatrix and mma is a barrier of the warp's 32 threads); negative controls: x's second bf16 piece left out of
-#     the solve's state product, pass 3a's diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, must fail;
+#     the solve's register-operand products, pass 3a's diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, must
+#     fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
@@ -83,8 +84,8 @@ negative() {
 }
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
-negative gka.cuh 's/gka_wgmma<GKA_WG_NH, 128, true, true>(hy, sm.X, sm.H0/gka_wgmma<GKA_WG_NH, 128, false, true>(hy, sm.X, sm.H0/' \
-    "x's second bf16 piece in the wgmma solve's state product" gka_mma "100 16 24"
+negative gka.cuh 's/^        wgmma_m64k16_rs<N>(acc, xa\[j\]\[1\], bhk, 1);$//' \
+    "x's second bf16 piece in the wgmma solve's register-operand products" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);$//' \
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \

@@ -30,6 +30,8 @@ for root, _, files in os.walk(src):
                          'cp_async16': 'emu_cp_async16(dst, src, src_bytes);', 'cp_async_commit': '', 'cp_async_wait': '',
                          'wgmma_m64n32k16': 'emu_wgmma(d, 32, desc_a, desc_b, accumulate);',
                          'wgmma_m64n64k16': 'emu_wgmma(d, 64, desc_a, desc_b, accumulate);',
+                         'wgmma_m64n32k16_rs': 'emu_wgmma_rs(d, 32, a, desc_b, accumulate);',
+                         'wgmma_m64n64k16_rs': 'emu_wgmma_rs(d, 64, a, desc_b, accumulate);',
                          'wgmma_fence': '', 'fence_proxy_async': '', 'wgmma_commit': '', 'wgmma_wait': '', 'wgmma_hold1': ''}
                 for fname, call in calls.items():
                     m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*(?:asm volatile|WGMMA_ASM)\((?:.|\n)*?\);\n', s)
