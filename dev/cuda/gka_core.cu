@@ -129,10 +129,12 @@ Then the chunk-state kernels of both passes with a CTA per matrix and chunk inst
 operand (diag(e) K, zeta Z, b K, s zeta Qt) and the backward's per-chunk scalars made once instead of four or eight
 times, the column blocks in a loop (the same sums in the same order: every output identical in both builds).
 Adjoint terms 1.43 -> 1.05 ms, chunk-state terms 0.67 -> 0.62 ms (ncu); forward+backward 9.08 -> 8.75 ms in one run.
-Under ncu the solve's shared-memory pipe is 68% busy over the whole kernel, nearly all of it the wgmma operand
-fetches (X and S are read from shared memory by every product, 24 or 32 wavefronts per instruction), the tensor
-pipe 48%: the next step is X as a register operand (wgmma's A from registers for X H0 and X K^T, which would cut
-those fetches by about 45%).
+Under ncu the solve's shared-memory pipe was then 68% busy over the whole kernel, nearly all of it the wgmma operand
+fetches (X and S read from shared memory by every product, 24 or 32 wavefronts per instruction), the tensor pipe 48%.
+So each warpgroup gives its own columns of X to X K^T and X H0 as register operands (kernels/gka.cuh's gka_wgmma_x;
+the other half would need 32 more registers than the 229 it takes): a fifth less operand traffic, solve 2.78 ->
+2.71 ms, adjoint solve 2.73 -> 2.66 ms, forward+backward 8.71 -> 8.65 ms (H200, one run each). The shared-memory
+traffic is then not what bounds it: the iteration's chain is (one chunk per SM).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
