@@ -827,15 +827,18 @@ static size_t gka_h0_tiles_elems(int B, int T, int H) { return (size_t)B * H * g
 #define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
 #define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
 
-// two adjacent elements v0, v1 in two bf16 pieces: hi[0 .. 1] = bf16(v), lo[0 .. 1] = bf16(v - hi); returns the two
-// words (hi, lo)
-__device__ __forceinline__ uint2 gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
+// two adjacent elements v0, v1 as two bf16 pieces, the words (hi, lo): hi = bf16(v), lo = bf16(v - hi)
+__device__ __forceinline__ uint2 gka_pieces2(float v0, float v1) {
     const uint32_t h = pack_bf16(v0, v1);
     const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
-    const uint32_t l = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
-    *reinterpret_cast<uint32_t*>(hi) = h;
-    *reinterpret_cast<uint32_t*>(lo) = l;
-    return make_uint2(h, l);
+    return make_uint2(h, pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb)));
+}
+// the same stored at hi[0 .. 1] and lo[0 .. 1]; returns the two words
+__device__ __forceinline__ uint2 gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
+    const uint2 w = gka_pieces2(v0, v1);
+    *reinterpret_cast<uint32_t*>(hi) = w.x;
+    *reinterpret_cast<uint32_t*>(lo) = w.y;
+    return w;
 }
 
 // a bf16 tile, hi = bf16(v), and a second piece lo = bf16(v - hi) (lo == nullptr: one piece, the keys)
@@ -1372,24 +1375,14 @@ gka_h0_tiles_kernel(__nv_bfloat16* tiles, float* sq, const float* Hck, int dk) {
             v[e] = n < dk && k0 + e < dk ? H0[(size_t)(k0 + e) * dk + n] : 0.0f;
             acc += v[e] * v[e];
         }
-        uint32_t h[4], l[4];
+        uint2 w[4];
         #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            h[e] = pack_bf16(v[2 * e], v[2 * e + 1]);
-            const __nv_bfloat162 p = *reinterpret_cast<const __nv_bfloat162*>(&h[e]);
-            l[e] = pack_bf16(v[2 * e] - __low2float(p), v[2 * e + 1] - __high2float(p));
-        }
-        *reinterpret_cast<uint4*>(hi + wgmma_tile_off(n, k0, D)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *reinterpret_cast<uint4*>(lo + wgmma_tile_off(n, k0, D)) = make_uint4(l[0], l[1], l[2], l[3]);
+        for (int e = 0; e < 4; e++) { w[e] = gka_pieces2(v[2 * e], v[2 * e + 1]); }
+        *reinterpret_cast<uint4*>(hi + wgmma_tile_off(n, k0, D)) = make_uint4(w[0].x, w[1].x, w[2].x, w[3].x);
+        *reinterpret_cast<uint4*>(lo + wgmma_tile_off(n, k0, D)) = make_uint4(w[0].y, w[1].y, w[2].y, w[3].y);
     }
-    acc = warp_reduce_sum(acc);
-    if (threadIdx.x % 32 == 0) { red[threadIdx.x / 32] = acc; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.0f;
-        for (int w = 0; w < GKA_H0T_THREADS / 32; w++) { total += red[w]; }
-        sq[blockIdx.x] = total;
-    }
+    const float total = gka_block_sum(acc, red);
+    if (threadIdx.x == 0) { sq[blockIdx.x] = total; }
 }
 
 static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int chunks, int dk, cudaStream_t stream) {
