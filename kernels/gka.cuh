@@ -521,7 +521,9 @@ __device__ void gka_load_state(float* s, int lds, const float* m, int rows, int 
 // at once (gka_chunk_state_terms_kernel, into the slot of the state after it), then the recurrence element by element
 // over the chunks (gka_state_scan_kernel). Each element is computed as the sequential pass over the chunks computed it
 // (the same 64 terms in token order, then zeta_BT S + term): the same results to the last bit, with NT - 1 chunks'
-// work in parallel instead of one after another (ncu, H200, B=16 T=2048: 1.73 ms sequentially).
+// work in parallel instead of one after another (ncu, H200, B=16 T=2048: 1.73 ms sequentially). The bf16 build makes
+// the terms of both passes on tensor cores instead (gka_chunk_state_terms_mma_kernel,
+// gka_chunk_adjoint_terms_mma_kernel).
 
 #define GKA_STATE_LDR 132                    // row stride of the [BT][128] row operand (16-byte rows)
 #define GKA_STATE_LDC (GKA_STATE_COLS + 4)   // row stride of the [BT][32] column operand
@@ -1141,19 +1143,25 @@ __device__ __forceinline__ void gka_mma_pieces(float c[4], const uint32_t ah[4],
     if (B_LO) { mma_bf16(c, ah, bl0, bl1); }
 }
 
-// acc[NT] += A[row0 .. row0 + 15][0 .. KD) B[0 .. KD)[n0 .. n0 + 8 NT) (A row stride lda). B is stored [n][k] (B
-// = the stored tile transposed: the rows n0 .. of a [rows][k] tile, as the keys in X K^T), or with B_KN [k][n] (read
-// through ldmatrix.trans: H0, and the keys in S K); row stride ldb. With the second pieces A_LO and B_LO:
-// + A.lo B.hi, + A.hi B.lo after each A.hi B.hi (A.lo B.lo is below fp32's rounding of the sum).
-template <int NT, int KD, bool B_KN, bool A_LO, bool B_LO>
+// acc[NT] += A[row0 .. row0 + 15][0 .. KD) B[0 .. KD)[n0 .. n0 + 8 NT) (A row stride lda). A is stored [m][k], or
+// with A_KM [k][m] (A = the stored tile transposed, read through ldmatrix.trans: the chunk-state terms' row
+// operands). B is stored [n][k] (B = the stored tile transposed: the rows n0 .. of a [rows][k] tile, as the keys in
+// X K^T), or with B_KN [k][n] (read through ldmatrix.trans: H0, and the keys in S K); row stride ldb. With the second
+// pieces A_LO and B_LO: + A.lo B.hi, + A.hi B.lo after each A.hi B.hi (A.lo B.lo is below fp32's rounding of the sum).
+template <int NT, int KD, bool B_KN, bool A_LO, bool B_LO, bool A_KM = false>
 __device__ __forceinline__ void gka_warp_mma(float acc[NT][4], const GkaTile& A, int lda, int row0, const GkaTile& Bm,
                                              int ldb, int n0, int lane) {
     #pragma unroll 2
     for (int kc = 0; kc < KD / 16; kc++) {
-        const int ao = ldsm_a_off(lda, row0, kc * 16, lane);
+        const int ao = A_KM ? ldsm_a_km_off(lda, row0, kc * 16, lane) : ldsm_a_off(lda, row0, kc * 16, lane);
         uint32_t ah[4], al[4];
-        ldsm_x4(ah, A.hi + ao);
-        if (A_LO) { ldsm_x4(al, A.lo + ao); }
+        if (A_KM) {
+            ldsm_x4_trans(ah, A.hi + ao);
+            if (A_LO) { ldsm_x4_trans(al, A.lo + ao); }
+        } else {
+            ldsm_x4(ah, A.hi + ao);
+            if (A_LO) { ldsm_x4(al, A.lo + ao); }
+        }
         #pragma unroll
         for (int p = 0; p < NT / 2; p++) {   // n-tiles 2p and 2p + 1
             const int bo = B_KN ? ldsm_b_kn_off(ldb, kc * 16, n0 + p * 16, lane) : ldsm_b_nk_off(ldb, kc * 16, n0 + p * 16, lane);
@@ -1222,20 +1230,25 @@ __device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const
     }
 }
 
-// rows x cols of an fp32 matrix (row stride ld, 16-byte aligned rows, cols a multiple of 8) into a two-piece tile of
-// nr rows of GKA_SOLVE_DK columns, zero past rows and cols, 16 bytes at a time; no barrier
-__device__ void gka_set_pieces(GkaTile& t, const float* m, size_t ld, int rows, int cols, int nr) {
+// rows x cols of an fp32 or bf16 matrix (row stride ld, 16-byte aligned rows, cols a multiple of 8), row i times
+// rs[i] where rs is given, into a two-piece tile of nr rows of GKA_SOLVE_DK columns, zero past rows and cols, 16
+// bytes at a time; no barrier
+template <typename Tg>
+__device__ void gka_set_pieces(GkaTile& t, const Tg* m, size_t ld, int rows, int cols, int nr,
+                               const float* rs = nullptr) {
     gka_load_rows8<GKA_LOAD_GROUPS>(m, ld, rows, cols, nr, [&](int i, int j0, const float* v) {
+        const float si = rs ? rs[i] : 1.0f;
         #pragma unroll
-        for (int e = 0; e < 8; e += 2) { t.set2(i * GKA_SOLVE_LDK + j0 + e, v[e], v[e + 1]); }
+        for (int e = 0; e < 8; e += 2) { t.set2(i * GKA_SOLVE_LDK + j0 + e, si * v[e], si * v[e + 1]); }
     });
 }
 
-// the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt) into a two-piece [BT][LDK] tile, zero past L rows and dk
-// columns, eight elements at a time (16 bytes of q_hat and 32 of x per group, GKA_LOAD_GROUPS groups of this thread
-// in flight); no barrier
+// the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt), row c times mul rs[c] where rs is given, into a two-piece
+// [BT][LDK] tile, zero past L rows and dk columns, eight elements at a time (16 bytes of q_hat and 32 of x per group,
+// GKA_LOAD_GROUPS groups of this thread in flight); no barrier
 __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* alpha, const float* x, size_t r0,
-                                  size_t e0, int H, int hh, int dk, int DE, int L) {
+                                  size_t e0, int H, int hh, int dk, int DE, int L, const float* rs = nullptr,
+                                  float mul = 1.0f) {
     const int per_row = GKA_SOLVE_DK / 8, n = GKA_CHECKPOINT * per_row;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int base = threadIdx.x; base < n; base += GKA_LOAD_GROUPS * blockDim.x) {
@@ -1260,9 +1273,11 @@ __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* al
             float q[8], xv[8];
             unpack8(q, qr[u]);
             unpack8(xv, xr[u]);
+            const float sc = rs ? mul * rs[c] : 1.0f;
             #pragma unroll
             for (int e = 0; e < 8; e += 2) {
-                t.set2(c * GKA_SOLVE_LDK + j0 + e, q[e] + al[u] * (xv[e] - q[e]), q[e + 1] + al[u] * (xv[e + 1] - q[e + 1]));
+                t.set2(c * GKA_SOLVE_LDK + j0 + e, sc * (q[e] + al[u] * (xv[e] - q[e])),
+                       sc * (q[e + 1] + al[u] * (xv[e + 1] - q[e + 1])));
             }
         }
     }
@@ -1929,7 +1944,7 @@ __global__ void gka_w_kernel(float* w, const float* x, const float* Z, const flo
 }
 
 // the per-chunk scalars in shared memory, from gl (gka_chunk_decays, 0 past the end of the sequence) and w: e_c,
-// b_c, W_c (c < BT), and at [BT] of e: zeta_BT; of b: sum_c zeta_c^2 w_c. ws: w of the chunk's tokens (0 past L).
+// b_c, W_c (c < BT; not where Wsum is NULL), and at [BT] of e: zeta_BT; of b: sum_c zeta_c^2 w_c. ws: w of the chunk's tokens (0 past L).
 __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, float* Wsum, const float* gl, const float* zeta,
                                           const float* w, size_t e0, int H, int L) {
     const int BT = GKA_CHECKPOINT, tid = threadIdx.x;
@@ -1940,10 +1955,10 @@ __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, floa
         float bj = 0.0f, Wj = 0.0f;
         for (int c = j; c < BT; c++) {
             bj += expf(gl[c] - gl[j]) * zeta[c] * ws[c];
-            Wj += ws[c] * expf(2.0f * (gl[c] - gl[j]));
+            if (Wsum) { Wj += ws[c] * expf(2.0f * (gl[c] - gl[j])); }
         }
         bsum[j] = bj;
-        Wsum[j] = Wj;
+        if (Wsum) { Wsum[j] = Wj; }
         e[j] = expf(gl[BT - 1] - gl[j]);
     }
     if (tid == 0) {
@@ -2149,6 +2164,129 @@ gka_chunk_dk_h_kernel(float* dqkv, float* dG, const float* adj, const float* Z, 
 }
 
 #if defined(ENABLE_BF16)
+
+// ---- the chunk-state terms of the forward and of pass 2 on register tiles (the bf16 build's; dev/cuda/gka_core.cu
+// version 9): gka_chunk_state_terms_kernel's and gka_chunk_adjoint_terms_kernel's matrices, each a product
+// out = R^T C over the chunk's BT tokens, R [BT][dk] a row-scaled operand (diag(e) K, diag(zeta) Z, diag(b) K or
+// s diag(zeta) Qt) and C [BT][ncols] the column operand (K, V or dO, bf16 already and kept in one piece, exact; x in
+// two). R in two bf16 pieces, each product R.hi C.hi + R.lo C.hi (+ R.hi C.lo): 16 of fp32's 24 bits of the terms,
+// as the solves' H0 and pass 3's products have them. A CTA per matrix and chunk: GKA_STATE_MMA_WARPS warps, warp w
+// the rows 16 w .. 16 w + 15 of the matrix and all its columns (64 at a time), R read as A through ldmatrix.trans
+// (stored [k][m]), C as B stored [k][n]. The CUDA-core kernels were bound by their shared-memory operand reads (ncu,
+// H200, B=16 T=2048: L1/shared 78%, FMA pipe 42%; 0.61 and 1.04 ms; these: 0.23 and 0.54 ms).
+#define GKA_STATE_MMA_WARPS (GKA_SOLVE_DK / 16)
+#define GKA_STATE_MMA_THREADS (GKA_STATE_MMA_WARPS * 32)
+#define GKA_STATE_MMA_COLS 64   // a warp's columns per product (its accumulators: 32 registers, three CTAs per SM)
+
+struct GkaStateMmaSmem {
+    GkaTile R, C;   // [BT][LDK] each, two pieces (C's second only for x)
+    __host__ __device__ GkaStateMmaSmem(size_t base, size_t* bytes) {
+        SmemCarver c(base);
+        R = gka_take_tile(c, (size_t)GKA_CHECKPOINT * GKA_SOLVE_LDK, true);
+        C = gka_take_tile(c, (size_t)GKA_CHECKPOINT * GKA_SOLVE_LDK, true);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_state_mma_smem() {
+    size_t bytes = 0;
+    GkaStateMmaSmem sm(0, &bytes);
+    return bytes;
+}
+
+// out[i][j] = sum_c R[c][i] C[c][j] (+ add_scale add[i][j] where add is given) for i < rows, j < cols (row stride
+// cols, as add's), the warp's 16 rows, GKA_STATE_MMA_COLS columns at a time; the tiles published by a barrier before
+template <bool C_LO>
+__device__ void gka_state_mma_store(float* out, int rows, int cols, const GkaTile& R, const GkaTile& C,
+                                    const float* add, float add_scale) {
+    constexpr int NTL = GKA_STATE_MMA_COLS / 8;   // n-tiles
+    const int lane = threadIdx.x % 32, r0 = 16 * (threadIdx.x / 32), g = lane >> 2, t4 = lane & 3;
+    if (r0 >= rows) { return; }
+    for (int n0 = 0; n0 < cols; n0 += GKA_STATE_MMA_COLS) {
+        float acc[NTL][4];
+        gka_frags_zero<NTL>(acc);
+        gka_warp_mma<NTL, GKA_CHECKPOINT, true, true, C_LO, true>(acc, R, GKA_SOLVE_LDK, r0, C, GKA_SOLVE_LDK, n0,
+                                                                   lane);
+        #pragma unroll
+        for (int t = 0; t < NTL; t++) {
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int i = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
+                if (i >= rows || j >= cols) { continue; }
+                const size_t o = (size_t)i * cols + j;
+                float2 v = make_float2(acc[t][2 * h], acc[t][2 * h + 1]);
+                if (add) {
+                    const float2 a = *reinterpret_cast<const float2*>(add + o);
+                    v.x += add_scale * a.x;
+                    v.y += add_scale * a.y;
+                }
+                *reinterpret_cast<float2*>(out + o) = v;
+            }
+        }
+    }
+}
+
+// forward: chunk n's K^T diag(e) K (CTA x 0) or K^T diag(e) V (x 1) into Hck/Uck[bh, n + 1], n < NT - 1; grid (2,
+// NT - 1, B*H)
+__global__ void __launch_bounds__(GKA_STATE_MMA_THREADS, 3)
+gka_chunk_state_terms_mma_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk,
+                                 int dv) {
+    extern __shared__ __align__(128) unsigned char gka_smem_state_mma[];
+    GkaStateMmaSmem sm((size_t)gka_smem_state_mma, NULL);
+    __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], e[GKA_CHECKPOINT];
+    const int BT = GKA_CHECKPOINT, which = blockIdx.x, n = blockIdx.y, bh = blockIdx.z, b = bh / H, hh = bh % H;
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T), tid = threadIdx.x;
+    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;   // a full chunk: n < NT - 1
+    gka_chunk_decays(gl, zeta, g, e0, H, BT);
+    if (tid < BT) { e[tid] = expf(gl[BT - 1] - gl[tid]); }   // e_c = exp(gl_BT - gl_c)
+    __syncthreads();
+    gka_set_pieces(sm.R, qkv + r0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
+    if (which == 0) {
+        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, H * dk + hh * dk, dk, BT);
+    } else {
+        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, 2 * H * dk + hh * dv, dv, BT);
+    }
+    __syncthreads();
+    if (which == 0) {
+        gka_state_mma_store<false>(Hck + ((size_t)bh * NT + n + 1) * dk * dk, dk, dk, sm.R, sm.C, NULL, 0.0f);
+    } else {
+        gka_state_mma_store<false>(Uck + ((size_t)bh * NT + n + 1) * dk * dv, dk, dv, sm.R, sm.C, NULL, 0.0f);
+    }
+}
+
+// pass 2: chunk n's part (n = 1 .. NT-1) of Zend (CTA x 0), Bend (1) or DUend (2) into adj[bh, n - 1]; grid (3,
+// NT - 1, B*H)
+__global__ void __launch_bounds__(GKA_STATE_MMA_THREADS, 3)
+gka_chunk_adjoint_terms_mma_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
+                                   const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T,
+                                   int H, int dk, int dv, float scale) {
+    extern __shared__ __align__(128) unsigned char gka_smem_state_mma[];
+    GkaStateMmaSmem sm((size_t)gka_smem_state_mma, NULL);
+    __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], ws[GKA_CHECKPOINT], e[GKA_CHECKPOINT + 1],
+        bsum[GKA_CHECKPOINT + 1];
+    const int BT = GKA_CHECKPOINT, which = blockIdx.x, n = blockIdx.y + 1, bh = blockIdx.z, b = bh / H, hh = bh % H;
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T), L = min(BT, T - n * BT);
+    const size_t dkdk = (size_t)dk * dk, r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;
+    float* out = adj + ((size_t)bh * NT + n - 1) * (2 * dkdk + (size_t)dk * dv) + which * dkdk;
+    gka_chunk_decays(gl, zeta, g, e0, H, L);
+    if (which == 1) { gka_chunk_adjoint_scalars(ws, e, bsum, NULL, gl, zeta, w, e0, H, L); }   // b (Bend's alone)
+    if (which == 0) {   // (diag(zeta) Z)^T X
+        gka_set_pieces(sm.R, Z + e0 * dk, (size_t)H * dk, L, dk, BT, zeta);
+        gka_set_pieces(sm.C, x + e0 * dk, (size_t)H * dk, L, dk, BT);
+        __syncthreads();
+        gka_state_mma_store<true>(out, dk, dk, sm.R, sm.C, NULL, 0.0f);
+    } else if (which == 1) {   // K^T diag(b) K + (sum_c zeta_c^2 w_c) H0
+        gka_set_pieces(sm.R, qkv + r0 * DE + H * dk + hh * dk, (size_t)DE, L, dk, BT, bsum);
+        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, H * dk + hh * dk, dk, L);
+        __syncthreads();
+        gka_state_mma_store<false>(out, dk, dk, sm.R, sm.C, Hck + ((size_t)bh * NT + n) * dkdk, bsum[BT]);
+    } else {   // s (diag(zeta) Qt)^T dO
+        gka_set_qt_pieces(sm.R, qkv, alpha, x, r0, e0, H, hh, dk, DE, L, zeta, scale);
+        gka_load_bf16_rows(sm.C.hi, dO, (size_t)H * dv, r0, hh * dv, dv, L);
+        __syncthreads();
+        gka_state_mma_store<false>(out, dk, dv, sm.R, sm.C, NULL, 0.0f);
+    }
+}
 
 // ---- pass 3a on register tiles (the bf16 build's; dev/cuda/gka_core.cu version 6): gka_chunk_dk_h_kernel's products
 // with the solve's warp layout. Block b of four warps owns rows 16 b .. of HX and dK_H, warp p of it their columns
@@ -2570,15 +2708,17 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // dev/emu's), 3xTF32 wmma (gka_mm's TC; versions 3 and 4), the two solves, the readout and dQt on register tiles
 // (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5), or
 // pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6), or pass 3b too (gka_chunk_du_mma_kernel;
-// version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a). The register
-// tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+// version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a), or the
+// chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
+// gka_chunk_adjoint_terms_mma_kernel; version 9). The register tiles are the bf16 build's
+// (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
-                   GKA_PRODUCTS_WGMMA };
+                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
 #else
-#define GKA_PRODUCTS GKA_PRODUCTS_WGMMA
+#define GKA_PRODUCTS GKA_PRODUCTS_MMA_STATES
 #endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
@@ -2609,7 +2749,7 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
     if (products >= GKA_PRODUCTS_MMA) {
         GKA_MMA_LAUNCH(gka_chunk_solve_mma_kernel, GKA_SOLVE_THREADS, gka_chunk_solve_mma_smem(iters));
     }
-    if (products == GKA_PRODUCTS_WGMMA) {
+    if (products >= GKA_PRODUCTS_WGMMA) {
         static int in_image = -1;   // asked once: whether the device code running is sm_90a's (kernels/mma.cuh)
         if (in_image < 0) { cudaCheck(cudaMemcpyFromSymbol(&in_image, wgmma_image, sizeof(int))); }
         if (!in_image) { die("gka: the bf16 solve runs on wgmma, which needs device code built for sm_90a (make's GPU_COMPUTE_CAPABILITY=90)"); }
@@ -2661,27 +2801,68 @@ static GkaLaunch<GKADuKernel> gka_du_launch(GkaProducts products, int dk, int dv
     return l;
 }
 
+// the chunk-state terms of the forward (gka_chunk_state_terms_kernel) and of pass 2 (gka_chunk_adjoint_terms_kernel),
+// on CUDA cores, or with GKA_PRODUCTS_MMA_STATES on register tiles; nothing with a single chunk
+static void gka_state_terms(GkaProducts products, float* Hck, float* Uck, const floatX* qkv, const float* g, int B,
+                            int T, int H, int dk, int dv, cudaStream_t stream) {
+    const int NT = gka_chunks(T);
+    if (NT < 2) { return; }
+    if (products < GKA_PRODUCTS_MMA_STATES) {
+        gka_chunk_state_terms_kernel<<<dim3(1, NT - 1, B * H), GKA_STATE_THREADS, 0, stream>>>(Hck, Uck, qkv, g, T, H,
+                                                                                             dk, dv);
+    } else {
+#if defined(ENABLE_BF16)
+        const size_t smem = gka_state_mma_smem();
+        gka_kernel_smem((const void*)gka_chunk_state_terms_mma_kernel, smem, dk, dv);
+        gka_chunk_state_terms_mma_kernel<<<dim3(2, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
+            Hck, Uck, qkv, g, T, H, dk, dv);
+#else
+        die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's");
+#endif
+    }
+    cudaCheckLaunch();
+}
+static void gka_adjoint_terms(GkaProducts products, float* adj, const float* Z, const float* x, const float* w,
+                              const floatX* dO, const floatX* qkv, const float* alpha, const float* g, const float* Hck,
+                              int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+    const int NT = gka_chunks(T);
+    if (NT < 2) { return; }
+    if (products < GKA_PRODUCTS_MMA_STATES) {
+        gka_chunk_adjoint_terms_kernel<<<dim3(3, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
+            adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
+    } else {
+#if defined(ENABLE_BF16)
+        const size_t smem = gka_state_mma_smem();
+        gka_kernel_smem((const void*)gka_chunk_adjoint_terms_mma_kernel, smem, dk, dv);
+        gka_chunk_adjoint_terms_mma_kernel<<<dim3(3, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
+            adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
+#else
+        die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's");
+#endif
+    }
+    cudaCheckLaunch();
+}
+
 // spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0; with
-// GKA_PRODUCTS_WGMMA also H0t, h0sq (gka_h0_tiles_elems and B*H*NT; else they may be NULL), which the backward's
-// solve reads too. products: the chunk kernels' tile products (GkaProducts).
+// GKA_PRODUCTS_WGMMA and after also H0t, h0sq (gka_h0_tiles_elems and B*H*NT; else they may be NULL), which the
+// backward's solve reads too. products: the chunk kernels' tile products (GkaProducts).
 static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* Uck, __nv_bfloat16* H0t, float* h0sq,
                              const floatX* qkv, const float* alpha, const float* g, int B, int T, int H, int dk,
                              int dv, int iters, float ridge, GkaProducts products, cudaStream_t stream) {
     const int NT = gka_chunks(T);
     const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
     const GkaLaunch<GKAProductKernel> readout = gka_product_launch(products, false, dk, dv);
-    if (NT > 1) {
-        gka_chunk_state_terms_kernel<<<dim3(1, NT - 1, B * H), GKA_STATE_THREADS, 0, stream>>>(Hck, Uck, qkv, g, T, H,
-                                                                                             dk, dv);
-        cudaCheckLaunch();
-    }
+    gka_state_terms(products, Hck, Uck, qkv, g, B, T, H, dk, dv, stream);
     gka_state_scan_kernel<<<dim3(ceil_div(dk * dk, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
         Hck, dk * dk, g, T, H, 0);
     cudaCheckLaunch();
     gka_state_scan_kernel<<<dim3(ceil_div(dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
         Uck, dk * dv, g, T, H, 0);
     cudaCheckLaunch();
-    if (products == GKA_PRODUCTS_WGMMA) { gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, stream); }
+    if (products >= GKA_PRODUCTS_WGMMA) {
+        if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
+        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, stream);
+    }
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
                                                                         GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,
                                                                         ridge);
@@ -2738,11 +2919,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     const GkaLaunch<GKADuKernel> du = gka_du_launch(products, dk, dv);
     gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
-    if (NT > 1) {
-        gka_chunk_adjoint_terms_kernel<<<dim3(3, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
-            adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
-        cudaCheckLaunch();
-    }
+    gka_adjoint_terms(products, adj, Z, x, w, dO, qkv, alpha, g, Hck, B, T, H, dk, dv, scale, stream);
     gka_state_scan_kernel<<<dim3(ceil_div(2 * dk * dk + dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0,
                             stream>>>(adj, 2 * dk * dk + dk * dv, g, T, H, 1);
     cudaCheckLaunch();

@@ -5,9 +5,9 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 8        (the argument picks the version that is checked and timed; default: the trainer's, 8 in
+./gka_core_bin 9        (the argument picks the version that is checked and timed; default: the trainer's, 9 in
                          the bf16 build and 4 in fp32)
-./gka_core_bin 8 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 9 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -91,7 +91,7 @@ errors of both builds unchanged to the last digit (H200, one run).
 Then gka_chunk_decays, in every per-chunk kernel, fetches the chunk's log decays with 64 threads at once (one thread
 had fetched them one after another) and sums them in the same order: forward+backward 15.36 -> 14.59 ms (fp32
 58.39 -> 57.49 ms), the errors of both builds unchanged to the last digit (H200, one run).
-version 8 (bf16 build only, sm_90a, the trainer's) is version 7 with both solves on Hopper's warpgroup MMAs
+version 8 (bf16 build only, sm_90a) is version 7 with both solves on Hopper's warpgroup MMAs
 (kernels/gka.cuh's gka_chunk_solve_wgmma_kernel): the same bf16 pieces and iteration, two warpgroups of 64 columns
 each, the tensor cores reading X, S, H0 and the keys from shared memory themselves. ncu on version 7's solve (H200):
 shared-memory pipe 68% busy with ldmatrix traffic (X read four times, H0 four times per iteration), tensor pipe 40%,
@@ -135,6 +135,17 @@ So each warpgroup gives its own columns of X to X K^T and X H0 as register opera
 the other half would need 32 more registers than the 229 it takes): a fifth less operand traffic, solve 2.78 ->
 2.71 ms, adjoint solve 2.73 -> 2.66 ms, forward+backward 8.71 -> 8.65 ms (H200, one run each). The shared-memory
 traffic is then not what bounds it: the iteration's chain is (one chunk per SM).
+version 9 (bf16 build only, sm_90a, the trainer's) is version 8 with the chunk-state terms of the forward (K^T diag(e)
+K, K^T diag(e) V) and of pass 2 (Zend, Bend, DUend) on register tiles (kernels/gka.cuh's
+gka_chunk_state_terms_mma_kernel, gka_chunk_adjoint_terms_mma_kernel): R^T C with mma.sync, the row operand R in two
+bf16 pieces read through ldmatrix.trans, the column operand in one (keys, values, dO) or two (x), a CTA per matrix
+and chunk, each warp 16 rows by 64 columns at a time; the scans over the chunks unchanged. ncu on version 8's
+CUDA-core kernels (H200): L1/shared 78%, FMA pipe 42%, bound by the operand reads of the 4 x 4 thread blocks.
+Measured on an H200 (2026-11-29, same shape, one run each): chunk-state terms 0.61 -> 0.23 ms, adjoint terms 1.04 ->
+0.54 ms under ncu (all 128 columns per warp at two CTAs per SM: 0.26 and 0.63 ms); forward 3.32 -> 3.04 ms,
+forward+backward 8.63 -> 8.07 ms (version 8 in the same run); every check passes, the errors move in the third digit
+(dev/emu/gka_mma.cu: dk 1.4e-4, dalpha 1.8e-4, dg 1.1e-4 against the CUDA-core products). The row operand in one
+bf16 piece misses the emulator's 5e-4 (dk 1.1e-3, dg 2.3e-3).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -585,7 +596,7 @@ static void v1_backward(float* dqkv, float* dalpha, float* dg, float* scratch, c
 struct CoreDevice {
     floatX *qkv, *o, *dO;
     float *alpha, *g, *x, *f, *Hck, *Uck, *dqkv, *dalpha, *dg, *scratch;
-    __nv_bfloat16* H0t;   // with h0sq: the wgmma solves' H0 tiles (version 8)
+    __nv_bfloat16* H0t;   // with h0sq: the wgmma solves' H0 tiles (versions 8 and 9)
     float* h0sq;
 };
 
@@ -624,7 +635,8 @@ static int version = 2;   // the version checked and timed (main's argument)
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
-           : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : GKA_PRODUCTS_WGMMA;
+           : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : version == 8 ? GKA_PRODUCTS_WGMMA
+           : GKA_PRODUCTS_MMA_STATES;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -725,11 +737,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    // default: what this build's trainer runs (8 in bf16, 4 in fp32)
-    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_WGMMA ? 8 : 4;
-    if (version < 1 || version > 8) { die("usage: %s [version 1 to 8; default 8 in the bf16 build, 4 in fp32]", argv[0]); }
+    // default: what this build's trainer runs (9 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_STATES ? 9 : 4;
+    if (version < 1 || version > 9) { die("usage: %s [version 1 to 9; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 to 8 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 9 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);

@@ -8,11 +8,12 @@
 #     the recurrent core, same shapes; negative controls: the chunk backward without the column side of A's gradient
 #     (dkw += Z1^T K), the preconditioner backward without the carries of the later chunks, pkda's dg without the
 #     chunk-end state terms, and the per-channel decayed products without their off-diagonal blocks, must fail;
-#   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma, readout, dQt and pass 3 on mma.sync)
-#     against the CUDA-core fp32 products, bf16 build, T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every
-#     ldmatrix and mma is a barrier of the warp's 32 threads); negative controls: x's second bf16 piece left out of
-#     the solve's register-operand products, pass 3a's diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, must
-#     fail;
+#   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma; readout, dQt, pass 3 and the
+#     chunk-state terms of the forward and of pass 2 on mma.sync) against the CUDA-core fp32 products, bf16 build,
+#     T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every ldmatrix and mma is a barrier of the warp's 32
+#     threads); negative controls: x's second bf16 piece left out of the solve's register-operand products, pass 3a's
+#     diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand in one bf16 piece,
+#     must fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
@@ -90,6 +91,8 @@ negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsu
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \
     "diag(e) V DUend^T in the register-tile pass 3b" gka_mma "100 16 24"
+negative gka.cuh 's/gka_warp_mma<NTL, GKA_CHECKPOINT, true, true, C_LO, true>/gka_warp_mma<NTL, GKA_CHECKPOINT, true, false, C_LO, true>/' \
+    "the row operand's second bf16 piece in the register-tile chunk-state terms" gka_mma "100 16 24"
 negative gdn_chunk.cuh 's/^        gdn_state_update(st, sm.Z, sm.P, dkp, warp, lane);.*$//' \
     "dE -= W^T dVn in the register-tile backward state pass" gdn_mma "150 24 40"
 negative gdn_chunk.cuh 's/acc\[nt\]\[0\] \*= e0; acc\[nt\]\[1\] \*= e0; acc\[nt\]\[2\] \*= e1; acc\[nt\]\[3\] \*= e1;//' \

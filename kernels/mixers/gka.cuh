@@ -85,7 +85,7 @@ static void gka_layout_acts(void* acts, const void* settings, const Config* c, c
     a->x = carve_f(base, cur, BT * s->H * s->dk);
     a->Hck = carve_f(base, cur, NS * s->dk * s->dk);
     a->Uck = carve_f(base, cur, NS * s->dk * s->dv);
-    const bool tiles = GKA_PRODUCTS == GKA_PRODUCTS_WGMMA;   // kernels/gka.cuh's gka_h0_tiles_kernel
+    const bool tiles = GKA_PRODUCTS >= GKA_PRODUCTS_WGMMA;   // kernels/gka.cuh's gka_h0_tiles_kernel
     a->H0t = tiles ? (__nv_bfloat16*)carve(base, cur, gka_h0_tiles_elems(B, T, s->H) * sizeof(__nv_bfloat16)) : NULL;
     a->h0sq = tiles ? carve_f(base, cur, NS) : NULL;
 }
