@@ -321,19 +321,11 @@ static void attention_backward_simt(floatX* dqkv, float* Dsum, const floatX* dou
 
 __device__ __forceinline__ int att_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// 16-byte global -> shared copy; zero-fills the destination when !valid
-__device__ __forceinline__ void att_cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-// 4-byte variant (lse and D rows are not 16-byte aligned)
+// 4-byte global -> shared copy (lse and D rows are not 16-byte aligned; kernels/mma.cuh has the 16-byte one),
+// zero-filling the destination when !valid; in flight until cp_async_wait as cp_async16's
 __device__ __forceinline__ void att_cp_async4(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void att_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void att_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // ROWS x HS bf16 rows r0.. of a global matrix (row stride ld elements) -> shared [ROWS][HS+8]; rows >= T zero
@@ -343,7 +335,7 @@ __device__ __forceinline__ void att_load_tile(__nv_bfloat16* s, const __nv_bfloa
     for (int i = threadIdx.x; i < ROWS * CHUNKS; i += ATT_MMA_THREADS) {
         int r = i / CHUNKS, c = i % CHUNKS, t = r0 + r;
         bool ok = t < T;
-        att_cp_async16(s + r * (HS + 8) + c * 8, g + (size_t)(ok ? t : 0) * ld + c * 8, ok);
+        cp_async16(s + r * (HS + 8) + c * 8, g + (size_t)(ok ? t : 0) * ld + c * 8, ok ? 16 : 0);
     }
 }
 
@@ -438,7 +430,7 @@ attention_forward_mma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16
     att_load_tile<HS, BQ>(qs, qg, ld, q0, T);
     att_load_tile<HS, BK>(ks, kg, ld, 0, T);
     att_load_tile<HS, BK>(vs, vg, ld, 0, T);
-    att_cp_async_commit();
+    cp_async_commit();
 
     const int wrow = q0 + warp * 16;  // the warp's first query row; this thread's rows are wrow + g, wrow + g + 8
     uint32_t qf[HS / 16][4];
@@ -450,8 +442,8 @@ attention_forward_mma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16
             att_load_tile<HS, BK>(ks + ((kt + 1) & 1) * BK * SROW, kg, ld, (kt + 1) * BK, T);
             att_load_tile<HS, BK>(vs + ((kt + 1) & 1) * BK * SROW, vg, ld, (kt + 1) * BK, T);
         }
-        att_cp_async_commit();
-        att_cp_async_wait<1>();  // everything but the prefetch has landed
+        cp_async_commit();
+        cp_async_wait<1>();  // everything but the prefetch has landed
         __syncthreads();
         if (kt == 0) { att_load_a<HS>(qf, qs, warp * 16, lane); }
         const __nv_bfloat16* kt_s = ks + (kt & 1) * BK * SROW;
@@ -559,7 +551,7 @@ attention_backward_dkv_mma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout
     att_load_tile<HS, BKV>(ks, qg + C, ld, k0, T);
     att_load_tile<HS, BKV>(vs, qg + 2 * C, ld, k0, T);
     load_q_tile(qt0, 0);
-    att_cp_async_commit();
+    cp_async_commit();
 
     const int wkey = k0 + warp * 16;  // the warp's first key; this thread's keys are wkey + g, wkey + g + 8
     uint32_t kf[HS / 16][4], vf[HS / 16][4];
@@ -567,8 +559,8 @@ attention_backward_dkv_mma_kernel(__nv_bfloat16* dqkv, const __nv_bfloat16* dout
     for (int qt = qt0; qt < n_qt; qt++) {
         const int buf = (qt - qt0) & 1;
         if (qt + 1 < n_qt) { load_q_tile(qt + 1, buf ^ 1); }
-        att_cp_async_commit();
-        att_cp_async_wait<1>();
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
         if (qt == qt0) {
             att_load_a<HS>(kf, ks, warp * 16, lane);
@@ -632,7 +624,7 @@ attention_backward_dq_mma_kernel(__nv_bfloat16* dqkv, float* Dsum, const __nv_bf
     att_load_tile<HS, BQ>(dos, dout + (size_t)b * T * C + h * HS, C, q0, T);
     att_load_tile<HS, BK>(ks, kg, ld, 0, T);
     att_load_tile<HS, BK>(vs, vg, ld, 0, T);
-    att_cp_async_commit();
+    cp_async_commit();
 
     const int wrow = q0 + warp * 16;
     float lse2[2], dr[2];  // lse * log2(e) and D of this thread's rows wrow + g, wrow + g + 8
@@ -648,8 +640,8 @@ attention_backward_dq_mma_kernel(__nv_bfloat16* dqkv, float* Dsum, const __nv_bf
             att_load_tile<HS, BK>(ks + ((kt + 1) & 1) * BK * SROW, kg, ld, (kt + 1) * BK, T);
             att_load_tile<HS, BK>(vs + ((kt + 1) & 1) * BK * SROW, vg, ld, (kt + 1) * BK, T);
         }
-        att_cp_async_commit();
-        att_cp_async_wait<1>();
+        cp_async_commit();
+        cp_async_wait<1>();
         __syncthreads();
         if (kt == 0) {
             att_load_a<HS>(qf, qs, warp * 16, lane);
