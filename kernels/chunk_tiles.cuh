@@ -140,8 +140,14 @@ template <typename Ts, typename Tg> struct TileLoad {
     float mul;
     TileDiv row_of;   // of the groups per row, cols / 8
     __device__ __forceinline__ int groups() const { return rows * (cols / 8); }
+    // the row and first column of group idx
+    __device__ __forceinline__ void at(int idx, int& r, int& c) const {
+        r = row_of(idx);
+        c = (idx - r * (cols / 8)) * 8;
+    }
     __device__ __forceinline__ void fetch(int idx, Raw8<Tg>& x) const {
-        const int r = row_of(idx), c = (idx - r * (cols / 8)) * 8;
+        int r, c;
+        at(idx, r, c);
         if (idx < groups() && r < rv && c < cv) {
             const uint4* src = reinterpret_cast<const uint4*>(g + (size_t)r * ldg + c);
             #pragma unroll
@@ -153,7 +159,8 @@ template <typename Ts, typename Tg> struct TileLoad {
     }
     __device__ __forceinline__ void store(int idx, const Raw8<Tg>& x) const {
         if (idx >= groups()) { return; }
-        const int r = row_of(idx), c = (idx - r * (cols / 8)) * 8;
+        int r, c;
+        at(idx, r, c);
         float f[8];
         unpack8(f, x);
         store8_scaled(s + r * lds + c, f, rowscale ? mul * rowscale[r] : mul);
@@ -188,6 +195,27 @@ __device__ void tile_load(const L&... t) {
     ((n = max(n, t.groups())), ...);
     for (int base = threadIdx.x; base < n; base += N * blockDim.x) { tile_load_pass<N>(base, t...); }
     __syncthreads();
+}
+
+// tile_load's batched fetches of one tile with the caller's store instead of the tile's (t.s, lds, rowscale and mul
+// unused): use(r, c, x[8]) for each group of eight elements, N groups of this thread in flight; no barrier
+template <int N, typename Ts, typename Tg, typename Use>
+__device__ __forceinline__ void tile_load_each(const TileLoad<Ts, Tg>& t, Use use) {
+    for (int base = threadIdx.x; base < t.groups(); base += N * blockDim.x) {
+        Raw8<Tg> x[N];
+        #pragma unroll
+        for (int u = 0; u < N; u++) { t.fetch(base + u * blockDim.x, x[u]); }
+        #pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int idx = base + u * blockDim.x;
+            if (idx >= t.groups()) { continue; }
+            int r, c;
+            t.at(idx, r, c);
+            float f[8];
+            unpack8(f, x[u]);
+            use(r, c, f);
+        }
+    }
 }
 
 // the asynchronous twin of one tile of tile_load (bf16 or fp32 elements, no scaling): s[r][c] = g[r * ldg + c] for

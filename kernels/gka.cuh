@@ -451,17 +451,25 @@ struct GkaH0 {
 
 // per-chunk decay factors in shared memory: gl (the chunk-local inclusive cumsum of g, 0 past the sequence's end)
 // and zeta = exp(gl). The chunk's g are fetched by one thread each (staged in zeta) and summed in order by one
-// thread: a single thread fetching them one by one had to wait for each load in turn, its stores to shared memory
-// through generic pointers keeping the compiler from hoisting the next load. Block of at least BT threads.
+// thread, which reads them 16 at a time before it sums and stores them: a single thread fetching them one by one had
+// to wait for each load in turn, its stores to shared memory through generic pointers keeping the compiler from
+// hoisting the next load. Block of at least BT threads.
+#define GKA_DECAY_BATCH 16
 __device__ void gka_chunk_decays(float* gl, float* zeta, const float* g, size_t e0, int H, int L) {
     const int tid = threadIdx.x;
     if (tid < GKA_CHECKPOINT) { zeta[tid] = tid < L ? g[e0 + (size_t)tid * H] : 0.0f; }
     __syncthreads();
     if (tid == 0) {
         float acc = 0.0f;
-        for (int c = 0; c < GKA_CHECKPOINT; c++) {
-            acc += zeta[c];
-            gl[c] = acc;
+        for (int c0 = 0; c0 < GKA_CHECKPOINT; c0 += GKA_DECAY_BATCH) {
+            float v[GKA_DECAY_BATCH];
+            #pragma unroll
+            for (int u = 0; u < GKA_DECAY_BATCH; u++) { v[u] = zeta[c0 + u]; }
+            #pragma unroll
+            for (int u = 0; u < GKA_DECAY_BATCH; u++) {
+                acc += v[u];
+                gl[c0 + u] = acc;
+            }
         }
     }
     __syncthreads();
@@ -871,32 +879,11 @@ __host__ __device__ inline GkaTile gka_take_tile(SmemCarver& c, size_t n, bool t
 
 // the rows [0, nr) x columns [0, GKA_SOLVE_DK) of a row-major global matrix g (row stride ld; g 16-byte aligned, ld
 // a multiple of 8), eight elements at a time: use(r, c0, x[8]) for each group, zeros past rows and cols (cols a
-// multiple of 8), N groups of this thread in flight; no barrier
+// multiple of 8), N groups of this thread in flight (chunk_tiles.cuh's tile_load_each); no barrier
 #define GKA_LOAD_GROUPS 4   // groups of eight elements in flight per thread
 template <int N, typename Tg, typename Use>
 __device__ __forceinline__ void gka_load_rows8(const Tg* g, size_t ld, int rows, int cols, int nr, Use use) {
-    const int per_row = GKA_SOLVE_DK / 8, n = nr * per_row;
-    for (int base = threadIdx.x; base < n; base += N * blockDim.x) {
-        Raw8<Tg> raw[N];
-        #pragma unroll
-        for (int u = 0; u < N; u++) {
-            const int idx = base + u * blockDim.x, r = idx / per_row, c0 = idx % per_row * 8;
-            const bool in = idx < n && r < rows && c0 < cols;
-            #pragma unroll
-            for (int w = 0; w < (int)(sizeof(Tg) / 2); w++) {
-                raw[u].u[w] = in ? reinterpret_cast<const uint4*>(g + (size_t)r * ld + c0)[w] : make_uint4(0, 0, 0, 0);
-            }
-        }
-        #pragma unroll
-        for (int u = 0; u < N; u++) {
-            const int idx = base + u * blockDim.x;
-            if (idx < n) {
-                float x[8];
-                unpack8(x, raw[u]);
-                use(idx / per_row, idx % per_row * 8, x);
-            }
-        }
-    }
+    tile_load_each<N>(make_tile_load((float*)nullptr, 0, nr, GKA_SOLVE_DK, g, ld, rows, cols), use);
 }
 
 // the norms f_c = ||H_c||_F of the chunk's tokens (spec 5.1(b)) from f_c^2 = gamma_c^2 f_{c-1}^2 + a_c, f_{-1}^2 =

@@ -146,6 +146,10 @@ Measured on an H200 (2026-11-29, same shape, one run each): chunk-state terms 0.
 forward+backward 8.63 -> 8.07 ms (version 8 in the same run); every check passes, the errors move in the third digit
 (dev/emu/gka_mma.cu: dk 1.4e-4, dalpha 1.8e-4, dg 1.1e-4 against the CUDA-core products). The row operand in one
 bf16 piece misses the emulator's 5e-4 (dk 1.1e-3, dg 2.3e-3).
+Then gka_chunk_decays, in every per-chunk kernel, reads the chunk's log decays 16 at a time before it sums them in
+the same order (its one thread had waited for each shared-memory load behind the store before it): readout 0.456
+-> 0.434 ms, dQt 0.383 -> 0.356 ms under ncu, forward+backward 8.06 -> 7.94 ms (fp32 57.4 -> 56.7 ms), every output
+identical in both builds (H200, one run).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
