@@ -149,7 +149,10 @@ bf16 piece misses the emulator's 5e-4 (dk 1.1e-3, dg 2.3e-3).
 Then gka_chunk_decays, in every per-chunk kernel, reads the chunk's log decays 16 at a time before it sums them in
 the same order (its one thread had waited for each shared-memory load behind the store before it): readout 0.456
 -> 0.434 ms, dQt 0.383 -> 0.356 ms under ncu, forward+backward 8.06 -> 7.94 ms (fp32 57.4 -> 56.7 ms), every output
-identical in both builds (H200, one run).
+identical in both builds (H200, one run). Then pass 3b's elementwise rest (dq_hat, dalpha, qt_c.dQt[c]) loads each
+lane's operands of all its warp's rows before it uses any (ncu's samples: a fifth of the kernel waited there, on
+the loads of one element after another): pass 3b 0.927 -> 0.759 ms under ncu, forward+backward 8.06 -> 7.81 ms
+(version 9 of the commit before both steps, same run), every output identical.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
