@@ -150,6 +150,7 @@ typedef struct {
                                         // 2-D tensors padded to a multiple of 8)
     ParameterTensors params, grads;     // device pointers into params_memory / grads_memory (dev_table layout)
     float *params_memory, *grads_memory, *m_memory, *v_memory;  // device, fp32, dev_table.num_parameters floats
+    AdamWPlan adam_plan;                // the tensors AdamW updates (made with m_memory, v_memory)
     floatX* params_x;                   // device floatX copy of the parameters (== params_memory in the FP32 build)
     float* host_params;                 // host, the files' layout: checkpoints and initialisation
     float* host_staging;                // host, the device layout: transfers
@@ -348,6 +349,7 @@ static void model_free(Model* m) {
 #endif
     cudaFree(m->m_memory);
     cudaFree(m->v_memory);
+    adamw_plan_free(&m->adam_plan);
     cudaFree(m->acts_memory);
     cudaFree(m->scratch_memory);
     cudaFree(m->inputs);
@@ -553,12 +555,13 @@ static void model_backward(Model* m, float loss_scale) {
                 if (c->mlp == MLP_GELU) { gelu_forward(la->fch_act, la->fch, (size_t)BT * Hm, st); }
                 else { swiglu_forward(la->fch_act, la->fch, BT, Hm, st); }
             }
-            matmul_backward(s->dfch_act, lg->fcprojw, lg->fcprojb, s->reduce, s->dresidual, la->fch_act,
-                            X(&m->ctx, lp->fcprojw), BT, Hm, C, 0, st);
-            if (c->mlp == MLP_GELU) {
-                gelu_backward_inplace(s->dfch_act, la->fch, (size_t)BT * Hm, st);
+            if (c->mlp == MLP_GELU) {   // dfch_act: the gradient of the pre-activation fch (GELU' applied)
+                matmul_backward_gelu(s->dfch_act, lg->fcprojw, lg->fcprojb, s->reduce, s->dresidual, la->fch_act,
+                                     X(&m->ctx, lp->fcprojw), la->fch, BT, Hm, C, st);
                 matmul_backward(s->dln, lg->fcw, lg->fcb, s->reduce, s->dfch_act, la->ln2, X(&m->ctx, lp->fcw), BT, C, Hm, 0, st);
             } else {
+                matmul_backward(s->dfch_act, lg->fcprojw, lg->fcprojb, s->reduce, s->dresidual, la->fch_act,
+                                X(&m->ctx, lp->fcprojw), BT, Hm, C, 0, st);
                 swiglu_backward(s->dfch, la->fch, s->dfch_act, BT, Hm, st);
                 matmul_backward(s->dln, lg->fcw, NULL, s->reduce, s->dfch, la->ln2, X(&m->ctx, lp->fcw), BT, C, 2 * Hm, 0, st);
             }
@@ -620,6 +623,8 @@ static float model_grad_norm(Model* m) {
 static size_t adam_first(const Model* m) { return multi.zero ? m->shard_start : 0; }
 static size_t adam_floats(const Model* m) { return multi.zero ? m->shard_floats : m->num_alloc_floats; }
 
+// AdamW's m and v (zero), and its plan: each tensor's part of this rank's parameters (all of a tensor, or with -z 1
+// the part that lies in its slice), with its learning-rate group and weight decay (FORMATS.md)
 static void model_alloc_adam(Model* m) {
     if (m->m_memory != NULL) { return; }
     size_t bytes = adam_floats(m) * sizeof(float);
@@ -627,30 +632,41 @@ static void model_alloc_adam(Model* m) {
     m->v_memory = (float*)cuda_malloc_or_die(bytes, "AdamW's v");
     cudaCheck(cudaMemset(m->m_memory, 0, bytes));
     cudaCheck(cudaMemset(m->v_memory, 0, bytes));
-}
-
-// AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md).
-// With -z 1 each rank updates the part of each tensor that lies in its slice, and an all-gather then gives every
-// rank all the parameters (the fp32 master and the floatX copy).
-static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
-    model_alloc_adam(m);
     size_t first = adam_first(m), end = first + adam_floats(m);
-    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    AdamWSpan* spans = (AdamWSpan*)malloc_or_die((size_t)m->dev_table.num_tensors * sizeof(AdamWSpan));
+    int num_spans = 0;
     for (int k = 0; k < m->dev_table.num_tensors; k++) {
         const TensorInfo* ti = &m->dev_table.t[k];
         size_t lo = ti->offset > first ? ti->offset : first, hi = ti->offset + ti->numel < end ? ti->offset + ti->numel : end;
         if (lo >= hi) { continue; }
-#ifdef ENABLE_FP32
-        floatX* px = NULL;  // the master is the copy
-#else
-        floatX* px = m->params_x + lo;
-#endif
-        adamw_update(m->params_memory + lo, px, m->grads_memory + lo, m->m_memory + (lo - first), m->v_memory + (lo - first),
-                     hi - lo, lr * ti->lr_scale, beta1, beta2, eps, ti->decay ? weight_decay : 0.0f, grad_scale, bc1, bc2, m->stream);
+        AdamWSpan* sp = &spans[num_spans++];
+        sp->offset = lo;
+        sp->state_offset = lo - first;
+        sp->n = hi - lo;
+        sp->lr_scale = ti->lr_scale;
+        sp->decay = ti->decay != 0;
     }
+    adamw_plan_build(&m->adam_plan, spans, num_spans);
+    free(spans);
+}
+
+// AdamW as train_kla.c's model_update: per tensor, with its learning-rate group and weight decay (FORMATS.md), all
+// tensors in one launch (model_alloc_adam's plan). With -z 1 each rank updates the part of each tensor that lies in
+// its slice, and an all-gather then gives every rank all the parameters (the fp32 master and the floatX copy).
+static void model_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t) {
+    model_alloc_adam(m);
+    float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+#ifdef ENABLE_FP32
+    floatX* px = NULL;  // the master is the copy
+#else
+    floatX* px = m->params_x;
+#endif
+    adamw_update(&m->adam_plan, m->params_memory, px, m->grads_memory, m->m_memory, m->v_memory, lr, beta1, beta2, eps,
+                 weight_decay, grad_scale, bc1, bc2, m->stream);
     profile_mark("adamw");
 #ifdef MULTI_GPU
     if (multi.zero && multi.num_ranks > 1) {
+        const size_t first = adam_first(m);
         ncclCheck(ncclAllGather(m->params_memory + first, m->params_memory, m->shard_floats, ncclFloat32, multi.comm, m->stream));
 #ifndef ENABLE_FP32
         ncclCheck(ncclAllGather(m->params_x + first, m->params_x, m->shard_floats, ncclBfloat16, multi.comm, m->stream));

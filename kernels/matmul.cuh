@@ -7,6 +7,8 @@ matmul_backward in train_kla.c.
   matmul_backward   dinp[N, C] = dout[N, OC] weight[OC, C] (overwritten, or += with accumulate_dinp)
                     dweight[OC, C] += dout^T inp   (fp32)
                     dbias[OC] += column sums of dout (fp32, deterministic two-kernel reduction)
+  matmul_backward_gelu  the same with dinp = (dout weight) * GELU'(pre_gelu): the fcproj layer of the MLP, whose
+                    input is GELU(pre_gelu), so that dinp is the gradient of the pre-activation
 
 Layouts. cuBLASLt works on column-major matrices; a row-major [R, K] matrix is, byte for byte, a column-major
 [K, R] matrix with leading dimension K (its transpose). So, with X^T meaning "the same memory read as
@@ -25,7 +27,8 @@ Precision. FP32 build: fp32 A/B/C/D with CUBLAS_COMPUTE_32F, which is true fp32 
 CUBLAS_COMPUTE_32F_FAST_TF32). BF16 build: bf16 A/B, fp32 accumulation (CUBLAS_COMPUTE_32F), bf16 output for
 activations and their gradients, fp32 C/D for the weight gradient so that it accumulates in fp32 across
 micro-steps. The GELU epilogue works on the fp32 accumulator (plus bias) and stores the pre-activation, rounded
-to floatX, in pre_gelu.
+to floatX, in pre_gelu; the backward's DGELU epilogue multiplies the fp32 accumulator of dout weight by GELU' of
+pre_gelu before the one rounding to floatX (the separate kernel rounds dout weight first, then the product).
 
 Determinism. cuBLASLt gives bitwise-identical results for the same problem, algorithm and GPU when it runs on
 one stream at a time; the algorithm comes from cublasLtMatmulAlgoGetHeuristic, which is a function of the
@@ -55,11 +58,12 @@ static const cudaDataType_t CUBLAS_FLOATX = CUDA_R_16BF;
 
 static cublasLtHandle_t cublaslt_handle = NULL;
 static void* cublaslt_workspace = NULL;
-// 1: fc layers apply GELU in the cuBLASLt epilogue (GELU_AUX / GELU_AUX_BIAS); 0: a plain matmul writes the
-// pre-activation and gelu_forward runs after it. Also set to 0 (with a notice) the first time cuBLASLt has no
-// algorithm for the fused form. The FP32 build is the parity build and defaults to 0: gelu_forward evaluates
-// tanhf exactly as the CPU version does, while the epilogue's GELU is cuBLASLt's own (its accuracy is not
-// documented).
+// 1: fc layers apply GELU in the cuBLASLt epilogue (GELU_AUX / GELU_AUX_BIAS), and their backward GELU' (DGELU,
+// in the input-gradient matmul of the fcproj layer); 0: a plain matmul writes the pre-activation and gelu_forward
+// runs after it, and gelu_backward_inplace after the input-gradient matmul. Also set to 0 (with a notice) the
+// first time cuBLASLt has no algorithm for a fused form. The FP32 build is the parity build and defaults to 0:
+// gelu_forward and gelu_backward_inplace evaluate tanhf exactly as the CPU versions do, while the epilogues' GELU
+// and GELU' are cuBLASLt's own (their accuracy is not documented).
 #if defined(ENABLE_FP32)
 static int matmul_fuse_gelu = 0;
 #else
@@ -88,10 +92,11 @@ static uint32_t pointer_alignment(const void* p) {
 // D [m, n] (column-major, ld ldd, type d_type) = op(A) op(B) + beta * D, then the epilogue.
 // A, B are floatX; A is stored [k, m] (ld lda) when trans_a, else [m, k]; B is stored [n, k] (ld ldb) when
 // trans_b, else [k, n]. bias: floatX [m] for the BIAS epilogues; aux: floatX [m, n] (ld m) for the GELU_AUX
-// epilogues. Returns 0 (and does nothing) when cuBLASLt has no algorithm for this problem.
+// epilogues (written) and the DGELU epilogue (read). Returns 0 (and does nothing) when cuBLASLt has no algorithm for
+// this problem.
 static int matmul_cublaslt(void* d, cudaDataType_t d_type, int ldd, const floatX* a, int lda, int trans_a,
                            const floatX* b, int ldb, int trans_b, int m, int n, int k, float beta,
-                           cublasLtEpilogue_t epilogue, const floatX* bias, floatX* aux, cudaStream_t stream) {
+                           cublasLtEpilogue_t epilogue, const floatX* bias, const floatX* aux, cudaStream_t stream) {
     if (cublaslt_handle == NULL) { die("matmul: matmul_setup() was not called"); }
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
@@ -232,13 +237,17 @@ __global__ void dbias_finish_kernel(float* dbias, const float* partial, int OC, 
 // ----------------------------------------------------------------------------------------------------------
 // backward
 
-// dinp[N, C] = dout[N, OC] weight[OC, C] (+= when accumulate_dinp; skipped when dinp is NULL);
-// dweight[OC, C] += dout^T inp (fp32; skipped when NULL); dbias[OC] += column sums of dout (fp32; skipped when
-// NULL, else scratch must hold matmul_backward_scratch_bytes(N, OC)). No output may alias an input.
-static void matmul_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
-                            const floatX* inp, const floatX* weight, int N, int C, int OC, int accumulate_dinp,
-                            cudaStream_t stream) {
+// dinp[N, C] = dout[N, OC] weight[OC, C] (+= when accumulate_dinp; skipped when dinp is NULL), times GELU'(pre_gelu)
+// elementwise when pre_gelu [N, C] is not NULL (then not accumulated); dweight[OC, C] += dout^T inp (fp32; skipped
+// when NULL); dbias[OC] += column sums of dout (fp32; skipped when NULL, else scratch must hold
+// matmul_backward_scratch_bytes(N, OC)). No output may alias an input.
+static void matmul_backward_epilogue(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
+                                     const floatX* inp, const floatX* weight, int N, int C, int OC,
+                                     int accumulate_dinp, const floatX* pre_gelu, cudaStream_t stream) {
     if (N == 0) { return; }
+    if (pre_gelu != NULL && (accumulate_dinp || dinp == NULL)) {
+        die("matmul_backward_gelu: the GELU gradient needs dinp, overwritten");
+    }
     if (dbias != NULL) {
         const int num_chunks = dbias_num_chunks(N);
         const int rows_per_chunk = ceil_div(N, num_chunks);
@@ -254,12 +263,35 @@ static void matmul_backward(floatX* dinp, float* dweight, float* dbias, float* s
             matmul_no_algorithm("the weight gradient", C, OC, N);
         }
     }
-    if (dinp != NULL) {
-        if (!matmul_cublaslt(dinp, CUBLAS_FLOATX, C, weight, C, 0, dout, OC, 0, C, N, OC,
-                             accumulate_dinp ? 1.0f : 0.0f, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, stream)) {
-            matmul_no_algorithm("the input gradient", C, N, OC);
+    if (dinp == NULL) { return; }
+    // the DGELU epilogue's aux matrix (pre_gelu, [C, N] column-major) needs a leading dimension divisible by 8
+    if (pre_gelu != NULL && matmul_fuse_gelu && C % 8 == 0) {
+        if (matmul_cublaslt(dinp, CUBLAS_FLOATX, C, weight, C, 0, dout, OC, 0, C, N, OC, 0.0f, CUBLASLT_EPILOGUE_DGELU,
+                            NULL, pre_gelu, stream)) {
+            return;
         }
+        fprintf(stderr, "matmul: cuBLASLt has no fused GELU-gradient epilogue for this problem (m=%d n=%d k=%d, %s): "
+                        "using separate GELU kernels from now on\n", C, N, OC, PRECISION_NAME);
+        matmul_fuse_gelu = 0;
     }
+    if (!matmul_cublaslt(dinp, CUBLAS_FLOATX, C, weight, C, 0, dout, OC, 0, C, N, OC, accumulate_dinp ? 1.0f : 0.0f,
+                         CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, stream)) {
+        matmul_no_algorithm("the input gradient", C, N, OC);
+    }
+    if (pre_gelu != NULL) { gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream); }
+}
+
+static void matmul_backward(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
+                            const floatX* inp, const floatX* weight, int N, int C, int OC, int accumulate_dinp,
+                            cudaStream_t stream) {
+    matmul_backward_epilogue(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC, accumulate_dinp, NULL, stream);
+}
+
+// the fcproj layer's backward: dinp = (dout weight) * GELU'(pre_gelu), the gradient of the MLP's pre-activation
+static void matmul_backward_gelu(floatX* dinp, float* dweight, float* dbias, float* scratch, const floatX* dout,
+                                 const floatX* inp, const floatX* weight, const floatX* pre_gelu, int N, int C, int OC,
+                                 cudaStream_t stream) {
+    matmul_backward_epilogue(dinp, dweight, dbias, scratch, dout, inp, weight, N, C, OC, 0, pre_gelu, stream);
 }
 
 #endif // TRAIN_KLA_KERNELS_MATMUL_CUH

@@ -24,6 +24,11 @@ The FP32 build computes GELU with its own kernel (matmul_fuse_gelu = 0); its che
 epilogue is printed as INFO and does not count.
 The reductions (bias, norm weight and embedding gradients, the gradient norm) are also run twice from the same
 state and must agree bit for bit.
+
+Versions. The lab keeps the previous version of AdamW beside the trainer's, checks that the trainer's gives the
+same bits, and times both in the same run:
+  adamw_update      version 1: one launch per tensor, one element per thread; version 2 (kernels/adamw.cuh): one
+                    launch over every tensor of a plan, four elements per thread loaded before any is updated.
 */
 #include <math.h>
 #include <string.h>
@@ -300,6 +305,42 @@ static void test_matmul_backward(int N, int C, int OC, int with_bias, int accumu
     cudaCheck(cudaFree(d_dinp_start));
     cudaCheck(cudaFree(d_dw_start));
     cudaCheck(cudaFree(d_db_start));
+}
+
+// dinp = (dout weight) * GELU'(pre): matmul_backward_gelu, with cuBLASLt's DGELU epilogue (fused) or the plain
+// matmul then gelu_backward_inplace (separate); the weight and bias gradients are matmul_backward's (tested above)
+static void test_matmul_backward_gelu(int N, int C, int OC, int gelu) {
+    Vec pre, w, dout, unused;
+    floatX* d_pre = random_x((size_t)N * C, 2.0, pre);
+    floatX* d_w = random_x((size_t)OC * C, 1.0 / sqrt((double)C), w);
+    floatX* d_dout = random_x((size_t)N * OC, 1.0, dout);
+    floatX* d_dinp = random_x((size_t)N * C, 1.0, unused);
+    const int saved_fuse = matmul_fuse_gelu;
+    matmul_fuse_gelu = gelu == GELU_FUSED;
+    matmul_backward_gelu(d_dinp, NULL, NULL, NULL, d_dout, NULL, d_w, d_pre, N, C, OC, stream);
+    if (gelu == GELU_FUSED && !matmul_fuse_gelu) {
+        printf("note: the fused DGELU epilogue fell back to the kernels\n");
+    }
+    matmul_fuse_gelu = saved_fuse;
+    Vec dinp((size_t)N * C);
+    for (int n = 0; n < N; n++) {
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int o = 0; o < OC; o++) { s += dout[(size_t)n * OC + o] * w[(size_t)o * C + c]; }
+            dinp[(size_t)n * C + c] = s * ref_gelu_derivative(pre[(size_t)n * C + c]);
+        }
+    }
+#if defined(ENABLE_FP32)
+    const int counted = gelu != GELU_FUSED;   // the FP32 build does not use the epilogue's GELU'
+#else
+    const int counted = 1;
+#endif
+    char name[128];
+    snprintf(name, sizeof(name), "matmul_backward_gelu N=%d C=%d OC=%d (%s): dinp", N, C, OC,
+             gelu == GELU_FUSED ? "DGELU epilogue" : "separate kernel");
+    check_tol(name, download_x(d_dinp, (size_t)N * C), dinp, matmul_tol(OC), counted);
+    void* buffers[] = {d_pre, d_w, d_dout, d_dinp};
+    for (void* p : buffers) { cudaCheck(cudaFree(p)); }
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -605,29 +646,93 @@ static void test_classifier(int BT, int V, int Vp) {
 // ----------------------------------------------------------------------------------------------------------
 // optimizer
 
+// version 1 (the trainer's before version 2): one launch per tensor, one element per thread
+__global__ void adamw_v1_kernel(float* params, floatX* params_x, const float* grads, float* m, float* v, size_t n,
+                                float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                                float bias_correction1, float bias_correction2) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    const float g = grads[i] * grad_scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bias_correction1, vhat = vi / bias_correction2;
+    float p = params[i];
+    p -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * p);
+    params[i] = p;
+    if (params_x != NULL) { params_x[i] = from_float<floatX>(p); }
+}
+
+// version 1 over the spans, as the trainer launched it per tensor
+static void adamw_v1_update(const AdamWSpan* spans, int num_spans, float* params, floatX* params_x, const float* grads,
+                            float* m, float* v, float lr, float beta1, float beta2, float eps, float wd,
+                            float grad_scale, float bc1, float bc2) {
+    for (int k = 0; k < num_spans; k++) {
+        const AdamWSpan* sp = &spans[k];
+        adamw_v1_kernel<<<(unsigned int)ceil_div_z(sp->n, ADAMW_BLOCK), ADAMW_BLOCK, 0, stream>>>(
+            params + sp->offset, params_x != NULL ? params_x + sp->offset : NULL, grads + sp->offset,
+            m + sp->state_offset, v + sp->state_offset, sp->n, lr * sp->lr_scale, beta1, beta2, eps,
+            sp->decay ? wd : 0.0f, grad_scale, bc1, bc2);
+        cudaCheckLaunch();
+    }
+}
+
+// AdamW over a plan of four tensors (sizes that do not fill a block, learning-rate scales, with and without weight
+// decay, m and v offset from the parameters as a ZeRO slice has them, a gap that must stay untouched) against the
+// double-precision reference, then version 1 on the same state: the same bits
 static void test_adamw(void) {
-    const size_t n = 100003;
     const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.5f;
     const int t = 3;
     const float bc1 = 1.0f - powf(beta1, (float)t), bc2 = 1.0f - powf(beta2, (float)t);
+    AdamWSpan spans[4] = {{5, 0, 100003, 1.0f, 1, 0}, {100064, 100059, 1000, 0.5f, 0, 0},
+                          {101100, 101095, 1, 2.0f, 1, 0}, {101200, 101195, 3000, 1.0f, 0, 0}};
+    const size_t n = 104200, n_state = n - 5;   // the element before the first span and the gaps are not updated
     Vec p, g, m, v;
     float* d_p = random_f(n, 1.0, p);
     float* d_g = random_f(n, 1.0, g);
-    float* d_m = random_f(n, 0.1, m);
-    float* d_v = random_f(n, 0.005, v, 0.005);
+    float* d_m = random_f(n_state, 0.1, m);
+    float* d_v = random_f(n_state, 0.005, v, 0.005);
     floatX* d_px = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "params_x");
-    for (size_t i = 0; i < n; i++) {
-        const double gi = g[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0 - beta1) * gi;
-        v[i] = beta2 * v[i] + (1.0 - beta2) * gi * gi;
-        const double mhat = m[i] / bc1, vhat = v[i] / bc2;
-        p[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * p[i]);
+    cudaCheck(cudaMemset(d_px, 0, n * sizeof(floatX)));
+    const Vec p0 = p, m0 = m, v0 = v;
+    Vec px(n, 0.0);
+    for (const AdamWSpan& sp : spans) {
+        const double span_lr = (double)(lr * sp.lr_scale), span_wd = sp.decay ? wd : 0.0;
+        for (size_t j = 0; j < sp.n; j++) {
+            const size_t i = sp.offset + j, is = sp.state_offset + j;
+            const double gi = g[i] * grad_scale;
+            m[is] = beta1 * m[is] + (1.0 - beta1) * gi;
+            v[is] = beta2 * v[is] + (1.0 - beta2) * gi * gi;
+            const double mhat = m[is] / bc1, vhat = v[is] / bc2;
+            p[i] -= span_lr * (mhat / (sqrt(vhat) + eps) + span_wd * p[i]);
+            px[i] = p[i];
+        }
     }
-    adamw_update(d_p, d_px, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2, stream);
-    check("adamw_update n=100003: params", download_f(d_p, n), p);
-    check("adamw_update n=100003: params_x", download_x(d_px, n), p);
-    check("adamw_update n=100003: m", download_f(d_m, n), m);
-    check("adamw_update n=100003: v", download_f(d_v, n), v);
+    AdamWPlan plan;
+    adamw_plan_build(&plan, spans, 4);
+    adamw_update(&plan, d_p, d_px, d_g, d_m, d_v, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2, stream);
+    check("adamw_update 4 tensors: params", download_f(d_p, n), p);
+    check("adamw_update 4 tensors: params_x", download_x(d_px, n), px);
+    check("adamw_update 4 tensors: m", download_f(d_m, n_state), m);
+    check("adamw_update 4 tensors: v", download_f(d_v, n_state), v);
+    const std::vector<unsigned char> v2_bits[4] = {download_bytes(d_p, n * sizeof(float)),
+                                                   download_bytes(d_px, n * sizeof(floatX)),
+                                                   download_bytes(d_m, n_state * sizeof(float)),
+                                                   download_bytes(d_v, n_state * sizeof(float))};
+    // version 1 from the same state
+    float* d_p1 = upload_f(p0);
+    float* d_m1 = upload_f(m0);
+    float* d_v1 = upload_f(v0);
+    cudaCheck(cudaMemset(d_px, 0, n * sizeof(floatX)));
+    adamw_v1_update(spans, 4, d_p1, d_px, d_g, d_m1, d_v1, lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2);
+    check_same("adamw_update 4 tensors: params as version 1", v2_bits[0], download_bytes(d_p1, n * sizeof(float)));
+    check_same("adamw_update 4 tensors: params_x as version 1", v2_bits[1], download_bytes(d_px, n * sizeof(floatX)));
+    check_same("adamw_update 4 tensors: m as version 1", v2_bits[2], download_bytes(d_m1, n_state * sizeof(float)));
+    check_same("adamw_update 4 tensors: v as version 1", v2_bits[3], download_bytes(d_v1, n_state * sizeof(float)));
+    adamw_plan_free(&plan);
+    void* v1_buffers[] = {d_p1, d_m1, d_v1};
+    for (void* b : v1_buffers) { cudaCheck(cudaFree(b)); }
 
     const size_t ng = 1234567;
     Vec grads;
@@ -643,7 +748,7 @@ static void test_adamw(void) {
     check_same("global_norm_squared n=1234567: rerun", run1, download_bytes(d_norm, sizeof(float)));
 
     copy_to_floatX(d_px, d_grads, n, stream);
-    check("copy_to_floatX n=100003", download_x(d_px, n), Vec(grads.begin(), grads.begin() + n));
+    check("copy_to_floatX n=104200", download_x(d_px, n), Vec(grads.begin(), grads.begin() + n));
 
     void* buffers[] = {d_p, d_g, d_m, d_v, d_px, d_grads, d_norm, d_scratch};
     for (void* p_ : buffers) { cudaCheck(cudaFree(p_)); }
@@ -716,6 +821,15 @@ static void time_matmuls(void) {
     ms = time_ms([&] { matmul_backward(dinp, dw, db, scratch, dout, inp, w, N, C, OC, 0, stream); }, 20);
     printf("timing matmul_backward N=%d C=%d OC=%d (dinp, dweight, dbias): %.3f ms, %.1f TFLOP/s\n", N, C, OC, ms,
            4.0 * N * C * OC / (ms * 1e-3) / 1e12);
+    // the MLP's fcproj backward: dinp [N, OC] = (dout [N, C] fcprojw [C, OC]) * GELU'(pre), both ways
+    const int saved_fuse = matmul_fuse_gelu;
+    for (int fused = 0; fused <= 1; fused++) {
+        matmul_fuse_gelu = fused;
+        ms = time_ms([&] { matmul_backward_gelu(dout, NULL, NULL, NULL, inp, NULL, w, pre, N, OC, C, stream); }, 20);
+        printf("timing matmul_backward_gelu N=%d C=%d OC=%d (dinp with GELU', %s): %.3f ms, %.1f TFLOP/s\n", N, OC, C,
+               matmul_fuse_gelu ? "DGELU epilogue" : "separate kernel", ms, 2.0 * N * C * OC / (ms * 1e-3) / 1e12);
+    }
+    matmul_fuse_gelu = saved_fuse;
 
     void* buffers[] = {inp, w, bias, out, pre, dout, dinp, dw, db, scratch};
     for (void* p : buffers) { cudaCheck(cudaFree(p)); }
@@ -791,6 +905,53 @@ static void time_classifier(void) {
     cudaCheck(cudaFree(losses));
 }
 
+// AdamW over GPT-2 124M's tensors (the device layout's 256-byte alignment): the padded embeddings, then per layer
+// the LayerNorms, attention and MLP weights and biases, then the final LayerNorm
+static void time_adamw(void) {
+    const int L = 12, C = 768, Vp = 50304, Tmax = 1024;
+    const size_t C2 = (size_t)C * C;
+    // ln1 w, b; qkv w, b; attention proj w, b; ln2 w, b; fc w, b; fcproj w, b
+    const size_t layer_sizes[12] = {(size_t)C, (size_t)C, 3 * C2, (size_t)3 * C, C2, (size_t)C,
+                                    (size_t)C, (size_t)C, 4 * C2, (size_t)4 * C, 4 * C2, (size_t)C};
+    std::vector<AdamWSpan> spans;
+    size_t offset = 0;
+    auto add = [&](size_t n, int decay) {
+        spans.push_back({offset, offset, n, 1.0f, decay, 0});
+        offset += ceil_div_z(n, 64) * 64;
+    };
+    add((size_t)Vp * C, 0);
+    add((size_t)Tmax * C, 0);
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < 12; k++) { add(layer_sizes[k], k == 2 || k == 4 || k == 8 || k == 10); }
+    }
+    add(C, 0);
+    add(C, 0);
+    const size_t n = offset;
+    float* buf[4];
+    for (int i = 0; i < 4; i++) {
+        buf[i] = (float*)cuda_malloc_or_die(n * sizeof(float), "an AdamW timing buffer");
+        cudaCheck(cudaMemset(buf[i], 0, n * sizeof(float)));
+    }
+    floatX* px = (floatX*)cuda_malloc_or_die(n * sizeof(floatX), "params_x");
+    AdamWPlan plan;
+    adamw_plan_build(&plan, spans.data(), (int)spans.size());
+    // read: params, grads, m, v; written: params, m, v, params_x
+    const double bytes = (double)n * (7 * sizeof(float) + sizeof(floatX));
+    const float ms1 = time_ms([&] {
+        adamw_v1_update(spans.data(), (int)spans.size(), buf[0], px, buf[1], buf[2], buf[3], 1e-3f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, 1.0f, 0.5f, 0.5f);
+    }, 20);
+    const float ms2 = time_ms([&] {
+        adamw_update(&plan, buf[0], px, buf[1], buf[2], buf[3], 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0.5f, 0.5f,
+                     stream);
+    }, 20);
+    printf("timing adamw_update %zu tensors, %.1fM floats: version 1 %.3f ms (%.0f GB/s), version 2 %.3f ms "
+           "(%.0f GB/s)\n", spans.size(), n / 1e6, ms1, bytes / (ms1 * 1e-3) / 1e9, ms2, bytes / (ms2 * 1e-3) / 1e9);
+    adamw_plan_free(&plan);
+    for (int i = 0; i < 4; i++) { cudaCheck(cudaFree(buf[i])); }
+    cudaCheck(cudaFree(px));
+}
+
 // ----------------------------------------------------------------------------------------------------------
 
 int main(void) {
@@ -821,13 +982,18 @@ int main(void) {
     }
     test_encoder(8, 256, 192, 500, 1);
     test_encoder(4, 64, 768, 50257, 0);
+    test_matmul_backward_gelu(256, 192, 320, GELU_FUSED);
+    test_matmul_backward_gelu(256, 192, 320, GELU_SEPARATE);
+    test_matmul_backward_gelu(100, 72, 40, GELU_FUSED);
     test_classifier(64, 1000, 1024);
     test_classifier(8, 50257, 50304);
+    test_classifier(4, 100000, 100096);
     test_adamw();
 
     printf("%s: %d check(s) failed\n", num_failed ? "FAIL" : "PASS", num_failed);
     time_matmuls();
     time_classifier();
+    time_adamw();
     time_norm_encoder();
 
     encoder_teardown();
