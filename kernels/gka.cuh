@@ -1930,6 +1930,9 @@ __global__ void gka_w_kernel(float* w, const float* x, const float* Z, const flo
     if (lane == 0) { w[e] = f[e] > 0.0f ? 2.0f * ridge * xz / f[e] : 0.0f; }
 }
 
+// e_c = exp(gl_BT - gl_c): the decay from token c to the chunk's end (gl: gka_chunk_decays of the chunk)
+__device__ __forceinline__ float gka_end_decay(const float* gl, int c) { return expf(gl[GKA_CHECKPOINT - 1] - gl[c]); }
+
 // the per-chunk scalars in shared memory, from gl (gka_chunk_decays, 0 past the end of the sequence) and w: e_c,
 // b_c, W_c (c < BT; not where Wsum is NULL), and at [BT] of e: zeta_BT; of b: sum_c zeta_c^2 w_c. ws: w of the chunk's tokens (0 past L).
 __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, float* Wsum, const float* gl, const float* zeta,
@@ -1946,7 +1949,7 @@ __device__ void gka_chunk_adjoint_scalars(float* ws, float* e, float* bsum, floa
         }
         bsum[j] = bj;
         if (Wsum) { Wsum[j] = Wj; }
-        e[j] = expf(gl[BT - 1] - gl[j]);
+        e[j] = gka_end_decay(gl, j);
     }
     if (tid == 0) {
         float s = 0.0f;
@@ -2225,7 +2228,7 @@ gka_chunk_state_terms_mma_kernel(float* Hck, float* Uck, const floatX* qkv, cons
     const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T), tid = threadIdx.x;
     const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;   // a full chunk: n < NT - 1
     gka_chunk_decays(gl, zeta, g, e0, H, BT);
-    if (tid < BT) { e[tid] = expf(gl[BT - 1] - gl[tid]); }   // e_c = exp(gl_BT - gl_c)
+    if (tid < BT) { e[tid] = gka_end_decay(gl, tid); }
     __syncthreads();
     gka_set_pieces(sm.R, qkv + r0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
     if (which == 0) {
@@ -2499,7 +2502,7 @@ gka_chunk_du_kernel(float* dqkv, float* dalpha, float* dG, const float* adj, con
     float* kdk = qdq + BT + 1;
     const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh, dkdk = (size_t)dk * dk;
     gka_chunk_decays(gl, zeta, g, e0, H, L);
-    if (tid < BT) { e[tid] = expf(gl[BT - 1] - gl[tid]); }
+    if (tid < BT) { e[tid] = gka_end_decay(gl, tid); }
     gka_load_state(DUs, ldm, adj + ((size_t)bh * NT + n) * (2 * dkdk + (size_t)dk * dv) + 2 * dkdk, dk, dv);
     gka_load_rows(Ks, ldm, qkv, DE, r0, H * dk + hh * dk, dk, L);
     gka_load_rows(Ds, ldm, dO, (size_t)H * dv, r0, hh * dv, dv, L);
@@ -2741,8 +2744,10 @@ template <typename Kernel> struct GkaLaunch {
     int threads;
     size_t smem;
 };
+// what the FP32 build says when asked for them
+#define GKA_MMA_BF16_ONLY "gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's"
 #if defined(ENABLE_FP32)
-#define GKA_MMA_LAUNCH(...) die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's")
+#define GKA_MMA_LAUNCH(...) die(GKA_MMA_BF16_ONLY)
 static void gka_h0_tiles(__nv_bfloat16*, float*, const float*, int, int, cudaStream_t) {
     die("gka on the GPU: the wgmma solve's H0 tiles are the bf16 build's");
 }
@@ -2828,7 +2833,7 @@ static void gka_state_terms(GkaProducts products, float* Hck, float* Uck, const 
         gka_chunk_state_terms_mma_kernel<<<dim3(2, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
             Hck, Uck, qkv, g, T, H, dk, dv);
 #else
-        die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's");
+        die(GKA_MMA_BF16_ONLY);
 #endif
     }
     cudaCheckLaunch();
@@ -2848,7 +2853,7 @@ static void gka_adjoint_terms(GkaProducts products, float* adj, const float* Z, 
         gka_chunk_adjoint_terms_mma_kernel<<<dim3(3, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
             adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
 #else
-        die("gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's");
+        die(GKA_MMA_BF16_ONLY);
 #endif
     }
     cudaCheckLaunch();
