@@ -2744,7 +2744,7 @@ template <typename Kernel> struct GkaLaunch {
     int threads;
     size_t smem;
 };
-// what the FP32 build says when asked for them
+// the FP32 build's one-line error when a register-tile kernel (the bf16 build's) is asked for
 #define GKA_MMA_BF16_ONLY "gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's"
 #if defined(ENABLE_FP32)
 #define GKA_MMA_LAUNCH(...) die(GKA_MMA_BF16_ONLY)
