@@ -1136,7 +1136,12 @@ static inline float learning_rate(int sched, int step, int total, int warmup, fl
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * r)) * (lr - min_lr);
 }
 
-
+// wall-clock seconds (monotonic): the step line's timing, and test_kla.cu's check that a micro-step does not wait
+static inline double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
 
 // ----------------------------------------------------------------------------------------------------------
 // command-line flags (the programs' main; not compiled into the tests)
@@ -1152,12 +1157,6 @@ typedef struct {
                    // and taken back by -y 1 (FORMATS.md "State file")
     int given;     // set by the parser when the flag is on the command line
 } Flag;
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 // The flag's value as text: a string as it is ("(none)" when unset), a number in the shortest %g form that reads
 // back as the same value (so the state file keeps it exactly, and -h shows 0.003 rather than 0.00300000003).

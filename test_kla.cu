@@ -2,7 +2,8 @@
 test_kla.cu: checks train_kla.cu against the PyTorch reference (scripts/train_kla.py), as test_kla.c checks
 train_kla.c: the same reference checkpoints and debug states (dev/test/ref), the same harness
 (dev/test/parity.h): logits, loss, the gradient of every parameter tensor, 10 AdamW steps, and a negative
-control; then decode == full forward, resume bit for bit, and the checkpoint file round trip. Needs a GPU.
+control; then decode == full forward, resume bit for bit, the checkpoint file round trip, and a training
+micro-step that does not wait for the GPU (behind a 300 ms kernel, with a negative control). Needs a GPU.
 
 Tolerances (relative errors as in test_kla.c: max |ours - ref| / max |ref|, per tensor for gradients):
   - FP32 build (PRECISION=FP32): every matmul is true fp32 (no TF32) and every kernel computes in fp32, so the
@@ -118,6 +119,93 @@ static void test_resume(const char* dir, const char* name) {
     model_free(&b);
 }
 
+// holds the stream for ns nanoseconds of the GPU's global timer (independent of the clock rate)
+__global__ void spin_kernel(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+
+#define SPIN_MS 300
+
+// Launches spin_kernel on m's stream, then times the host through k training micro-steps on the batches x, y (k of
+// B x T each: model_forward with targets, model_backward(m, 1/k), model_accumulate_loss(m, k)), or with read_loss
+// through model_forward of the first batch and model_mean_loss (how the loop read a micro-step's loss before).
+// Returns the host's milliseconds; *busy: whether the stream was still running the spin kernel at the end.
+static double time_behind_spin(Model* m, const int* x, const int* y, int k, int B, int T, int read_loss, int* busy) {
+    spin_kernel<<<1, 1, 0, m->stream>>>(SPIN_MS * 1000000ull);
+    cudaCheckLaunch();
+    double t0 = now_seconds();
+    if (read_loss) {
+        model_forward(m, x, y, B, T);
+        model_mean_loss(m);
+    } else {
+        for (int i = 0; i < k; i++) {
+            model_forward(m, x + (size_t)i * B * T, y + (size_t)i * B * T, B, T);
+            model_backward(m, 1.0f / k);
+            model_accumulate_loss(m, k);
+        }
+    }
+    double ms = (now_seconds() - t0) * 1000.0;
+    cudaError_t q = cudaStreamQuery(m->stream);
+    if (q != cudaErrorNotReady) { cudaCheck(q); }
+    (void)cudaGetLastError();   // cudaErrorNotReady is a state, not an error: clear it in case the runtime kept it
+    *busy = q == cudaErrorNotReady;
+    return ms;
+}
+
+// A training micro-step does not wait for the GPU: behind a kernel that holds the stream for SPIN_MS, two
+// micro-steps (forward with targets, backward, model_accumulate_loss) return to the host in under a quarter of it,
+// the stream still busy. The step's loss (model_take_step_loss) is then the mean of the two batches'
+// model_mean_loss, as the loop summed it on the host before (within 1e-6 relative: the device adds the positions'
+// losses in double in another order, so the float mean may differ in its last bit); so is the loss of a forward
+// whose classifier no backward ran. The negative control: model_mean_loss behind the same kernel makes the host
+// wait for it, so the timing does see a wait.
+static void test_micro_step_no_wait(const char* dir, const char* name) {
+    char path[4096], check[160];
+    snprintf(path, sizeof(path), "%s/%s_model.bin", dir, name);
+    Model m;
+    model_load(&m, path, 0);
+    const int B = 2, T = 80, k = 2, n = B * T;
+    int* x = (int*)malloc_or_die((size_t)k * n * sizeof(int));
+    int* y = (int*)malloc_or_die((size_t)k * n * sizeof(int));
+    uint64_t rng = 99;
+    for (int i = 0; i < k * n; i++) {
+        x[i] = (int)(rng_next(&rng) % (uint64_t)m.config.vocab_size);
+        y[i] = (int)(rng_next(&rng) % (uint64_t)m.config.vocab_size);
+    }
+    y[3] = TASK_IGNORE;   // an ignored position: the mean is over the labelled ones
+    // a first step allocates what the timed one reuses (activations, both pinned buffers of every upload): an
+    // allocation may wait for the GPU
+    int busy;
+    time_behind_spin(&m, x, y, k, B, T, 0, &busy);
+    model_take_step_loss(&m);
+
+    double host_ms = time_behind_spin(&m, x, y, k, B, T, 0, &busy);
+    snprintf(check, sizeof(check), "no host wait %s (%s): %d micro-steps behind a %d ms kernel", name, PRECISION_NAME, k, SPIN_MS);
+    report(busy && host_ms < SPIN_MS / 4.0, check, "host %.1f ms (bound %.0f), stream %s", host_ms, SPIN_MS / 4.0,
+           busy ? "busy" : "idle: the host waited");
+    double loss = model_take_step_loss(&m), expected = 0.0;
+    for (int i = 0; i < k; i++) {   // the former loop's loss: model_mean_loss of each batch on the host
+        model_forward(&m, x + (size_t)i * n, y + (size_t)i * n, B, T);
+        expected += model_mean_loss(&m) / k;
+    }
+    model_forward(&m, x, y, B, T);   // no backward: model_accumulate_loss runs the classifier
+    model_accumulate_loss(&m, 1);
+    double alone = model_take_step_loss(&m), alone_expected = model_mean_loss(&m);
+    double err = fabs(loss - expected) / fabs(expected), err_alone = fabs(alone - alone_expected) / fabs(alone_expected);
+    snprintf(check, sizeof(check), "step loss %s (%s): the device's sum == the mean of model_mean_loss", name, PRECISION_NAME);
+    report(err <= 1e-6 && err_alone <= 1e-6, check, "%.9f vs %.9f (rel err %.1e), without backward %.9f vs %.9f (%.1e); tol 1e-6",
+           loss, expected, err, alone, alone_expected, err_alone);
+
+    host_ms = time_behind_spin(&m, x, y, k, B, T, 1, &busy);
+    snprintf(check, sizeof(check), "no host wait %s (%s): negative control (model_mean_loss waits for the kernel)", name, PRECISION_NAME);
+    report(!busy && host_ms >= 0.9 * SPIN_MS, check, "host %.1f ms, stream %s", host_ms, busy ? "busy" : "idle");
+    free(x);
+    free(y);
+    model_free(&m);
+}
+
 // the model file train_kla.cu writes is byte-identical to the reference's (so train_kla.c reads it)
 static void test_checkpoint_round_trip(const char* dir, const char* name) {
     char path[4096], out[4096], check[160];
@@ -160,6 +248,7 @@ int main(int argc, char** argv) {
     test_resume(dir, "mixed");   // the pdn family's recurrent core and its saved states, beside attn and gdn
     test_resume(dir, "gka_gqa");   // gka's recurrent core, its checkpointed states and GQA
     test_checkpoint_round_trip(dir, "hybrid");
+    test_micro_step_no_wait(dir, "hybrid");
     encoder_teardown();
     matmul_teardown();
     printf("test_klacu (%s): %d passed, %d failed\n", PRECISION_NAME, tests_passed, tests_failed);

@@ -1,7 +1,9 @@
 /*
 train_common.h: the training program of train_kla.c and train_kla.cu, written once against the model API both
 trainers provide (model_forward, then model_mean_loss(m) and m->num_labelled, model_backward, model_update, ...;
-decode_init / model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
+in training model_accumulate_loss(m, micro_steps) after each micro-step's backward and model_take_step_loss(m)
+once per step, after model_grad_norm, so that a micro-step does not wait for the GPU; decode_init /
+model_decode_step / decode_free leaving the next-token logits in the host array d.logits): the
 run directory and resume, validation, the synthetic tasks' evaluation, the multiple-choice evaluation
 (HellaSwag), sampling, checkpoints, the stop on divergence, the step line and its ETA, and the loop itself
 (train_main, at the end). Include it after the trainer's model code.
@@ -498,8 +500,9 @@ static void task_report(Model* m, const Options* opt, int split, int step, FILE*
 
 // ----------------------------------------------------------------------------------------------------------
 // the training program, written once for both trainers. Besides the model API above (model_forward,
-// model_backward, model_zero_grad, model_grad_norm, model_update, model_read_state, model_write_checkpoint,
-// model_count_correct, model_position_losses, model_free, decode), each trainer supplies:
+// model_backward, model_accumulate_loss, model_take_step_loss, model_zero_grad, model_grad_norm, model_update,
+// model_read_state, model_write_checkpoint, model_count_correct, model_position_losses, model_free, decode), each
+// trainer supplies:
 //   trainer_open_model(m, path, opt)   the model of a file (path), or with path NULL one built from opt->config and
 //                                      initialised from --seed
 //   trainer_describe(buf, n)           the run table's "compute" row
@@ -659,7 +662,6 @@ static int train_main(Options* opt, int argc, char** argv) {
         int timed = step - start >= 10;  // the summary skips 10 warm-up steps
         trainer_step_begin(&model);
         model_zero_grad(&model);
-        double loss = 0.0;
         for (int micro = 0; micro < grad_accum; micro++) {
             if (task) {  // micro-batch (step*grad_accum+micro)*num_ranks+rank of the training stream: resumes with no state
                 uint64_t first = (((uint64_t)step * grad_accum + micro) * num_ranks + this_rank) * opt->B;
@@ -670,13 +672,15 @@ static int train_main(Options* opt, int argc, char** argv) {
                 model_forward(&model, train_loader.inputs, train_loader.targets, opt->B, opt->T);
             }
             model_backward(&model, 1.0f / grad_accum);
-            loss += model_mean_loss(&model) / grad_accum;
+            model_accumulate_loss(&model, grad_accum);   // the mean of the micro-batches' means, kept on the GPU
         }
-        // the gradients and the loss of the global batch: means over the ranks
+        // the gradients and the loss of the global batch: means over the ranks. The loss is read after the norm,
+        // which waits for the gradients: the micro-steps above never wait for the GPU.
         model_reduce_gradients(&model);
+        float norm = model_grad_norm(&model);
+        double loss = model_take_step_loss(&model);
         trainer_sum_over_ranks(&loss, 1);
         loss /= num_ranks;
-        float norm = model_grad_norm(&model);
         stop_if_diverged(step + 1, loss, norm, opt->out_dir);
         float grad_scale = opt->grad_clip > 0.0f && norm > opt->grad_clip ? opt->grad_clip / norm : 1.0f;
         float step_lr = learning_rate(opt->sched, step, opt->max_steps, opt->warmup, opt->lr, opt->final_frac);

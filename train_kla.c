@@ -3157,6 +3157,7 @@ typedef struct {
     const int* targets;
     float mean_loss;           // of the last forward with targets: the mean over its labelled positions
     int num_labelled;          // positions of the last forward whose target is >= 0 (negative = ignored)
+    double step_loss;          // the sum model_accumulate_loss makes, read by model_take_step_loss
 } Model;
 
 
@@ -3549,6 +3550,16 @@ static void model_count_correct(const Model* m, const int* targets, int N, long*
 
 // the loss at each of the B*T positions of the last forward with targets (0 where the target is ignored)
 static const float* model_position_losses(const Model* m) { return m->acts.losses; }
+
+// the step's loss += the last forward's mean loss / micro_steps (train_kla.cu sums it on the device)
+static void model_accumulate_loss(Model* m, int micro_steps) { m->step_loss += m->mean_loss / micro_steps; }
+
+// the sum model_accumulate_loss made since the last call, and 0 for the next step
+static double model_take_step_loss(Model* m) {
+    double loss = m->step_loss;
+    m->step_loss = 0.0;
+    return loss;
+}
 
 static void trainer_describe(char* buf, size_t n, const Config* c) {
     (void)c;

@@ -55,6 +55,27 @@ static void convert_to_float(float* out, const floatX* in, size_t n, cudaStream_
     cudaCheckLaunch();
 }
 
+// *total += mean / micro_steps, mean = the mean of losses[0 .. BT) over the n labelled positions (0 without labels),
+// in the host's arithmetic of model_mean_loss: the sum in double, the mean rounded to float, the division in float
+// (__fdiv_rn: IEEE whatever the flags). One block, each thread a strided sum, then a tree: a fixed order, no atomics.
+#define LOSS_BLOCK 512
+__global__ void __launch_bounds__(LOSS_BLOCK)
+accumulate_loss_kernel(double* total, const float* losses, int BT, int n, int micro_steps) {
+    __shared__ double partial[LOSS_BLOCK];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < BT; i += LOSS_BLOCK) { sum += losses[i]; }   // 0 at the ignored positions
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int stride = LOSS_BLOCK / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) { partial[threadIdx.x] += partial[threadIdx.x + stride]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float mean = n > 0 ? (float)(partial[0] / n) : 0.0f;
+        *total += (double)__fdiv_rn(mean, (float)micro_steps);
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------------
 // the step's time by phase (TRAIN_KLA_PROFILE=1 in the environment): profile_mark(name) closes the phase that
 // began at the previous mark and names it; the GPU time of each name is summed over the steps and printed at the
@@ -170,19 +191,22 @@ typedef struct {
     BackwardScratch scratch;
     void *acts_memory, *scratch_memory;
     int *inputs, *targets;              // device copies of the last forward's batch
+    PinnedUpload inputs_upload, targets_upload;  // their pinned staging (kernels/common.cuh: no wait on the GPU)
     int* inputs_host;                   // host copy (the deterministic encoder backward groups by token id)
     int has_targets;
     int num_labelled;                   // positions of the last forward whose target is >= 0 (negative = ignored)
     int losses_state;                   // where the last forward's losses are: LOSSES_PENDING, _ON_DEVICE, _ON_HOST
     float* losses_host;                 // (B,T), once LOSSES_ON_HOST
     float mean_loss;                    // of the last forward with targets, once LOSSES_ON_HOST
+    double* step_loss;                  // device (1): the sum model_accumulate_loss makes, read by model_take_step_loss
     cudaStream_t stream;
 } Model;
 
 // The classifier of a forward with targets runs once, where its losses are first needed: model_backward runs it
 // with the logits' gradient in the same pass over the logits (fused_classifier's write_dlogits), and
-// model_mean_loss / model_position_losses run it alone where no backward follows (validation, evaluation). The
-// losses come to the host only when asked for.
+// model_mean_loss / model_position_losses / model_accumulate_loss run it alone where no backward ran it
+// (validation, evaluation). The losses come to the host only when asked for: the training loop sums them on the
+// device (model_accumulate_loss) and reads the step's loss once (model_take_step_loss).
 enum { LOSSES_PENDING, LOSSES_ON_DEVICE, LOSSES_ON_HOST };
 
 #define CARVE_X(n) ((floatX*)carve(base, &cur, (size_t)(n) * sizeof(floatX)))
@@ -290,6 +314,8 @@ static void model_build(Model* m, const Config* c, int recompute) {
     m->host_staging = (float*)calloc_or_die(m->num_device_floats, sizeof(float));
     build_parameter_layout_aligned(c, &m->dev_table, &m->params, m->params_memory, 64);
     build_parameter_layout_aligned(c, &m->dev_table, &m->grads, m->grads_memory, 64);
+    m->step_loss = (double*)cuda_malloc_or_die(sizeof(double), "the step's loss");
+    cudaCheck(cudaMemset(m->step_loss, 0, sizeof(double)));
     cudaCheck(cudaStreamCreate(&m->stream));
     m->ctx.config = &m->config;
     m->ctx.params = m->params_memory;
@@ -354,6 +380,9 @@ static void model_free(Model* m) {
     cudaFree(m->scratch_memory);
     cudaFree(m->inputs);
     cudaFree(m->targets);
+    pinned_upload_free(&m->inputs_upload);
+    pinned_upload_free(&m->targets_upload);
+    cudaFree(m->step_loss);
     free(m->inputs_host);
     free(m->losses_host);
     free(m->host_params);
@@ -442,7 +471,9 @@ static void check_tokens(const Config* c, const int* inputs, const int* targets,
 
 // Forward pass of a batch (host token arrays). With targets, model_mean_loss(m) is then the mean cross-entropy over
 // the labelled positions: all B*T for token shards; a task's targets mark the positions that cost nothing with a
-// negative id (TASK_IGNORE, tasks.h). The logits stay on the device in m->acts.logits until model_backward.
+// negative id (TASK_IGNORE, tasks.h). The logits stay on the device in m->acts.logits until model_backward. The
+// host does not wait for the GPU here, unless the batch's shape changes (model_size_activations): the tokens go up
+// through pinned buffers.
 static void model_forward(Model* m, const int* inputs, const int* targets, int B, int T) {
     const Config* c = &m->config;
     check_tokens(c, inputs, targets, B, T);
@@ -452,9 +483,9 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     ParameterTensors* p = &m->params;
     Activations* a = &m->acts;
     memcpy(m->inputs_host, inputs, (size_t)BT * sizeof(int));
-    cudaCheck(cudaMemcpyAsync(m->inputs, inputs, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, st));
+    pinned_upload(&m->inputs_upload, m->inputs, inputs, (size_t)BT * sizeof(int), st);
     m->has_targets = targets != NULL;
-    if (targets) { cudaCheck(cudaMemcpyAsync(m->targets, targets, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, st)); }
+    if (targets) { pinned_upload(&m->targets_upload, m->targets, targets, (size_t)BT * sizeof(int), st); }
 
     profile_mark("host");
     encoder_forward(a->encoded, m->inputs, p->wte, p->wpe, B, T, C, st);
@@ -490,17 +521,21 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     }
 }
 
-// the losses of the last forward with targets on the host (the classifier alone if no backward ran it), their mean
-static void model_fetch_losses(Model* m) {
+// the losses of the last forward with targets in m->acts.losses (the classifier alone if no backward ran it)
+static void model_losses_on_device(Model* m) {
     if (!m->has_targets) { die("internal: the losses need a forward pass with targets"); }
+    if (m->losses_state != LOSSES_PENDING) { return; }
     const Config* c = &m->config;
+    fused_classifier(m->acts.logits, m->acts.losses, m->targets, 0.0f, m->B * m->T, c->vocab_size, c->padded_vocab_size,
+                     0, m->stream);
+    m->losses_state = LOSSES_ON_DEVICE;
+}
+
+// the losses of the last forward with targets on the host, and their mean
+static void model_fetch_losses(Model* m) {
+    model_losses_on_device(m);
     const int BT = m->B * m->T;
     cudaStream_t st = m->stream;
-    if (m->losses_state == LOSSES_PENDING) {
-        fused_classifier(m->acts.logits, m->acts.losses, m->targets, 0.0f, BT, c->vocab_size, c->padded_vocab_size, 0,
-                         st);
-        m->losses_state = LOSSES_ON_DEVICE;
-    }
     if (m->losses_state == LOSSES_ON_DEVICE) {
         cudaCheck(cudaMemcpyAsync(m->losses_host, m->acts.losses, (size_t)BT * sizeof(float), cudaMemcpyDeviceToHost,
                                   st));
@@ -513,9 +548,31 @@ static void model_fetch_losses(Model* m) {
     }
 }
 
+// the mean loss of the last forward with targets (waits for the GPU: validation and evaluation)
 static float model_mean_loss(Model* m) {
     model_fetch_losses(m);
     return m->mean_loss;
+}
+
+// The step's loss += the last forward's mean loss / micro_steps, what the host would add with model_mean_loss(m) /
+// micro_steps, but summed on the device: a training micro-step does not wait for the GPU.
+static void model_accumulate_loss(Model* m, int micro_steps) {
+    profile_mark("host");
+    model_losses_on_device(m);
+    accumulate_loss_kernel<<<1, LOSS_BLOCK, 0, m->stream>>>(m->step_loss, m->acts.losses, m->B * m->T, m->num_labelled,
+                                                           micro_steps);
+    cudaCheckLaunch();
+    profile_mark("step loss");
+}
+
+// The sum model_accumulate_loss made since the last call, and 0 for the next step: the one wait of a training step
+// for its loss (the loop takes it after model_grad_norm, which waits for the gradients anyway).
+static double model_take_step_loss(Model* m) {
+    double loss;
+    cudaCheck(cudaMemcpyAsync(&loss, m->step_loss, sizeof(double), cudaMemcpyDeviceToHost, m->stream));
+    cudaCheck(cudaStreamSynchronize(m->stream));
+    cudaCheck(cudaMemsetAsync(m->step_loss, 0, sizeof(double), m->stream));
+    return loss;
 }
 
 // ----------------------------------------------------------------------------------------------------------

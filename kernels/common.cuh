@@ -1,6 +1,6 @@
 /*
-kernels/common.cuh: what every CUDA file of train_kla shares: the activation type floatX, error checks, and a
-few device helpers.
+kernels/common.cuh: what every CUDA file of train_kla shares: the activation type floatX, error checks, host ->
+device uploads that do not wait for the GPU (PinnedUpload), and a few device helpers.
 
 Mixed precision (issue: "bf16 weights and activations for the matmuls, fp32 master weights and AdamW state,
 gradients accumulated in fp32"):
@@ -20,6 +20,7 @@ gradients accumulated in fp32"):
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
+#include <string.h>
 #include <initializer_list>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -78,6 +79,59 @@ static inline void* cuda_malloc_or_die(size_t bytes, const char* what) {
     cudaCheck(err);
     cuda_bytes_allocated += bytes;
     return p;
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// host -> device copies that do not wait for the GPU. A cudaMemcpyAsync from pageable memory may make the host
+// wait for the stream (the driver stages the bytes); from pinned memory it is a DMA the stream runs in its turn.
+// Two pinned buffers are used in turn, each refilled only once its previous copy is done (an event per buffer):
+// the host then waits only if the GPU is two copies behind it, not in the steady state of a training loop.
+//   void* host = pinned_upload_begin(&u, bytes);   fill host[0 .. bytes)
+//   pinned_upload_end(&u, dev, bytes, stream);      copy it to dev on the stream
+typedef struct {
+    void* host[2];            // the pinned buffers (NULL until first used)
+    size_t bytes[2];          // their sizes
+    cudaEvent_t copied[2];    // recorded after each buffer's last copy
+    int turn;                 // the buffer the next upload fills
+} PinnedUpload;
+
+// the buffer of the next upload, at least `bytes` long, once its previous copy is done
+static void* pinned_upload_begin(PinnedUpload* u, size_t bytes) {
+    const int i = u->turn;
+    if (u->copied[i] == NULL) { cudaCheck(cudaEventCreateWithFlags(&u->copied[i], cudaEventDisableTiming)); }
+    cudaCheck(cudaEventSynchronize(u->copied[i]));
+    if (bytes > u->bytes[i]) {
+        if (u->host[i] != NULL) { cudaCheck(cudaFreeHost(u->host[i])); }
+        cudaCheck(cudaMallocHost(&u->host[i], bytes));
+        u->bytes[i] = bytes;
+    }
+    return u->host[i];
+}
+
+// the first `bytes` of the buffer pinned_upload_begin gave -> dev, on the stream; the next upload takes the other buffer
+static void pinned_upload_end(PinnedUpload* u, void* dev, size_t bytes, cudaStream_t stream) {
+    const int i = u->turn;
+    cudaCheck(cudaMemcpyAsync(dev, u->host[i], bytes, cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaEventRecord(u->copied[i], stream));
+    u->turn ^= 1;
+}
+
+// host[0 .. bytes) -> dev through the next pinned buffer
+static void pinned_upload(PinnedUpload* u, void* dev, const void* host, size_t bytes, cudaStream_t stream) {
+    memcpy(pinned_upload_begin(u, bytes), host, bytes);
+    pinned_upload_end(u, dev, bytes, stream);
+}
+
+// waits for the copies in flight, frees the buffers and events; u is then as new (all zero)
+static void pinned_upload_free(PinnedUpload* u) {
+    for (int i = 0; i < 2; i++) {
+        if (u->copied[i] != NULL) {
+            cudaCheck(cudaEventSynchronize(u->copied[i]));
+            cudaCheck(cudaEventDestroy(u->copied[i]));
+        }
+        if (u->host[i] != NULL) { cudaCheck(cudaFreeHost(u->host[i])); }
+    }
+    memset(u, 0, sizeof(*u));
 }
 
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -8,9 +8,9 @@ in train_kla.c.
 
 The backward is deterministic without atomics, and all on the device (the host only stages the ids: no
 sorting there, and no wait on the GPU in the steady state):
-  0. the ids go to the device through a pinned buffer (two used in turn, each guarded by an event), and a
-     stable radix sort (cub::DeviceRadixSort::SortPairs, a fixed algorithm) orders the pairs (token, position)
-     by token, positions increasing within a token.
+  0. the ids go to the device through a pinned buffer (two used in turn, each guarded by an event: common.cuh's
+     PinnedUpload), and a stable radix sort (cub::DeviceRadixSort::SortPairs, a fixed algorithm) orders the pairs
+     (token, position) by token, positions increasing within a token.
   1. the sorted pairs are cut into blocks of ENCODER_CHUNK; one CUDA block per (block, channel slice) sums each
      maximal run of one token inside it, in order. A run wholly inside the block is added into its dwte row
      (the row's only writer); the piece that starts a run continuing past the block goes to partial_own[k],
@@ -108,26 +108,10 @@ static size_t encoder_backward_scratch_bytes(int B, int T, int C) {
     return 4 * encoder_align(BT * sizeof(int)) + encoder_align(encoder_sort_temp_bytes(BT)) + 2 * partial_bytes;
 }
 
-// host state of the backward: two pinned staging buffers of the token ids, used in turn, each reused once its
-// previous copy to the device is done (an event per buffer; by then that copy finished long ago)
-static int* encoder_pinned[2] = {NULL, NULL};
-static size_t encoder_pinned_count[2] = {0, 0};
-static cudaEvent_t encoder_copy_done[2] = {NULL, NULL};
-static int encoder_pinned_turn = 0;
+// host state of the backward: the pinned staging of the token ids (two buffers used in turn, common.cuh)
+static PinnedUpload encoder_ids_upload;
 
-static void encoder_teardown(void) {
-    for (int i = 0; i < 2; i++) {
-        if (encoder_copy_done[i] != NULL) {
-            cudaCheck(cudaEventSynchronize(encoder_copy_done[i]));
-            cudaCheck(cudaEventDestroy(encoder_copy_done[i]));
-        }
-        if (encoder_pinned[i] != NULL) { cudaCheck(cudaFreeHost(encoder_pinned[i])); }
-        encoder_copy_done[i] = NULL;
-        encoder_pinned[i] = NULL;
-        encoder_pinned_count[i] = 0;
-    }
-    encoder_pinned_turn = 0;
-}
+static void encoder_teardown(void) { pinned_upload_free(&encoder_ids_upload); }
 
 // positions 0 .. n - 1 (the values of the sort)
 __global__ void encoder_iota_kernel(int* pos, int n) {
@@ -289,18 +273,7 @@ static void encoder_backward(float* dwte, float* dwpe, void* scratch, const floa
     }
 
     // stage the ids in a pinned buffer (the one not used by the previous call), checking them on the way
-    const int turn = encoder_pinned_turn;
-    encoder_pinned_turn ^= 1;
-    if (encoder_copy_done[turn] == NULL) {
-        cudaCheck(cudaEventCreateWithFlags(&encoder_copy_done[turn], cudaEventDisableTiming));
-    }
-    cudaCheck(cudaEventSynchronize(encoder_copy_done[turn]));
-    if (BT > encoder_pinned_count[turn]) {
-        if (encoder_pinned[turn] != NULL) { cudaCheck(cudaFreeHost(encoder_pinned[turn])); }
-        cudaCheck(cudaMallocHost((void**)&encoder_pinned[turn], BT * sizeof(int)));
-        encoder_pinned_count[turn] = BT;
-    }
-    int* staged = encoder_pinned[turn];
+    int* staged = (int*)pinned_upload_begin(&encoder_ids_upload, BT * sizeof(int));
     int max_token = 0;
     for (size_t i = 0; i < BT; i++) {
         const int v = inp_host[i];
@@ -312,8 +285,7 @@ static void encoder_backward(float* dwte, float* dwpe, void* scratch, const floa
     while (end_bit < 31 && (max_token >> end_bit) != 0) { end_bit++; }
 
     const EncoderScratch l = encoder_scratch_layout(scratch, BT, C);
-    cudaCheck(cudaMemcpyAsync(l.ids, staged, BT * sizeof(int), cudaMemcpyHostToDevice, stream));
-    cudaCheck(cudaEventRecord(encoder_copy_done[turn], stream));
+    pinned_upload_end(&encoder_ids_upload, l.ids, BT * sizeof(int), stream);
     encoder_iota_kernel<<<(unsigned int)ceil_div_z(BT, 256), 256, 0, stream>>>(l.pos, (int)BT);
     cudaCheckLaunch();
     size_t temp_bytes = l.sort_temp_bytes;
