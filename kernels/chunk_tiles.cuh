@@ -233,6 +233,24 @@ __device__ __forceinline__ void tile_load_async(T* s, int lds, int rows, int col
     }
 }
 
+// tile_load_async for a ROWS x COLS tile copied by a CTA of THREADS threads, all three known at compile time (COLS
+// copies per row a power of two dividing THREADS): each thread copies the same columns of every THREADS / (copies
+// per row)-th row, so its addresses are one base and fixed strides, with no index arithmetic per copy (the
+// sequential state kernels issue these every chunk). The same copies as tile_load_async's.
+template <int ROWS, int COLS, int THREADS, typename T>
+__device__ __forceinline__ void tile_load_async_fixed(T* s, int lds, const T* g, size_t ldg, int rv, int cv) {
+    constexpr int E = 16 / sizeof(T), GPR = COLS / E, STEP = THREADS / GPR;
+    static_assert(COLS % E == 0 && THREADS % GPR == 0, "tile_load_async_fixed: a row's copies must divide the CTA");
+    const int r0 = threadIdx.x / GPR, c = (threadIdx.x % GPR) * E;
+    #pragma unroll 1
+    for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
+        const int r = r0 + i * STEP;
+        if (ROWS % STEP != 0 && r >= ROWS) { break; }
+        const bool in = r < rv && c < cv;
+        cp_async16(s + r * lds + c, in ? g + (size_t)r * ldg + c : g, in ? 16 : 0);
+    }
+}
+
 // warp per row: for each row r < rows, f(r, c, acc) for c = lane, lane + 32, ... < cols adds its contributions
 // into acc[NS]; the row sums (a fixed shuffle tree: bitwise reproducible) are passed to done(r, acc) on lane 0.
 // Consecutive lanes touch consecutive columns: coalesced global writes, conflict-free shared reads.

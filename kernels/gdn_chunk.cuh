@@ -67,6 +67,8 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 #define GDN_STATE_BV 32         // dv columns of the state per CTA of the state kernels
 #define GDN_STATE_CTAS 3        // state kernel CTAs per SM (their register bound): 384 CTAs in one wave at the
                                 // production shape (B*H*dv/BV on 132 SMs)
+#define GDN_FIXED_DK 128        // the head size the register-tile state kernels are also compiled for (every
+                                // gdn-family mixer's production heads; gdn_state_load_rows)
 
 // slab width (columns of dk or dv processed at once) and padded tile strides, per operand type
 template <typename Tc> struct GdnTile {
@@ -1170,7 +1172,7 @@ __device__ __forceinline__ void gdn_state_to_op(__nv_bfloat16* op, const float s
 // per copy
 __device__ __forceinline__ void gdn_state_save(__nv_bfloat16* g, const __nv_bfloat16* op, int dk, int dv, int v0) {
     constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV, GPR = GDN_STATE_BV / 8;
-    for (int idx = threadIdx.x; idx < dk * GPR; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < dk * GPR; idx += GDN_STATE_THREADS) {
         const int d = idx / GPR, j = (idx % GPR) * 8;
         if (v0 + j < dv) {
             *reinterpret_cast<uint4*>(g + (size_t)d * dv + v0 + j) = *reinterpret_cast<const uint4*>(op + d * LDV + j);
@@ -1239,31 +1241,55 @@ __device__ __forceinline__ void gdn_state_decay(float st[GDN_SMMA_MT][4][4], con
     }
 }
 
-// the chunk's G into sm.G: per head G[0 .. BT) of the chunk, per channel its last row G[BT - 1][0 .. dk) (zeros to dkp)
-template <bool CH>
-__device__ __forceinline__ void gdn_state_load_G(float* Gs, const float* G_saved, size_t c, int dk) {
-    if (CH) {
-        tile_load_async(Gs, 0, 1, round16_dev(dk), G_saved + (c * GDN_CHUNK + GDN_CHUNK - 1) * dk, 0, 1, dk);
+// The state kernels' per-chunk copies. DKP: the head size dk where the kernel is compiled for one (dk = DKP, a
+// multiple of 16), else 0 (dk a runtime argument). The sequential state passes are bound by their instruction issue
+// (ncu, H200: 59% of issue slots busy, two thirds of the instructions integer), so with DKP every copy's address is
+// a fixed stride from one base (tile_load_async_fixed) and the tile loops unroll.
+
+// s [BT][dkp + 8] = the BT x dk operand tile g (row stride ldg, rv valid rows), zeros to dkp and below rv
+template <int DKP, typename T>
+__device__ __forceinline__ void gdn_state_load_rows(T* s, const T* g, size_t ldg, int rv, int dk) {
+    if constexpr (DKP > 0) {
+        tile_load_async_fixed<GDN_CHUNK, DKP, GDN_STATE_THREADS>(s, DKP + 8, g, ldg, rv, DKP);
     } else {
-        tile_load_async(Gs, 0, 1, GDN_CHUNK, G_saved + c * GDN_CHUNK, 0, 1, GDN_CHUNK);
+        tile_load_async(s, round16_dev(dk) + 8, GDN_CHUNK, round16_dev(dk), g, ldg, rv, dk);
+    }
+}
+
+// s [BT][BV + 8] = the BT x BV tile g of the chunk's dv columns here (cv of them valid, rv rows)
+__device__ __forceinline__ void gdn_state_load_cols(__nv_bfloat16* s, const __nv_bfloat16* g, size_t ldg, int rv,
+                                                    int cv) {
+    tile_load_async_fixed<GDN_CHUNK, GDN_STATE_BV, GDN_STATE_THREADS>(s, GdnTile<__nv_bfloat16>::LDT_BV, g, ldg, rv,
+                                                                      cv);
+}
+
+// the chunk's G into sm.G: per head G[0 .. BT) of the chunk, per channel its last row G[BT - 1][0 .. dk) (zeros to dkp)
+template <bool CH, int DKP>
+__device__ __forceinline__ void gdn_state_load_G(float* Gs, const float* G_saved, size_t c, int dk) {
+    if constexpr (!CH) {
+        tile_load_async_fixed<1, GDN_CHUNK, GDN_STATE_THREADS>(Gs, 0, G_saved + c * GDN_CHUNK, 0, 1, GDN_CHUNK);
+    } else if constexpr (DKP > 0) {
+        tile_load_async_fixed<1, DKP, GDN_STATE_THREADS>(Gs, 0, G_saved + (c * GDN_CHUNK + GDN_CHUNK - 1) * DKP, 0, 1,
+                                                         DKP);
+    } else {
+        tile_load_async(Gs, 0, 1, round16_dev(dk), G_saved + (c * GDN_CHUNK + GDN_CHUNK - 1) * dk, 0, 1, dk);
     }
 }
 
 // the chunk's write keys into s [BT][dkp + 8]: Kw from the input, zero on padded rows (per channel the saved Kwe)
-template <bool CH>
+template <bool CH, int DKP>
 __device__ __forceinline__ void gdn_state_load_kw(__nv_bfloat16* s, const __nv_bfloat16* kw, int ld_kw,
                                                   const __nv_bfloat16* Kwe_saved, const GdnChunkPos& p, int dk) {
-    const int dkp = round16_dev(dk);
     if (CH) {
-        tile_load_async(s, dkp + 8, GDN_CHUNK, dkp, Kwe_saved + p.c * GDN_CHUNK * dk, dk, GDN_CHUNK, dk);
+        gdn_state_load_rows<DKP>(s, Kwe_saved + p.c * GDN_CHUNK * dk, dk, GDN_CHUNK, dk);
     } else {
-        tile_load_async(s, dkp + 8, GDN_CHUNK, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+        gdn_state_load_rows<DKP>(s, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
     }
 }
 
 // grid (columns / BV, B*H, segments): columns dv (unsplit, phase 3) or dv + dk (phase 1), blockIdx.z + sg.base the
-// segment
-template <GdnDecay DECAY>
+// segment; DKP > 0: compiled for dk = DKP (see gdn_state_load_rows)
+template <GdnDecay DECAY, int DKP>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const float* G_saved,
                          const __nv_bfloat16* W_saved, const __nv_bfloat16* U_work, const __nv_bfloat16* kw, int ld_kw,
@@ -1271,7 +1297,8 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
     constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    const int dkp = round16_dev(dk), ldk = dkp + 8;
+    if (DKP > 0) { dk = DKP; }
+    const int dkp = round16_dev(dk);
     GdnStateMmaSmem sm((size_t)gdn_smem, dkp, false);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
@@ -1281,13 +1308,13 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
 
     const auto load_first = [&](int n) {   // W, U and G of chunk n
         const size_t c = (size_t)bh * NT + n;
-        tile_load_async(sm.X, ldk, BT, dkp, W_saved + c * BT * dk, dk, BT, dk);
-        tile_load_async(sm.V, LDV, BT, BV, U_work + c * BT * dv + uv, dv, BT, ucols);
-        gdn_state_load_G<CH>(sm.G, G_saved, c, dk);
+        gdn_state_load_rows<DKP>(sm.X, W_saved + c * BT * dk, dk, BT, dk);
+        gdn_state_load_cols(sm.V, U_work + c * BT * dv + uv, dv, BT, ucols);
+        gdn_state_load_G<CH, DKP>(sm.G, G_saved, c, dk);
         cp_async_commit();
     };
     const auto load_second = [&](int n) {   // Kw (per channel Kwe) of chunk n
-        gdn_state_load_kw<CH>(sm.Y, kw, ld_kw, Kwe_saved, gdn_chunk_pos((size_t)bh * NT + n, T, H, NT), dk);
+        gdn_state_load_kw<CH, DKP>(sm.Y, kw, ld_kw, Kwe_saved, gdn_chunk_pos((size_t)bh * NT + n, T, H, NT), dk);
         cp_async_commit();
     };
 
@@ -1331,8 +1358,8 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
     if (!save) { gdn_state_end(sg.last, st, (size_t)bh * sg.count + seg, v0, dk, dv, warp, lane); }
 }
 
-// grid as gdn_fwd_state_mma_kernel's; each segment walks its chunks backwards
-template <GdnDecay DECAY>
+// grid and DKP as gdn_fwd_state_mma_kernel's; each segment walks its chunks backwards
+template <GdnDecay DECAY, int DKP>
 __global__ void __launch_bounds__(GDN_STATE_THREADS, GDN_STATE_CTAS)
 gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfloat16* dO, int ld_o,
                          const __nv_bfloat16* q, int ld_qkv, const __nv_bfloat16* kw, int ld_kw, const float* G_saved,
@@ -1341,7 +1368,8 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
     constexpr int BT = GDN_CHUNK, BV = GDN_STATE_BV, LDV = GdnTile<__nv_bfloat16>::LDT_BV;
     constexpr bool CH = DECAY == GDN_DECAY_CHANNEL;
     extern __shared__ __align__(128) unsigned char gdn_smem[];
-    const int dkp = round16_dev(dk), ldk = dkp + 8;
+    if (DKP > 0) { dk = DKP; }
+    const int dkp = round16_dev(dk);
     GdnStateMmaSmem sm((size_t)gdn_smem, dkp, true);
     const int bh = blockIdx.y, v0 = blockIdx.x * BV, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int cr = 16 * (warp >> 1) + (lane >> 2), cc = 16 * (warp & 1) + 2 * (lane & 3);   // chunk product rows, cols
@@ -1351,19 +1379,19 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
 
     const auto load_first = [&](int n) {   // Kw (per channel Kwe) and G of chunk n
         const GdnChunkPos p = gdn_chunk_pos((size_t)bh * NT + n, T, H, NT);
-        gdn_state_load_kw<CH>(sm.X, kw, ld_kw, Kwe_saved, p, dk);
-        gdn_state_load_G<CH>(sm.G, G_saved, p.c, dk);
+        gdn_state_load_kw<CH, DKP>(sm.X, kw, ld_kw, Kwe_saved, p, dk);
+        gdn_state_load_G<CH, DKP>(sm.G, G_saved, p.c, dk);
         cp_async_commit();
     };
     const auto load_second = [&](int n) {   // Q (per channel Qg), W and dO of chunk n
         const GdnChunkPos p = gdn_chunk_pos((size_t)bh * NT + n, T, H, NT);
         if (CH) {
-            tile_load_async(sm.Y, ldk, BT, dkp, Qg_saved + p.c * BT * dk, dk, BT, dk);
+            gdn_state_load_rows<DKP>(sm.Y, Qg_saved + p.c * BT * dk, dk, BT, dk);
         } else {
-            tile_load_async(sm.Y, ldk, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+            gdn_state_load_rows<DKP>(sm.Y, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
         }
-        tile_load_async(sm.Z, ldk, BT, dkp, W_saved + p.c * BT * dk, dk, BT, dk);
-        tile_load_async(sm.V, LDV, BT, BV, dO + p.row0 * ld_o + (size_t)p.h * dv + ov, ld_o, p.L, ocols);
+        gdn_state_load_rows<DKP>(sm.Z, W_saved + p.c * BT * dk, dk, BT, dk);
+        gdn_state_load_cols(sm.V, dO + p.row0 * ld_o + (size_t)p.h * dv + ov, ld_o, p.L, ocols);
         cp_async_commit();
     };
 
@@ -3452,7 +3480,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
                                      const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                      const float* beta, const float* g, int g_stride,
                                      int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                     cudaEvent_t* marks, bool register_tiles) {
+                                     cudaEvent_t* marks, bool register_tiles, bool fixed_dk) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -3499,11 +3527,17 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
         if (register_tiles) {
             const size_t s2 = GdnStateMmaSmem(0, dkp, false).bytes;
-            gdn_set_smem(gdn_fwd_state_mma_kernel<DECAY>, s2);
-            gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 0, stream, [&](dim3 grid, GdnSegments sg) {
-                gdn_fwd_state_mma_kernel<DECAY><<<grid, GDN_STATE_THREADS, s2, stream>>>(h, Vn, G, W, U, kw, ld_kw, Kwe,
-                                                                                         sg, T, H, NT, dk, dv);
-            });
+            const auto pass = [&](auto kernel) {
+                gdn_set_smem(kernel, s2);
+                gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 0, stream, [&](dim3 grid, GdnSegments sg) {
+                    kernel<<<grid, GDN_STATE_THREADS, s2, stream>>>(h, Vn, G, W, U, kw, ld_kw, Kwe, sg, T, H, NT, dk, dv);
+                });
+            };
+            if (fixed_dk && dk == GDN_FIXED_DK) {
+                pass(gdn_fwd_state_mma_kernel<DECAY, GDN_FIXED_DK>);
+            } else {
+                pass(gdn_fwd_state_mma_kernel<DECAY, 0>);
+            }
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
@@ -3536,13 +3570,15 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
 // backward chunk kernel run on register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel,
 // gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel, gdn_fwd_intra_mma_kernel, gdn_bwd_chunk_mma_kernel: the last
 // where its shared memory fits, dv <= 192 on an H100 / H200); false runs the shared-memory kernels that Tc = float
-// always runs (the labs' previous version)
+// always runs (the labs' previous version). fixed_dk: the register-tile state passes compiled for dk = GDN_FIXED_DK
+// where dk is that (false: for a runtime dk everywhere, the labs' previous version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                    const float* beta, const float* g, int g_stride, GdnDecay decay,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                   cudaEvent_t* marks = nullptr, bool register_tiles = true) {
+                                   cudaEvent_t* marks = nullptr, bool register_tiles = true,
+                                   bool fixed_dk = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -3554,11 +3590,11 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
         if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                              beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                             register_tiles);
+                                                             register_tiles, fixed_dk);
     } else {
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_HEAD>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                           beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                             register_tiles);
+                                                          register_tiles, fixed_dk);
     }
 }
 
@@ -3568,7 +3604,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                       void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                       const Tin* kw, int ld_kw, const float* beta,
                                       int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                      cudaEvent_t* marks, bool register_tiles) {
+                                      cudaEvent_t* marks, bool register_tiles, bool fixed_dk) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -3609,11 +3645,18 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
         if (register_tiles) {
             const size_t s3 = GdnStateMmaSmem(0, dkp, true).bytes;
-            gdn_set_smem(gdn_bwd_state_mma_kernel<DECAY>, s3);
-            gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 1, stream, [&](dim3 grid, GdnSegments sg) {
-                gdn_bwd_state_mma_kernel<DECAY><<<grid, GDN_STATE_THREADS, s3, stream>>>(
-                    dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg, Kwe, sg, T, H, NT, dk, dv, scale);
-            });
+            const auto pass = [&](auto kernel) {
+                gdn_set_smem(kernel, s3);
+                gdn_state_pass(workspace, B, T, H, dk, dv, DECAY, 1, stream, [&](dim3 grid, GdnSegments sg) {
+                    kernel<<<grid, GDN_STATE_THREADS, s3, stream>>>(dVn, dE, dO, ld_o, q, ld_qkv, kw, ld_kw, G, W, Qg,
+                                                                    Kwe, sg, T, H, NT, dk, dv, scale);
+                });
+            };
+            if (fixed_dk && dk == GDN_FIXED_DK) {
+                pass(gdn_bwd_state_mma_kernel<DECAY, GDN_FIXED_DK>);
+            } else {
+                pass(gdn_bwd_state_mma_kernel<DECAY, 0>);
+            }
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
@@ -3679,7 +3722,8 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
                                     void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                     const Tin* kw, int ld_kw, const float* beta, GdnDecay decay,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                    cudaEvent_t* marks = nullptr, bool register_tiles = true) {
+                                    cudaEvent_t* marks = nullptr, bool register_tiles = true,
+                                    bool fixed_dk = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -3694,12 +3738,12 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                               grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                               ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                              register_tiles);
+                                                              register_tiles, fixed_dk);
     } else {
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_HEAD>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                            grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                            ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                              register_tiles);
+                                                           register_tiles, fixed_dk);
     }
 }
 

@@ -3,8 +3,8 @@ Kernel lab: the Gated DeltaNet core backward (spec/gdn_kaczmarz.md 2.4, 3.4), ke
 
 Build and run (from dev/cuda):
   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_bwd.cu -o gdn_chunk_bwd_bin
-  ./gdn_chunk_bwd_bin 4
-  ./gdn_chunk_bwd_bin 4 profile   (one forward and backward at each timing shape, no checks: for ncu / nsys)
+  ./gdn_chunk_bwd_bin 5
+  ./gdn_chunk_bwd_bin 5 profile   (one forward and backward at each timing shape, no checks: for ncu / nsys)
 
 Versions (first argument):
   1  the chunkwise kernels with fp32 CUDA-core products also for bf16 inputs (gdn_chunk_*_impl<Tin, float>)
@@ -25,7 +25,12 @@ Versions (first argument):
      dT and K Kw^T in fragments from phase 1 to phase 3, the tiles by cp.async; H200: chunk 1.789 -> 0.911 ms,
      backward 2.601 -> 1.268 ms, forward+backward 3.768 -> 1.814 ms against version 3 in one run). Since
      2026-11-28 both state passes split along the sequence where B*H leaves the GPU idle (GdnSegments in
-     kernels/gdn_chunk.cuh; H200, B=1 T=16384: forward+backward 1.359 ms, against 0.868 ms at B=16 T=1024)
+     kernels/gdn_chunk.cuh; H200, B=1 T=16384: forward+backward 1.359 ms, against 0.868 ms at B=16 T=1024). It is
+     now version 5 with the state passes compiled for a runtime dk
+  5  the trainer's kernels (bf16 inputs): version 4 with both state passes compiled for dk = GDN_FIXED_DK = 128
+     where dk is that (gdn_chunk_fwd.cu version 6: the tile copies' index arithmetic folded). H200, B=16 T=2048,
+     one run each: forward state 0.164 -> 0.146 ms, backward state 0.262 -> 0.247 ms, forward+backward 1.654 ->
+     1.610 ms; the same errors to every printed digit
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at four shapes
@@ -145,9 +150,9 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
     } else if (version == 2) {
         gdn_prev_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, beta, g, s.B, s.T, s.H, s.dk, s.dv,
                                                    scale, 0);
-    } else {   // version 3: the shared-memory state kernel
+    } else {   // version 3: the shared-memory state kernel; 4: the register-tile state passes for a runtime dk
         gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv,
-                                         scale, 0, marks, version == 4);
+                                         scale, 0, marks, version >= 4, version >= 5);
     }
 }
 
@@ -167,9 +172,9 @@ static void run_backward(int version, float* dqkv, float* dbeta, float* dg, cons
     } else if (version == 2) {
         gdn_prev_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, beta,
                                                g, s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks);
-    } else if (marks || version == 3) {   // the launches of gdn_chunk_backward, with the per-kernel marks
+    } else if (marks || version < 5) {   // the launches of gdn_chunk_backward, with the per-kernel marks
         gdn_chunk_backward_impl<Tin, Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
-                                          s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks, version == 4);
+                                          s.B, s.T, s.H, s.dk, s.dv, scale, 0, marks, version >= 4, version >= 5);
     } else {
         gdn_chunk_backward<Tin>(dq, dk, dv, ld, nullptr, 0, dbeta, dg, dO, ld_o, saved, work, q, k, v, ld, k, ld, beta, GDN_DECAY_HEAD,
                                 s.B, s.T, s.H, s.dk, s.dv, scale, 0);
@@ -336,8 +341,8 @@ static void time_shape(int version, Shape s, int profile) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 4;
-    if (version < 1 || version > 4) { die("version must be 1, 2, 3 or 4 (got %s)", argv[1]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 5;
+    if (version < 1 || version > 5) { die("version must be 1 .. 5 (got %s)", argv[1]); }
     const int profile = argc > 2 && strcmp(argv[2], "profile") == 0;
     printf("gdn_chunk_bwd version %d%s\n", version, profile ? ", profile: one forward and backward, no checks" : "");
 

@@ -3,7 +3,7 @@ Kernel lab: the Gated DeltaNet core forward (spec/gdn_kaczmarz.md 2.1, 3.1-3.3),
 
 Build and run (from dev/cuda):
   nvcc -O3 -arch=sm_90 -std=c++17 -lineinfo -I../.. gdn_chunk_fwd.cu -o gdn_chunk_fwd_bin
-  ./gdn_chunk_fwd_bin 5
+  ./gdn_chunk_fwd_bin 6
 
 Versions (first argument):
   1  token-by-token recurrence of spec 2.1 on the GPU: one CTA per (b, h, 32 dv columns), the state in registers
@@ -27,7 +27,17 @@ Versions (first argument):
      forms its diagonal blocks with the column in registers and its off-diagonal blocks four columns per thread,
      the same fmaf chains as before (bitwise the same Tm), and G's cumulative sum runs in registers: under ncu the
      intra kernel had spent about half its time in the solve, most of it at the barrier after the 64 threads of
-     the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms)
+     the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms). It is now version 6 with the
+     state pass compiled for a runtime dk
+  6  the trainer's kernels (bf16 inputs): version 5 with the state pass compiled for dk = GDN_FIXED_DK = 128 where
+     dk is that. ncu (H200, B=16 T=2048): the pass was bound by instruction issue (59% of issue slots busy, 8.4
+     cycles between a warp's instructions), two thirds of its instructions integer: index arithmetic of the
+     per-chunk tile copies (a runtime division per tile) and of the stores. With dk a constant the copies are one
+     base and fixed strides (chunk_tiles.cuh tile_load_async_fixed) and the loops unroll: 94.1M -> 71.8M
+     instructions, state 0.164 -> 0.146 ms, forward 0.468 -> 0.447 ms (one run, versions side by side), the same
+     errors to every printed digit. Tried and dropped: the output kernel streaming its chunks through two buffers
+     (one CTA of 8 warps per SM, the next chunk's tiles in flight during this one's products): 0.128 -> 0.170 ms,
+     its products' latency with 8 warps per SM outweighs the copies it hides (two CTAs per SM as before)
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at four shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size; B=1, T=2048, H=2,
@@ -43,7 +53,7 @@ Tolerances on the relative L2 error of o:
        roundings compound to ~4e-3 (spec 5) and the KLA inputs (large Tm entries) a little more.
 The run is repeated and must be bitwise identical. Then timing at B=16, T=2048, H=6, dk=dv=128, bf16, with
 TFLOP/s from spec 3.7: F_fwd = 6 dk dv + 6 BT dk + 4 BT dv + BT^2/3 per token and head, and the time of each
-kernel (versions 2-5; cudaEvents between the launches).
+kernel (versions 2-6; cudaEvents between the launches).
 */
 #include <math.h>
 #include <string.h>
@@ -123,6 +133,9 @@ static void run_forward(int version, Tin* o, int ld_o, void* saved, void* work, 
     } else if (version == 4) {
         gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                          marks, false);
+    } else if (version == 5) {   // the state pass for a runtime dk
+        gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
+                                         marks, true, false);
     } else if (marks) {   // the same launches as gdn_chunk_forward, with the per-kernel marks
         gdn_chunk_forward_impl<Tin, Tin>(o, ld_o, saved, work, q, k, v, ld, k, ld, beta, g, 1, GDN_DECAY_HEAD, s.B, s.T, s.H, s.dk, s.dv, scale, 0,
                                          marks);
@@ -171,8 +184,8 @@ static int validate(int version, Shape s, int kla) {
 }
 
 int main(int argc, char** argv) {
-    const int version = argc > 1 ? atoi(argv[1]) : 5;
-    if (version < 1 || version > 5) { die("version must be 1 .. 5 (got %s)", argv[1]); }
+    const int version = argc > 1 ? atoi(argv[1]) : 6;
+    if (version < 1 || version > 6) { die("version must be 1 .. 6 (got %s)", argv[1]); }
     printf("gdn_chunk_fwd version %d\n", version);
 
     int ok = 1;

@@ -1,6 +1,6 @@
 /*
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
-version 5 / gdn_chunk_bwd.cu version 4): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel;
+version 6 / gdn_chunk_bwd.cu version 5): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel;
 unsplit, and split along the sequence into segments of one chunk with gdn_state_combine_kernel between), the
 output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), per head the intra
 kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
@@ -19,8 +19,9 @@ Tolerance 1e-2: the register tiles round the state operand (h, dE), the state pa
 (Vn exp(G_BT - G) or -dVn), the scaled dO and the masked chunk products to bf16 (2^-9 relative each), where the fp32
 kernels keep fp32, and store h, Vn and o in bf16; a few such roundings compound to a few 1e-3, while a missing or
 wrong term is O(1) off. Shapes: dk, dv = 24, 40 at T = 150 (dk padded to 32: warps without state rows; a state
-CTA with 8 of its 32 columns, an output block of 64 with 40; a partial last chunk), and dk, dv = 136, 24 at T = 100
-(two state row blocks per warp, dk above the chunk length in the products).
+CTA with 8 of its 32 columns, an output block of 64 with 40; a partial last chunk), dk, dv = 136, 24 at T = 100
+(two state row blocks per warp, dk above the chunk length in the products), and dk, dv = 128, 40 at T = 70 (the state
+passes compiled for dk = GDN_FIXED_DK, as the launchers run them at the production head size).
 Measured at T = 150, dk, dv = 24, 40: per head h 2.5e-3, Vn 1.6e-3, dE 2.3e-3, dVn 8.0e-4, o 2.2e-3, dVl 1.7e-3;
 per channel h 2.5e-3, Vn 2.5e-3, dE 2.8e-3, dVn 2.3e-3, o 1.7e-3, dVl 3.9e-8 (h, Vn and o are stored in bf16: 2^-9
 relative rounding alone; per channel dVl = Aqk^T dO has bf16 inputs on both sides and no rounding in between);
@@ -228,19 +229,27 @@ static int check(int B, int T, int H, int dk, int dv) {
             const dim3 grid1(ceil_div(dv + dk, GDN_STATE_BV), B * H, count - 1), grid3(grid.x, B * H, count);
             const dim3 grid_c(dv / GDN_COMBINE_BV, B * H);
             const GdnSegments p3 = {count > 1 ? first.data() : nullptr, nullptr, len, count, 0};
+            // one CTA's body, the kernels compiled for dk = GDN_FIXED_DK where it is that (as the launchers pick)
+            const auto state_cta = [&](int backward, const GdnSegments& sg) {
+                const auto run = [&](auto bwd_kernel, auto fwd_kernel) {
+                    if (backward) {
+                        bwd_kernel(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk, kwb.data(), H * dk,
+                                   G.data(), Wb.data(), Qgb.data(), Kweb.data(), sg, T, H, NT, dk, dv, scale);
+                    } else {
+                        fwd_kernel(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(), H * dk, Kweb.data(),
+                                   sg, T, H, NT, dk, dv);
+                    }
+                };
+                if (dk == GDN_FIXED_DK) {
+                    run(gdn_bwd_state_mma_kernel<DECAY, GDN_FIXED_DK>, gdn_fwd_state_mma_kernel<DECAY, GDN_FIXED_DK>);
+                } else {
+                    run(gdn_bwd_state_mma_kernel<DECAY, 0>, gdn_fwd_state_mma_kernel<DECAY, 0>);
+                }
+            };
             for (int backward = 0; backward < 2; backward++) {
                 const GdnSegments p1 = {nullptr, last.data(), len, count, backward};
                 if (count > 1) {
-                    emu_launch(grid1, block, [&]() {
-                        if (backward) {
-                            gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk,
-                                                            kwb.data(), H * dk, G.data(), Wb.data(), Qgb.data(),
-                                                            Kweb.data(), p1, T, H, NT, dk, dv, scale);
-                        } else {
-                            gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(),
-                                                            H * dk, Kweb.data(), p1, T, H, NT, dk, dv);
-                        }
-                    });
+                    emu_launch(grid1, block, [&]() { state_cta(backward, p1); });
                     emu_launch(grid_c, dim3(256), [&]() {   // rows of 32 MR >= dk, as gdn_state_combine picks
                         if (dk <= 32) {
                             gdn_state_combine_kernel<1>(first.data(), last.data(), count, dk, dv, backward);
@@ -249,16 +258,7 @@ static int check(int B, int T, int H, int dk, int dv) {
                         }
                     });
                 }
-                emu_launch(grid3, block, [&]() {
-                    if (backward) {
-                        gdn_bwd_state_mma_kernel<DECAY>(dVn.data(), dE.data(), dOb.data(), H * dv, qb.data(), H * dk,
-                                                        kwb.data(), H * dk, G.data(), Wb.data(), Qgb.data(), Kweb.data(),
-                                                        p3, T, H, NT, dk, dv, scale);
-                    } else {
-                        gdn_fwd_state_mma_kernel<DECAY>(h.data(), Vn.data(), G.data(), Wb.data(), Ub.data(), kwb.data(),
-                                                        H * dk, Kweb.data(), p3, T, H, NT, dk, dv);
-                    }
-                });
+                emu_launch(grid3, block, [&]() { state_cta(backward, p3); });
             }
         };
         state_passes(NT, h, Vn, dE, dVn);

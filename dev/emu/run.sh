@@ -18,8 +18,8 @@
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
 #     key gradients' Z1 terms fused in); ldmatrix, mma.sync and cp.async emulated)
-#     against the fp32 shared-memory kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40 and
-#     100 136 24 (about a minute each); negative controls: the backward state pass without dE -= W^T dVn, the output
+#     against the fp32 shared-memory kernels, per-head and per-channel decay, bf16 build, at T, dk, dv = 150 24 40,
+#     100 136 24 and 70 128 40 (the state passes compiled for dk = 128; about a minute each); negative controls: the backward state pass without dE -= W^T dVn, the output
 #     kernel without diag(gam) on Q h_n, the intra kernel without beta in A, the backward chunk kernel without phase
 #     2's part of dT, the split state passes' phase 3 from zero or phase 1 without its identity columns, the
 #     per-channel intra kernel without the decay of its row blocks' rows or without its
@@ -61,7 +61,7 @@ for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
         gka_mma) runs=("100 16 24") ;;
-        gdn_mma) runs=("150 24 40" "100 136 24") ;;
+        gdn_mma) runs=("150 24 40" "100 136 24" "70 128 40") ;;
         *) runs=("${shapes[@]}") ;;
     esac
     for shape in "${runs[@]}"; do
