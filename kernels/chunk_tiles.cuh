@@ -242,12 +242,13 @@ __device__ __forceinline__ void tile_load_async_fixed(T* s, int lds, const T* g,
     constexpr int E = 16 / sizeof(T), GPR = COLS / E, STEP = THREADS / GPR;
     static_assert(COLS % E == 0 && THREADS % GPR == 0, "tile_load_async_fixed: a row's copies must divide the CTA");
     const int r0 = threadIdx.x / GPR, c = (threadIdx.x % GPR) * E;
+    const T* src = g + (size_t)r0 * ldg + c;
+    T* dst = s + r0 * lds + c;
+    const size_t src_step = (size_t)STEP * ldg;
     #pragma unroll 1
-    for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
-        const int r = r0 + i * STEP;
-        if (ROWS % STEP != 0 && r >= ROWS) { break; }
+    for (int r = r0; r < ROWS; r += STEP, src += src_step, dst += STEP * lds) {
         const bool in = r < rv && c < cv;
-        cp_async16(s + r * lds + c, in ? g + (size_t)r * ldg + c : g, in ? 16 : 0);
+        cp_async16(dst, in ? src : g, in ? 16 : 0);
     }
 }
 

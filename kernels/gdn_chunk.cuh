@@ -1171,12 +1171,13 @@ __device__ __forceinline__ void gdn_state_to_op(__nv_bfloat16* op, const float s
 // the state (op, after a barrier) to its global [dk][dv] copy at g (the chunk's h or dE, columns from v0), 16 bytes
 // per copy
 __device__ __forceinline__ void gdn_state_save(__nv_bfloat16* g, const __nv_bfloat16* op, int dk, int dv, int v0) {
-    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV, GPR = GDN_STATE_BV / 8;
-    for (int idx = threadIdx.x; idx < dk * GPR; idx += GDN_STATE_THREADS) {
-        const int d = idx / GPR, j = (idx % GPR) * 8;
-        if (v0 + j < dv) {
-            *reinterpret_cast<uint4*>(g + (size_t)d * dv + v0 + j) = *reinterpret_cast<const uint4*>(op + d * LDV + j);
-        }
+    constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV, GPR = GDN_STATE_BV / 8, STEP = GDN_STATE_THREADS / GPR;
+    const int d0 = threadIdx.x / GPR, j = (threadIdx.x % GPR) * 8;   // rows d0, d0 + STEP, ... of one column group
+    if (v0 + j >= dv) { return; }
+    __nv_bfloat16* dst = g + (size_t)d0 * dv + v0 + j;
+    const __nv_bfloat16* src = op + d0 * LDV + j;
+    for (int d = d0; d < dk; d += STEP, dst += (size_t)STEP * dv, src += STEP * LDV) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
     }
 }
 
@@ -1332,6 +1333,7 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
         gdn_state_chunk_product(ws, sm.X, sm.op, dkp, warp, lane);   // W S
         // Vn = U - W S (saved); P = diag(exp(G_BT - G)) Vn (per channel Vn)
         const float G_last = CH ? 0.0f : sm.G[BT - 1];
+        __nv_bfloat16* vn = Vn_saved + (c * BT + cr) * dv + v0 + cc;   // this thread's first element of Vn
         #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int r = cr + 8 * hr;
@@ -1342,7 +1344,7 @@ gdn_fwd_state_mma_kernel(__nv_bfloat16* h_saved, __nv_bfloat16* Vn_saved, const 
                 const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(sm.V + r * LDV + j);
                 const float vn0 = __low2float(u) - ws[nt][2 * hr], vn1 = __high2float(u) - ws[nt][2 * hr + 1];
                 if (save && v0 + j < dv) {
-                    *reinterpret_cast<uint32_t*>(Vn_saved + (c * BT + r) * dv + v0 + j) = pack_bf16(vn0, vn1);
+                    *reinterpret_cast<uint32_t*>(vn + (size_t)(8 * hr) * dv + 8 * nt) = pack_bf16(vn0, vn1);
                 }
                 *reinterpret_cast<uint32_t*>(sm.P + r * LDV + j) = pack_bf16(e * vn0, e * vn1);
             }
@@ -1402,13 +1404,14 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
     for (int n = n1 - 1; n >= n0; n--) {
         const size_t c = (size_t)bh * NT + n;
         float2 dvl[2][2];   // this thread's elements of dVl (the dvlocal kernel's), in flight during the product
+        float* dvn = dVn_work + (c * BT + cr) * dv + v0 + cc;   // this thread's first element of dVl / dVn
         #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                const int r = cr + 8 * hr, j = cc + 8 * nt;
-                dvl[hr][nt] = v0 + j < dv ? *reinterpret_cast<const float2*>(dVn_work + (c * BT + r) * dv + v0 + j)
-                                          : make_float2(0.0f, 0.0f);
+                dvl[hr][nt] = v0 + cc + 8 * nt < dv
+                                  ? *reinterpret_cast<const float2*>(dvn + (size_t)(8 * hr) * dv + 8 * nt)
+                                  : make_float2(0.0f, 0.0f);
             }
         }
         cp_async_wait<1>();   // this chunk's Kw and G (its Q, W and dO may still be in flight)
