@@ -30,7 +30,8 @@ Kernels (one CTA per chunk unless said otherwise):
                                     phase 1, gdn_state_combine_kernel, phase 3, see GdnSegments)
            3 gdn_fwd_output_kernel  O = scale (diag(gam) Q h_n + (Q Kw^T (.) M) Vn), one CTA per (chunk, 2 SL
                                     columns of dv): Q Kw^T is formed once per chunk for dv <= 2 SL
-                                    (bf16: gdn_fwd_output_mma_kernel, one CTA per chunk on register tiles)
+                                    (bf16: gdn_fwd_output_mma_kernel, one CTA per chunk on register tiles;
+                                    per head at dv <= 128 gdn_fwd_output_head_mma_kernel, three CTAs per SM)
   backward 2 gdn_bwd_dvlocal_kernel dVl = scale (Kw Q^T (.) M^T) dO                       (spec 3.4 Kernel 2)
                                     (bf16: gdn_bwd_dvlocal_mma_kernel, as the output kernel's)
            3 gdn_bwd_state_kernel   reverse over chunks: dE_n, dVn, dE <- ...             (spec 3.4 Kernel 3)
@@ -1549,19 +1550,20 @@ __device__ __forceinline__ void gdn_rows_store(const float acc[GDN_ATT_VB / 8][4
 }
 
 // shared memory of the output kernel: A0 [BT][dkp + 8] (Q; per channel Qg), A1 [BT][max(dkp, BT) + 8] (Kw; per
-// channel Aqk), Hs [dkp][dvq + 8] (h_n), X [BT][dvq + 8] (Vn), G [BT] (per head); dvq = dv rounded up to GDN_ATT_VB.
+// channel Aqk), Hs [dkp][dvq + 8] (h_n), X [BT][dvq + 8] (Vn; x_in_a1: in A1's memory), G [BT] (per head); dvq = dv
+// rounded up to GDN_ATT_VB.
 // The dvlocal kernel's: A0 (Kw; per channel Aqk, [BT][BT + 8]), A1 (Q; per channel none), X (dO), G.
 struct GdnAttendMmaSmem {
     __nv_bfloat16 *A0, *A1, *Hs, *X;
     float* G;
     size_t bytes;
-    __host__ __device__ GdnAttendMmaSmem(size_t base, int dkp, int dvq, bool output) {
+    __host__ __device__ GdnAttendMmaSmem(size_t base, int dkp, int dvq, bool output, bool x_in_a1 = false) {
         const int w = dkp > GDN_CHUNK ? dkp : GDN_CHUNK;
         SmemCarver cv(base);
         A0 = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (w + 8));
         A1 = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (w + 8));
         Hs = cv.take<__nv_bfloat16>(output ? (size_t)dkp * (dvq + 8) : 0);
-        X = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dvq + 8));
+        X = x_in_a1 ? A1 : cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dvq + 8));
         G = cv.take<float>(GDN_CHUNK);
         bytes = cv.off;
     }
@@ -1617,6 +1619,54 @@ gdn_fwd_output_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* Aqk_s
         }
         __nv_bfloat16* out = o + p.row0 * ld_o + (size_t)p.h * dv;
         gdn_rows_store(acc, m0, n0, p.L, dv, CH ? 1.0f : scale, lane, [&](int r, int col, float x0, float x1) {
+            *reinterpret_cast<uint32_t*>(out + (size_t)r * ld_o + col) = pack_bf16(x0, x1);
+        });
+    }
+}
+
+// gdn_fwd_output_mma_kernel per head for dv <= 2 GDN_ATT_VB (each warp one block of columns, so every warp meets the
+// same barriers) in less shared memory: Vn is copied into Kw's tile once the masked product has read it, in flight
+// during Q h_n, so three CTAs fit an SM instead of two (70 KB at dk = dv = 128; the kernel is bound by latency at
+// its occupancy: ncu, H200, 40% of issue slots busy). H200, B=16 T=2048, 6 heads of 128: 0.126 -> 0.118 ms.
+__global__ void __launch_bounds__(GDN_THREADS, 3)
+gdn_fwd_output_head_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* q, int ld_qkv, const __nv_bfloat16* kw,
+                               int ld_kw, const float* G_saved, const __nv_bfloat16* h_saved,
+                               const __nv_bfloat16* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
+    constexpr int BT = GDN_CHUNK;
+    extern __shared__ __align__(128) unsigned char gdn_smem[];
+    const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
+    const int dkp = round16_dev(dk), dvq = gdn_round64(dv), lda = (dkp > BT ? dkp : BT) + 8, ldx = dvq + 8;
+    GdnAttendMmaSmem sm((size_t)gdn_smem, dkp, dvq, true, true);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
+    tile_load_async(sm.A0, lda, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    tile_load_async(sm.A1, lda, BT, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+    tile_load_async(sm.G, 0, 1, BT, G_saved + p.c * BT, 0, 1, BT);
+    cp_async_commit();
+    tile_load_async(sm.Hs, ldx, dkp, dvq, h_saved + p.c * dk * dv, dv, dk, dv);
+    cp_async_commit();
+    uint32_t pa[BT / 16][4];   // the warp's rows of (Q Kw^T) (.) M
+    cp_async_wait<1>();
+    __syncthreads();
+    gdn_masked_product<true>(pa, sm.A0, sm.A1, lda, dkp, m0, sm.G, 1.0f, lane);
+    __syncthreads();   // Kw read by every warp
+    tile_load_async(sm.X, ldx, BT, dvq, Vn_saved + p.c * BT * dv, dv, BT, dv);
+    cp_async_commit();
+    const int n0 = GDN_ATT_VB * (warp >> 2);
+    float acc[GDN_ATT_VB / 8][4] = {};
+    cp_async_wait<1>();   // h_n
+    __syncthreads();
+    if (n0 < dv) { gdn_rows_times<false>(acc, sm.A0, lda, nullptr, m0, dkp, sm.Hs, ldx, n0, lane); }   // Q h_n
+    const float e0 = expf(sm.G[m0 + (lane >> 2)]), e1 = expf(sm.G[m0 + (lane >> 2) + 8]);   // diag(gam)
+    #pragma unroll
+    for (int nt = 0; nt < GDN_ATT_VB / 8; nt++) {
+        acc[nt][0] *= e0; acc[nt][1] *= e0; acc[nt][2] *= e1; acc[nt][3] *= e1;
+    }
+    cp_async_wait<0>();   // Vn
+    __syncthreads();
+    if (n0 < dv) {
+        gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);   // + ((Q Kw^T) (.) M) Vn
+        __nv_bfloat16* out = o + p.row0 * ld_o + (size_t)p.h * dv;
+        gdn_rows_store(acc, m0, n0, p.L, dv, scale, lane, [&](int r, int col, float x0, float x1) {
             *reinterpret_cast<uint32_t*>(out + (size_t)r * ld_o + col) = pack_bf16(x0, x1);
         });
     }
@@ -3483,7 +3533,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
                                      const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                      const float* beta, const float* g, int g_stride,
                                      int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                     cudaEvent_t* marks, bool register_tiles, bool fixed_dk) {
+                                     cudaEvent_t* marks, bool register_tiles, bool specialised) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk), dvp = round16(dv);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -3536,7 +3586,7 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
                     kernel<<<grid, GDN_STATE_THREADS, s2, stream>>>(h, Vn, G, W, U, kw, ld_kw, Kwe, sg, T, H, NT, dk, dv);
                 });
             };
-            if (fixed_dk && dk == GDN_FIXED_DK) {
+            if (specialised && dk == GDN_FIXED_DK) {
                 pass(gdn_fwd_state_mma_kernel<DECAY, GDN_FIXED_DK>);
             } else {
                 pass(gdn_fwd_state_mma_kernel<DECAY, 0>);
@@ -3553,10 +3603,19 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     gdn_mark(marks, 1, stream);
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value) {
         if (register_tiles) {
-            const size_t s3 = GdnAttendMmaSmem(0, dkp, gdn_round64(dv), true).bytes;
-            gdn_set_smem(gdn_fwd_output_mma_kernel<DECAY>, s3);
-            gdn_fwd_output_mma_kernel<DECAY><<<nchunks, GDN_THREADS, s3, stream>>>(
-                o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+            const int dvq = gdn_round64(dv);
+            const bool vn_fits_kw = dvq <= (dkp > GDN_CHUNK ? dkp : GDN_CHUNK);   // Kw's tile: [BT][max(dkp, BT) + 8]
+            if (specialised && DECAY == GDN_DECAY_HEAD && dvq <= 2 * GDN_ATT_VB && vn_fits_kw) {
+                const size_t s3 = GdnAttendMmaSmem(0, dkp, dvq, true, true).bytes;
+                gdn_set_smem(gdn_fwd_output_head_mma_kernel, s3);
+                gdn_fwd_output_head_mma_kernel<<<nchunks, GDN_THREADS, s3, stream>>>(o, ld_o, q, ld_qkv, kw, ld_kw, G, h,
+                                                                                     Vn, T, H, NT, dk, dv, scale);
+            } else {
+                const size_t s3 = GdnAttendMmaSmem(0, dkp, dvq, true).bytes;
+                gdn_set_smem(gdn_fwd_output_mma_kernel<DECAY>, s3);
+                gdn_fwd_output_mma_kernel<DECAY><<<nchunks, GDN_THREADS, s3, stream>>>(
+                    o, ld_o, Aqk, q, ld_qkv, kw, ld_kw, G, h, Vn, Qg, T, H, NT, dk, dv, scale);
+            }
         }
     }
     if (!std::is_same<Tc, __nv_bfloat16>::value || !register_tiles) {
@@ -3573,15 +3632,16 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
 // backward chunk kernel run on register tiles (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel,
 // gdn_fwd_output_mma_kernel, gdn_bwd_dvlocal_mma_kernel, gdn_fwd_intra_mma_kernel, gdn_bwd_chunk_mma_kernel: the last
 // where its shared memory fits, dv <= 192 on an H100 / H200); false runs the shared-memory kernels that Tc = float
-// always runs (the labs' previous version). fixed_dk: the register-tile state passes compiled for dk = GDN_FIXED_DK
-// where dk is that (false: for a runtime dk everywhere, the labs' previous version)
+// always runs (the labs' previous version). specialised: the register-tile state passes compiled for dk = GDN_FIXED_DK
+// where dk is that, and per head for dv <= 128 the output kernel gdn_fwd_output_head_mma_kernel (false: the state
+// passes for a runtime dk and gdn_fwd_output_mma_kernel everywhere, the labs' previous version)
 template <typename Tin, typename Tc>
 static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspace,
                                    const Tin* q, const Tin* k, const Tin* v, int ld_qkv, const Tin* kw, int ld_kw,
                                    const float* beta, const float* g, int g_stride, GdnDecay decay,
                                    int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                    cudaEvent_t* marks = nullptr, bool register_tiles = true,
-                                   bool fixed_dk = true) {
+                                   bool specialised = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -3593,11 +3653,11 @@ static void gdn_chunk_forward_impl(Tin* o, int ld_o, void* saved, void* workspac
         if (kw == k) { die("gdn_chunk: a per-channel decay needs a write key of its own"); }
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                              beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                             register_tiles, fixed_dk);
+                                                             register_tiles, specialised);
     } else {
         gdn_chunk_forward_launch<Tin, Tc, GDN_DECAY_HEAD>(o, ld_o, saved, workspace, q, k, v, ld_qkv, kw, ld_kw,
                                                           beta, g, g_stride, B, T, H, dk, dv, scale, stream, marks,
-                                                          register_tiles, fixed_dk);
+                                                          register_tiles, specialised);
     }
 }
 
@@ -3607,7 +3667,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                       void* workspace, const Tin* q, const Tin* k, const Tin* v, int ld_qkv,
                                       const Tin* kw, int ld_kw, const float* beta,
                                       int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
-                                      cudaEvent_t* marks, bool register_tiles, bool fixed_dk) {
+                                      cudaEvent_t* marks, bool register_tiles, bool specialised) {
     const int NT = ceil_div(T, GDN_CHUNK), dkp = round16(dk);
     const unsigned nchunks = (unsigned)((size_t)B * H * NT);
     const GdnSavedLayout L = gdn_saved_layout(B, T, H, dk, dv, sizeof(Tc), DECAY);
@@ -3655,7 +3715,7 @@ static void gdn_chunk_backward_launch(float* grad_q, float* grad_k, float* grad_
                                                                     Kwe, sg, T, H, NT, dk, dv, scale);
                 });
             };
-            if (fixed_dk && dk == GDN_FIXED_DK) {
+            if (specialised && dk == GDN_FIXED_DK) {
                 pass(gdn_bwd_state_mma_kernel<DECAY, GDN_FIXED_DK>);
             } else {
                 pass(gdn_bwd_state_mma_kernel<DECAY, 0>);
@@ -3726,7 +3786,7 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
                                     const Tin* kw, int ld_kw, const float* beta, GdnDecay decay,
                                     int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream,
                                     cudaEvent_t* marks = nullptr, bool register_tiles = true,
-                                    bool fixed_dk = true) {
+                                    bool specialised = true) {
     gdn_check_shape(B, T, H, dk, dv);
     gdn_check_vec8(q, ld_qkv, "q");
     gdn_check_vec8(k, ld_qkv, "k");
@@ -3741,12 +3801,12 @@ static void gdn_chunk_backward_impl(float* grad_q, float* grad_k, float* grad_v,
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_CHANNEL>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                               grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                               ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                              register_tiles, fixed_dk);
+                                                              register_tiles, specialised);
     } else {
         gdn_chunk_backward_launch<Tin, Tc, GDN_DECAY_HEAD>(grad_q, grad_k, grad_v, ld_d, grad_kw, ld_dkw, grad_beta,
                                                            grad_g, dO, ld_o, saved, workspace, q, k, v, ld_qkv, kw,
                                                            ld_kw, beta, B, T, H, dk, dv, scale, stream, marks,
-                                                           register_tiles, fixed_dk);
+                                                           register_tiles, specialised);
     }
 }
 

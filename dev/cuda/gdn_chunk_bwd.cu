@@ -28,9 +28,11 @@ Versions (first argument):
      kernels/gdn_chunk.cuh; H200, B=1 T=16384: forward+backward 1.359 ms, against 0.868 ms at B=16 T=1024). It is
      now version 5 with the state passes compiled for a runtime dk
   5  the trainer's kernels (bf16 inputs): version 4 with both state passes compiled for dk = GDN_FIXED_DK = 128
-     where dk is that (gdn_chunk_fwd.cu version 6: the tile copies' index arithmetic folded). H200, B=16 T=2048,
-     one run each: forward state 0.164 -> 0.146 ms, backward state 0.262 -> 0.247 ms, forward+backward 1.654 ->
-     1.610 ms; the same errors to every printed digit
+     where dk is that, and the forward's output kernel of gdn_chunk_fwd.cu version 6 (the copies' and the saved
+     states' index arithmetic folded; Vn in Kw's tile). H200, B=16 T=2048, versions side by side in one run (before
+     the output kernel change): forward state 0.166 -> 0.144 ms, backward state 0.240 -> 0.212 ms (101.0M
+     instructions, 110.5M with the copies alone folded), forward+backward 1.626 -> 1.579 ms; the same errors to
+     every printed digit
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at four shapes

@@ -30,14 +30,16 @@ Versions (first argument):
      the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms). It is now version 6 with the
      state pass compiled for a runtime dk
   6  the trainer's kernels (bf16 inputs): version 5 with the state pass compiled for dk = GDN_FIXED_DK = 128 where
-     dk is that. ncu (H200, B=16 T=2048): the pass was bound by instruction issue (59% of issue slots busy, 8.4
-     cycles between a warp's instructions), two thirds of its instructions integer: index arithmetic of the
-     per-chunk tile copies (a runtime division per tile) and of the stores. With dk a constant the copies are one
-     base and fixed strides (chunk_tiles.cuh tile_load_async_fixed) and the loops unroll: 94.1M -> 71.8M
-     instructions, state 0.164 -> 0.146 ms, forward 0.468 -> 0.447 ms (one run, versions side by side), the same
-     errors to every printed digit. Tried and dropped: the output kernel streaming its chunks through two buffers
-     (one CTA of 8 warps per SM, the next chunk's tiles in flight during this one's products): 0.128 -> 0.170 ms,
-     its products' latency with 8 warps per SM outweighs the copies it hides (two CTAs per SM as before)
+     dk is that, and per head at dv <= 128 gdn_fwd_output_head_mma_kernel. ncu (H200, B=16 T=2048): the state
+     pass was bound by instruction issue (59% of issue slots busy, 8.4 cycles between a warp's instructions), two
+     thirds of its instructions integer: index arithmetic of the per-chunk tile copies (a runtime division per
+     tile) and of the saved h and Vn. With dk a constant and every address a per-thread base plus fixed strides
+     (chunk_tiles.cuh tile_load_async_fixed) 94.1M -> 63.7M instructions, state 0.166 -> 0.144 ms. The output
+     kernel (40% of issue slots busy, two CTAs per SM) copies Vn into Kw's tile once the masked product has read
+     it: 70 KB of shared memory, three CTAs per SM, 0.126 -> 0.118 ms. Forward 0.467 -> 0.438 ms (one run,
+     versions side by side); the same errors to every printed digit. Tried and dropped: the output kernel
+     streaming its chunks through two buffers (one CTA of 8 warps per SM, the next chunk's tiles in flight during
+     this one's products): 0.128 -> 0.170 ms, its products' latency with 8 warps per SM outweighs the copies it hides
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at four shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size; B=1, T=2048, H=2,

@@ -2,8 +2,8 @@
 dev/emu/gdn_mma.cu: kernels/gdn_chunk.cuh's register-tile kernels (the bf16 trainer's, dev/cuda/gdn_chunk_fwd.cu
 version 6 / gdn_chunk_bwd.cu version 5): the state passes (gdn_fwd_state_mma_kernel, gdn_bwd_state_mma_kernel;
 unsplit, and split along the sequence into segments of one chunk with gdn_state_combine_kernel between), the
-output kernel (gdn_fwd_output_mma_kernel), the dvlocal kernel (gdn_bwd_dvlocal_mma_kernel), per head the intra
-kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
+output kernels (gdn_fwd_output_mma_kernel, per head also gdn_fwd_output_head_mma_kernel), the dvlocal kernel
+(gdn_bwd_dvlocal_mma_kernel), per head the intra kernel (gdn_fwd_intra_mma_kernel) and the backward chunk kernel (gdn_bwd_chunk_mma_kernel), with the write key the
 read key's and apart, and per channel the intra kernel (gdn_fwd_intra_channel_mma_kernel) and the backward chunk
 kernel (gdn_bwd_chunk_channel_mma_kernel, the key gradients' Z1 terms fused in), against the
 shared-memory kernels with fp32 CUDA-core products (Tc = float), both run on the CPU by dev/emu/emu.h's emulator
@@ -190,7 +190,7 @@ static int check(int B, int T, int H, int dk, int dv) {
     }
     const dim3 grid(ceil_div(dv, GDN_STATE_BV), B * H), block(GDN_STATE_THREADS);
     const int HV = H * dv;
-    std::vector<float> out[2][10];   // [fp32 kernels, register tiles][h, Vn, dE, dVn, o, dVl, and h .. dVn split]
+    std::vector<float> out[2][11];   // [fp32 kernels, register tiles][h, Vn, dE, dVn, o, dVl, h .. dVn split, o head]
     {   // the shared-memory kernels, fp32
         std::vector<float> h((size_t)nch * dk * dv, NAN), Vn((size_t)nch * BT * dv, NAN), dE(h.size(), NAN), dVn = dVl;
         emu_launch(grid, block, [&]() {
@@ -213,7 +213,7 @@ static int check(int B, int T, int H, int dk, int dv) {
                                                         G.data(), Aqk.data(), T, H, NT, dk, dv, scale);
         });
         out[0][0] = h; out[0][1] = Vn; out[0][2] = dE; out[0][3] = dVn; out[0][4] = o; out[0][5] = dvl;
-        out[0][6] = h; out[0][7] = Vn; out[0][8] = dE; out[0][9] = dVn;
+        out[0][6] = h; out[0][7] = Vn; out[0][8] = dE; out[0][9] = dVn; out[0][10] = o;
     }
     {   // the register tiles, bf16
         const std::vector<bf16> Wb = to_bf16(W), Ub = to_bf16(Uw), Kweb = to_bf16(Kwe), Qgb = to_bf16(Qg), kwb = to_bf16(kw),
@@ -267,12 +267,18 @@ static int check(int B, int T, int H, int dk, int dv) {
         std::vector<float> dVns = dVl;
         state_passes(1, hs, Vns, dEs, dVns);
         const std::vector<bf16> Aqkb = to_bf16(Aqk), hb = to_bf16(h_in), Vnb = to_bf16(Vn_in);
-        std::vector<bf16> o((size_t)B * T * HV, __float2bfloat16(NAN));
+        std::vector<bf16> o((size_t)B * T * HV, __float2bfloat16(NAN)), oh(o.size(), __float2bfloat16(NAN));
         std::vector<float> dvl((size_t)nch * BT * dv, NAN);
         emu_launch(dim3(nch), block, [&]() {
             gdn_fwd_output_mma_kernel<DECAY>(o.data(), HV, Aqkb.data(), qb.data(), H * dk, kwb.data(), H * dk, G.data(),
                                              hb.data(), Vnb.data(), Qgb.data(), T, H, NT, dk, dv, scale);
         });
+        if (!CH) {   // per head the launchers' kernel at dv <= 128 (Vn in Kw's tile)
+            emu_launch(dim3(nch), block, [&]() {
+                gdn_fwd_output_head_mma_kernel(oh.data(), HV, qb.data(), H * dk, kwb.data(), H * dk, G.data(), hb.data(),
+                                               Vnb.data(), T, H, NT, dk, dv, scale);
+            });
+        }
         emu_launch(dim3(nch), block, [&]() {
             gdn_bwd_dvlocal_mma_kernel<DECAY>(dvl.data(), dOb.data(), HV, qb.data(), H * dk, kwb.data(), H * dk, G.data(),
                                               Aqkb.data(), T, H, NT, dk, dv, scale);
@@ -280,11 +286,13 @@ static int check(int B, int T, int H, int dk, int dv) {
         out[1][0] = to_floats(h); out[1][1] = to_floats(Vn); out[1][2] = to_floats(dE); out[1][3] = dVn;
         out[1][4] = to_floats(o); out[1][5] = dvl;
         out[1][6] = to_floats(hs); out[1][7] = to_floats(Vns); out[1][8] = to_floats(dEs); out[1][9] = dVns;
+        out[1][10] = to_floats(oh);
     }
-    const char* names[10] = {"h", "Vn", "dE", "dVn", "o", "dVl", "h(split)", "Vn(split)", "dE(split)", "dVn(split)"};
+    const char* names[11] = {"h", "Vn", "dE", "dVn", "o", "dVl", "h(split)", "Vn(split)", "dE(split)", "dVn(split)",
+                             "o(head kernel)"};
     char what[160];
     snprintf(what, sizeof what, "%s decay, T=%d H=%d dk=%d dv=%d", CH ? "per-channel" : "per-head", T, H, dk, dv);
-    return report(what, names, out[1], out[0], 10);
+    return report(what, names, out[1], out[0], CH ? 10 : 11);   // (the head kernel: per head only)
 }
 
 // the per-head intra kernel (gdn_fwd_intra_mma_kernel) against gdn_fwd_intra_kernel<float, float>, with the write
