@@ -26,7 +26,8 @@ Versions (first argument):
      backward 2.601 -> 1.268 ms, forward+backward 3.768 -> 1.814 ms against version 3 in one run). Since
      2026-11-28 both state passes split along the sequence where B*H leaves the GPU idle (GdnSegments in
      kernels/gdn_chunk.cuh; H200, B=1 T=16384: forward+backward 1.359 ms, against 0.868 ms at B=16 T=1024). It is
-     now version 5 with the state passes compiled for a runtime dk
+     now version 5 with the state passes compiled for a runtime dk and the forward's general output kernel
+     (specialised = false)
   5  the trainer's kernels (bf16 inputs): version 4 with both state passes compiled for dk = GDN_FIXED_DK = 128
      where dk is that, and the forward's output kernel of gdn_chunk_fwd.cu version 6 (the copies' and the saved
      states' index arithmetic folded; Vn in Kw's tile). H200, B=16 T=2048, versions side by side in one run (before

@@ -28,7 +28,8 @@ Versions (first argument):
      the same fmaf chains as before (bitwise the same Tm), and G's cumulative sum runs in registers: under ncu the
      intra kernel had spent about half its time in the solve, most of it at the barrier after the 64 threads of
      the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms). It is now version 6 with the
-     state pass compiled for a runtime dk
+     state pass compiled for a runtime dk and the general output kernel (gdn_chunk_forward_impl's specialised =
+     false)
   6  the trainer's kernels (bf16 inputs): version 5 with the state pass compiled for dk = GDN_FIXED_DK = 128 where
      dk is that, and per head at dv <= 128 gdn_fwd_output_head_mma_kernel. ncu (H200, B=16 T=2048): the state
      pass was bound by instruction issue (59% of issue slots busy, 8.4 cycles between a warp's instructions), two
