@@ -233,10 +233,10 @@ __device__ __forceinline__ void tile_load_async(T* s, int lds, int rows, int col
     }
 }
 
-// tile_load_async for a ROWS x COLS tile copied by a CTA of THREADS threads, all three known at compile time (COLS
-// copies per row a power of two dividing THREADS): each thread copies the same columns of every THREADS / (copies
-// per row)-th row, so its addresses are one base and fixed strides, with no index arithmetic per copy (the
-// sequential state kernels issue these every chunk). The same copies as tile_load_async's.
+// tile_load_async for a ROWS x COLS tile copied by a CTA of THREADS threads, all three known at compile time (the
+// copies per row, COLS / (16 bytes' elements), dividing THREADS): each thread copies the same columns of every
+// THREADS / (copies per row)-th row, so its addresses are one base stepped by fixed strides, with no index
+// arithmetic per copy (the sequential state kernels issue these every chunk). The same copies as tile_load_async's.
 template <int ROWS, int COLS, int THREADS, typename T>
 __device__ __forceinline__ void tile_load_async_fixed(T* s, int lds, const T* g, size_t ldg, int rv, int cv) {
     constexpr int E = 16 / sizeof(T), GPR = COLS / E, STEP = THREADS / GPR;

@@ -1245,8 +1245,8 @@ __device__ __forceinline__ void gdn_state_decay(float st[GDN_SMMA_MT][4][4], con
 
 // The state kernels' per-chunk copies. DKP: the head size dk where the kernel is compiled for one (dk = DKP, a
 // multiple of 16), else 0 (dk a runtime argument). The sequential state passes are bound by their instruction issue
-// (ncu, H200: 59% of issue slots busy, two thirds of the instructions integer), so with DKP every copy's address is
-// a fixed stride from one base (tile_load_async_fixed) and the tile loops unroll.
+// (ncu, H200: 59% of issue slots busy, two thirds of the instructions integer), so every copy's address is a fixed
+// stride from one base (tile_load_async_fixed), and with DKP the products' loops have constant bounds.
 
 // s [BT][dkp + 8] = the BT x dk operand tile g (row stride ldg, rv valid rows), zeros to dkp and below rv
 template <int DKP, typename T>
