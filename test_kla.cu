@@ -249,7 +249,6 @@ int main(int argc, char** argv) {
     test_resume(dir, "gka_gqa");   // gka's recurrent core, its checkpointed states and GQA
     test_checkpoint_round_trip(dir, "hybrid");
     test_micro_step_no_wait(dir, "hybrid");
-    encoder_teardown();
     matmul_teardown();
     printf("test_klacu (%s): %d passed, %d failed\n", PRECISION_NAME, tests_passed, tests_failed);
     return tests_failed ? 1 : 0;

@@ -192,7 +192,6 @@ typedef struct {
     void *acts_memory, *scratch_memory;
     int *inputs, *targets;              // device copies of the last forward's batch
     PinnedUpload inputs_upload, targets_upload;  // their pinned staging (kernels/common.cuh: no wait on the GPU)
-    int* inputs_host;                   // host copy (the deterministic encoder backward groups by token id)
     int has_targets;
     int num_labelled;                   // positions of the last forward whose target is >= 0 (negative = ignored)
     int losses_state;                   // where the last forward's losses are: LOSSES_PENDING, _ON_DEVICE, _ON_HOST
@@ -383,7 +382,6 @@ static void model_free(Model* m) {
     pinned_upload_free(&m->inputs_upload);
     pinned_upload_free(&m->targets_upload);
     cudaFree(m->step_loss);
-    free(m->inputs_host);
     free(m->losses_host);
     free(m->host_params);
     free(m->host_staging);
@@ -398,7 +396,6 @@ static void model_size_activations(Model* m, int B, int T) {
     cudaFree(m->scratch_memory);
     cudaFree(m->inputs);
     cudaFree(m->targets);
-    free(m->inputs_host);
     free(m->losses_host);
     m->B = B;
     m->T = T;
@@ -413,7 +410,6 @@ static void model_size_activations(Model* m, int B, int T) {
     size_t BT = (size_t)B * T;
     m->inputs = (int*)cuda_malloc_or_die(BT * sizeof(int), "the input tokens");
     m->targets = (int*)cuda_malloc_or_die(BT * sizeof(int), "the target tokens");
-    m->inputs_host = (int*)malloc_or_die(BT * sizeof(int));
     m->losses_host = (float*)malloc_or_die(BT * sizeof(float));
 }
 
@@ -482,7 +478,6 @@ static void model_forward(Model* m, const int* inputs, const int* targets, int B
     cudaStream_t st = m->stream;
     ParameterTensors* p = &m->params;
     Activations* a = &m->acts;
-    memcpy(m->inputs_host, inputs, (size_t)BT * sizeof(int));
     pinned_upload(&m->inputs_upload, m->inputs, inputs, (size_t)BT * sizeof(int), st);
     m->has_targets = targets != NULL;
     if (targets) { pinned_upload(&m->targets_upload, m->targets, targets, (size_t)BT * sizeof(int), st); }
@@ -635,7 +630,7 @@ static void model_backward(Model* m, float loss_scale) {
                       la->ln1_rstd, BT, C, st);
         profile_mark("bwd norms + encoder");
     }
-    encoder_backward(g->wte, g->wpe, s->work, s->dresidual, m->inputs_host, B, T, C, st);
+    encoder_backward(g->wte, g->wpe, s->work, s->dresidual, m->inputs, c->vocab_size, B, T, C, st);
     profile_mark("bwd norms + encoder");
 }
 
@@ -990,7 +985,6 @@ int main(int argc, char** argv) {
     cudaCheck(cudaGetDeviceProperties(&device_properties, device));
     matmul_setup();
     int code = train_main(&opt, argc, argv);
-    encoder_teardown();
     matmul_teardown();
 #ifdef USE_CUDNN
     attention_cudnn_destroy();

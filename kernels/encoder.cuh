@@ -6,11 +6,10 @@ in train_kla.c.
   backward  dwte[v, :] += sum of dout[b, t, :] over the positions (b, t) holding token v
             dwpe[t, :] += sum over b of dout[b, t, :]          (fp32)
 
-The backward is deterministic without atomics, and all on the device (the host only stages the ids: no
-sorting there, and no wait on the GPU in the steady state):
-  0. the ids go to the device through a pinned buffer (two used in turn, each guarded by an event: common.cuh's
-     PinnedUpload), and a stable radix sort (cub::DeviceRadixSort::SortPairs, a fixed algorithm) orders the pairs
-     (token, position) by token, positions increasing within a token.
+The backward is deterministic without atomics, and all on the device (it reads the forward's ids there; the host
+neither sorts nor waits):
+  0. a stable radix sort (cub::DeviceRadixSort::SortPairs, a fixed algorithm) orders the pairs (token, position)
+     by token, positions increasing within a token.
   1. the sorted pairs are cut into blocks of ENCODER_CHUNK; one CUDA block per (block, channel slice) sums each
      maximal run of one token inside it, in order. A run wholly inside the block is added into its dwte row
      (the row's only writer); the piece that starts a run continuing past the block goes to partial_own[k],
@@ -77,7 +76,6 @@ static size_t encoder_sort_temp_bytes(size_t BT) {
 // The scratch: ids [BT] | positions [BT] | sorted ids [BT] | sorted positions [BT] (int, each 256-aligned), the
 // sort's temporary storage, then the partial sums fp32 [num_blocks, C] twice (owner pieces, continuation pieces).
 struct EncoderScratch {
-    int* ids;
     int* pos;
     int* sorted_ids;
     int* sorted_pos;
@@ -90,13 +88,12 @@ static EncoderScratch encoder_scratch_layout(void* scratch, size_t BT, int C) {
     EncoderScratch l;
     char* p = (char*)scratch;
     const size_t ints = encoder_align(BT * sizeof(int));
-    l.ids = (int*)p;
-    l.pos = (int*)(p + ints);
-    l.sorted_ids = (int*)(p + 2 * ints);
-    l.sorted_pos = (int*)(p + 3 * ints);
-    l.sort_temp = p + 4 * ints;
+    l.pos = (int*)p;
+    l.sorted_ids = (int*)(p + ints);
+    l.sorted_pos = (int*)(p + 2 * ints);
+    l.sort_temp = p + 3 * ints;
     l.sort_temp_bytes = encoder_align(encoder_sort_temp_bytes(BT));
-    l.partial_own = (float*)(p + 4 * ints + l.sort_temp_bytes);
+    l.partial_own = (float*)(p + 3 * ints + l.sort_temp_bytes);
     l.partial_cont = l.partial_own + encoder_num_blocks(BT) * C;
     return l;
 }
@@ -105,13 +102,8 @@ static EncoderScratch encoder_scratch_layout(void* scratch, size_t BT, int C) {
 static size_t encoder_backward_scratch_bytes(int B, int T, int C) {
     const size_t BT = (size_t)B * T;
     const size_t partial_bytes = encoder_align(encoder_num_blocks(BT) * C * sizeof(float));
-    return 4 * encoder_align(BT * sizeof(int)) + encoder_align(encoder_sort_temp_bytes(BT)) + 2 * partial_bytes;
+    return 3 * encoder_align(BT * sizeof(int)) + encoder_align(encoder_sort_temp_bytes(BT)) + 2 * partial_bytes;
 }
-
-// host state of the backward: the pinned staging of the token ids (two buffers used in turn, common.cuh)
-static PinnedUpload encoder_ids_upload;
-
-static void encoder_teardown(void) { pinned_upload_free(&encoder_ids_upload); }
 
 // positions 0 .. n - 1 (the values of the sort)
 __global__ void encoder_iota_kernel(int* pos, int n) {
@@ -256,40 +248,30 @@ static void encoder_backward_launch(float* dwte, const EncoderScratch& l, const 
     cudaCheckLaunch();
 }
 
-// dwte [V(p), C], dwpe [maxT, C] fp32 += (dwpe may be NULL); dout [B, T, C] floatX; inp_host [B, T]: the same
-// token ids as the forward's, on the host; scratch: encoder_backward_scratch_bytes(B, T, C) on the device.
-// The host only checks and stages the ids (no sorting, no wait on the GPU in the steady state); the grouping by
-// token is a stable radix sort on the device (cub, deterministic), so positions stay in increasing order within
-// a token and every sum has a fixed order.
-static void encoder_backward(float* dwte, float* dwpe, void* scratch, const floatX* dout, const int* inp_host,
+// dwte [V(p), C], dwpe [maxT, C] fp32 += (dwpe may be NULL); dout [B, T, C] floatX; inp [B, T]: the forward's token
+// ids on the device, each in [0, vocab) (the caller checked them on the host); scratch:
+// encoder_backward_scratch_bytes(B, T, C) on the device. The grouping by token is a stable radix sort on the device
+// (cub, deterministic) over the bits of vocab - 1, so positions stay in increasing order within a token and every
+// sum has a fixed order.
+static void encoder_backward(float* dwte, float* dwpe, void* scratch, const floatX* dout, const int* inp, int vocab,
                              int B, int T, int C, cudaStream_t stream) {
     const size_t BT = (size_t)B * T;
     if (BT == 0) { return; }
     if (BT > (size_t)INT_MAX / 2) { die("encoder_backward: B*T = %zu too large", BT); }
+    if (vocab < 1) { die("encoder_backward: vocabulary size %d", vocab); }
     if (dwpe != NULL) {
         const unsigned int blocks = (unsigned int)ceil_div_z((size_t)T * C, ENCODER_BLOCK);
         encoder_backward_wpe_kernel<<<blocks, ENCODER_BLOCK, 0, stream>>>(dwpe, dout, B, T, C);
         cudaCheckLaunch();
     }
-
-    // stage the ids in a pinned buffer (the one not used by the previous call), checking them on the way
-    int* staged = (int*)pinned_upload_begin(&encoder_ids_upload, BT * sizeof(int));
-    int max_token = 0;
-    for (size_t i = 0; i < BT; i++) {
-        const int v = inp_host[i];
-        if (v < 0) { die("encoder_backward: negative token id %d at position %zu", v, i); }
-        if (v > max_token) { max_token = v; }
-        staged[i] = v;
-    }
     int end_bit = 1;
-    while (end_bit < 31 && (max_token >> end_bit) != 0) { end_bit++; }
+    while (end_bit < 31 && ((vocab - 1) >> end_bit) != 0) { end_bit++; }
 
     const EncoderScratch l = encoder_scratch_layout(scratch, BT, C);
-    pinned_upload_end(&encoder_ids_upload, l.ids, BT * sizeof(int), stream);
     encoder_iota_kernel<<<(unsigned int)ceil_div_z(BT, 256), 256, 0, stream>>>(l.pos, (int)BT);
     cudaCheckLaunch();
     size_t temp_bytes = l.sort_temp_bytes;
-    cudaCheck(cub::DeviceRadixSort::SortPairs(l.sort_temp, temp_bytes, (const int*)l.ids, l.sorted_ids,
+    cudaCheck(cub::DeviceRadixSort::SortPairs(l.sort_temp, temp_bytes, inp, l.sorted_ids,
                                               (const int*)l.pos, l.sorted_pos, (int)BT, 0, end_bit, stream));
 
     constexpr int VEC = 16 / (int)sizeof(floatX);

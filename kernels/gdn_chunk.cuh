@@ -262,22 +262,29 @@ __device__ __forceinline__ TileLoad<Ts, Tg> gdn_mat_tile(Ts* s, int lds, int row
 
 // ----------------------------------------------------------------------------------------------------------
 // spec 3.2: Tm = (I + A)^-1 for a strictly lower triangular BT x BT matrix A (fp32, stride LDF_BT), by 16 x 16
-// blocks: the 4 diagonal blocks by forward substitution, then the off-diagonal blocks by distance d = I - J:
-// Tm_IJ = -Tm_II sum_{M=J}^{I-1} A_IM Tm_MJ. Every element is one fmaf chain over m in ascending order (the
-// diagonal blocks' terms m < j are exact zeros), so the result does not depend on how the work is spread:
-//   diagonal  one thread per (block, column j), the column in registers: Tm_ij = -sum_{m<i} A_im Tm_mj, row by
-//             row, each row of A read as four float4 (the same for the block's 16 threads: a broadcast). The
-//             strictly upper blocks are zeroed meanwhile.
-//   off-diagonal  one thread per (block, row r, 4 columns): four chains side by side on float4 rows of Tm
-//             (first X = sum A_IM Tm_MJ into the scratch, then Tm_IJ = -Tm_II X).
-// X: 3*256 floats of scratch. Needs blockDim.x >= BT.
+// blocks: the 4 diagonal blocks by forward substitution, then the 6 off-diagonal blocks
+// Tm_IJ = -Tm_II X_IJ, X_IJ = sum_{M=J}^{I-1} A_IM Tm_MJ. Every element is one fmaf chain over m in ascending order
+// (the diagonal blocks' terms m < j are exact zeros), so the result does not depend on how the work is spread:
+//   diagonal  one thread per (block, column j) of warps 0 and 1, the column in registers: Tm_ij = -sum_{m<i} A_im
+//             Tm_mj, row by row, each row of A read as four float4 (the same for the block's 16 threads: a
+//             broadcast); the other warps zero the strictly upper blocks meanwhile.
+//   off-diagonal  one warp per block (I, J), lane (r, c8) its row r, columns c8 .. c8 + 7 (eight chains side by
+//             side): X_IJ over M = J, J + 1, ... into Tm_IJ's own place, then Tm_IJ = -Tm_II X_IJ in registers and
+//             written over it once the warp has read X. Column J's blocks depend on each other down the column:
+//             X_IJ's sum reaches block M's terms (A_IM Tm_MJ) only once the warp of (M, J) has written Tm_MJ, and
+//             meets it at the named barrier of (M, J) (ids 1 + its warp; with the warps of the blocks below it), so
+//             a chain runs ahead over the blocks already formed: the path is 6 steps of 16 terms, not 9 (H200, B=16
+//             T=2048: the per-head intra kernel 0.182 -> 0.164 ms, with CTA-wide phases by distance before).
+// Needs blockDim.x >= 6 * 32 (warps 0 .. 5 form the off-diagonal blocks; later warps pass through).
 
-__device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
+// the warp of off-diagonal block (I, J) in the order of their distance I - J: (1,0) (2,1) (3,2) (2,0) (3,1) (3,0)
+__host__ __device__ constexpr int gdn_solve_warp(int I, int J) {
+    return I - J == 1 ? J : I - J == 2 ? 3 + J : 5;
+}
+
+__device__ void gdn_solve_unit_lower(float* Tm, const float* A) {
     constexpr int BT = GDN_CHUNK, LD = GDN_CHUNK + 4, NB = GDN_CHUNK / 16;
-    for (int idx = threadIdx.x; idx < BT * BT; idx += blockDim.x) {
-        const int i = idx / BT, j = idx % BT;
-        if (j / 16 > i / 16) { Tm[i * LD + j] = 0.0f; }
-    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x < BT) {
         const int f = (threadIdx.x / 16) * 16, j = threadIdx.x % 16;
         const float* Ab = A + f * LD + f;
@@ -296,33 +303,59 @@ __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
         }
         #pragma unroll
         for (int i = 0; i < 16; i++) { Tm[(f + i) * LD + f + j] = t[i]; }
+    } else {
+        // the strictly upper blocks (I, J > I), 16 rows of four float4 each
+        for (int idx = threadIdx.x - BT; idx < 6 * 64; idx += blockDim.x - BT) {
+            const int blk = idx >> 6, I = blk < 3 ? 0 : blk < 5 ? 1 : 2, J = blk < 3 ? 1 + blk : blk < 5 ? blk - 1 : 3;
+            const int r = (idx >> 2) & 15, c4 = 4 * (idx & 3);
+            *reinterpret_cast<float4*>(Tm + (16 * I + r) * LD + 16 * J + c4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
     __syncthreads();
-    for (int d = 1; d < NB; d++) {
-        const int n = (NB - d) * 64;   // (block J, row r, column group c4) of the blocks (J + d, J)
-        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 6, I = J + d, r = (idx >> 2) & 15, c4 = 4 * (idx & 3);
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int m = 16 * J; m < 16 * I; m++) {
-                const float a = A[(16 * I + r) * LD + m];
-                const float4 t = *reinterpret_cast<const float4*>(Tm + m * LD + 16 * J + c4);
-                s.x = fmaf(a, t.x, s.x); s.y = fmaf(a, t.y, s.y); s.z = fmaf(a, t.z, s.z); s.w = fmaf(a, t.w, s.w);
+    if (warp < 6) {
+        const int d = warp < 3 ? 1 : warp < 5 ? 2 : 3, J = warp < 3 ? warp : warp < 5 ? warp - 3 : 0, I = J + d;
+        const int r = lane >> 1, c8 = 8 * (lane & 1);
+        float s[8] = {};
+        for (int M = J; M < I; M++) {
+            if (M > J) { named_barrier_sync(1 + gdn_solve_warp(M, J), 32 * (NB - M)); }   // Tm_MJ written
+            #pragma unroll
+            for (int m4 = 0; m4 < 16; m4 += 4) {
+                const float4 a = *reinterpret_cast<const float4*>(A + (16 * I + r) * LD + 16 * M + m4);
+                const float a4[4] = {a.x, a.y, a.z, a.w};
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float* t = Tm + (16 * M + m4 + e) * LD + 16 * J + c8;
+                    const float4 t0 = *reinterpret_cast<const float4*>(t), t1 = *reinterpret_cast<const float4*>(t + 4);
+                    s[0] = fmaf(a4[e], t0.x, s[0]); s[1] = fmaf(a4[e], t0.y, s[1]);
+                    s[2] = fmaf(a4[e], t0.z, s[2]); s[3] = fmaf(a4[e], t0.w, s[3]);
+                    s[4] = fmaf(a4[e], t1.x, s[4]); s[5] = fmaf(a4[e], t1.y, s[5]);
+                    s[6] = fmaf(a4[e], t1.z, s[6]); s[7] = fmaf(a4[e], t1.w, s[7]);
+                }
             }
-            *reinterpret_cast<float4*>(X + J * 256 + r * 16 + c4) = s;
         }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
-            const int J = idx >> 6, I = J + d, r = (idx >> 2) & 15, c4 = 4 * (idx & 3);
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int m = 0; m <= r; m++) {
-                const float a = Tm[(16 * I + r) * LD + 16 * I + m];
-                const float4 x = *reinterpret_cast<const float4*>(X + J * 256 + m * 16 + c4);
-                s.x = fmaf(a, x.x, s.x); s.y = fmaf(a, x.y, s.y); s.z = fmaf(a, x.z, s.z); s.w = fmaf(a, x.w, s.w);
+        float* out = Tm + (16 * I + r) * LD + 16 * J + c8;   // X_IJ, then Tm_IJ
+        *reinterpret_cast<float4*>(out) = make_float4(s[0], s[1], s[2], s[3]);
+        *reinterpret_cast<float4*>(out + 4) = make_float4(s[4], s[5], s[6], s[7]);
+        __syncwarp();
+        const float* Tii = Tm + (16 * I + r) * LD + 16 * I;
+        float x[8] = {};
+        #pragma unroll
+        for (int m = 0; m < 16; m++) {
+            if (m <= r) {
+                const float a = Tii[m];
+                const float* xm = Tm + (16 * I + m) * LD + 16 * J + c8;
+                const float4 x0 = *reinterpret_cast<const float4*>(xm), x1 = *reinterpret_cast<const float4*>(xm + 4);
+                x[0] = fmaf(a, x0.x, x[0]); x[1] = fmaf(a, x0.y, x[1]); x[2] = fmaf(a, x0.z, x[2]);
+                x[3] = fmaf(a, x0.w, x[3]); x[4] = fmaf(a, x1.x, x[4]); x[5] = fmaf(a, x1.y, x[5]);
+                x[6] = fmaf(a, x1.z, x[6]); x[7] = fmaf(a, x1.w, x[7]);
             }
-            *reinterpret_cast<float4*>(Tm + (16 * I + r) * LD + 16 * J + c4) = make_float4(-s.x, -s.y, -s.z, -s.w);
         }
-        __syncthreads();
+        __syncwarp();   // every lane has read X_IJ
+        *reinterpret_cast<float4*>(out) = make_float4(-x[0], -x[1], -x[2], -x[3]);
+        *reinterpret_cast<float4*>(out + 4) = make_float4(-x[4], -x[5], -x[6], -x[7]);
+        if (I < NB - 1) { named_barrier_sync(1 + warp, 32 * (NB - I)); }   // Tm_IJ to the blocks below it
     }
+    __syncthreads();
 }
 
 // ----------------------------------------------------------------------------------------------------------
@@ -346,9 +379,11 @@ __device__ void gdn_solve_unit_lower(float* Tm, const float* A, float* X) {
 #define GDN_NSUB (GDN_CHUNK / GDN_SUB)
 #define GDN_STACK_ROWS 96   // 16 + 32 + 48: the stacked rows of the three off-diagonal row (or column) blocks
 
-// exp(x) for the exponents x <= 0 of the per-channel decay: the hardware exponential, within 2 + 1.173 |x| ulp
-// (CUDA's bound) against expf's 1 ulp: below the products' fp32 rounding where the factor is not negligible (a
-// relative error of 1.5e-6 at x = -20, on a factor of 2e-9), and several times faster
+// exp(x) for the exponents x <= 0 of the decays inside a chunk (per channel; per head in the register-tile kernels,
+// whose products round to bf16): the hardware exponential, within 2 + 1.173 |x| ulp (CUDA's bound) against expf's
+// 1 ulp: below the products' fp32 rounding where the factor is not negligible (a relative error of 1.5e-6 at
+// x = -20, on a factor of 2e-9), and several times faster (expf per element had been 11-15% of the per-head
+// intra and output kernels' instructions, ncu, H200)
 __device__ __forceinline__ float gdn_decay_exp(float x) { return __expf(x); }
 
 __host__ __device__ constexpr int gdn_before_off(int I) { return 8 * I * (I - 1); }   // block I's rows s < 16 I
@@ -484,7 +519,7 @@ template <typename Tc> struct GdnIntraSmem {
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         C = A;   // the products of W and U replace A, which the solve leaves dead
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
-        X = cv.take<float>(3 * 256);   // the solve's scratch; per channel first G's block totals (3 x SL)
+        X = cv.take<float>(ch ? 3 * 256 : 0);   // per channel G's block totals (3 x SL)
         G = cv.take<float>(ch ? GDN_CHUNK * TL::LDF : GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
         bg = cv.take<float>(GDN_CHUNK);
@@ -578,7 +613,7 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
             *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
         }
     });
-    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    gdn_solve_unit_lower(sm.Tm, sm.A);
     cta_for_each(BT, BT, [&](int i, int j) {
         const float t = sm.Tm[i * TL::LDF_BT + j];
         Tm_saved[(p.c * BT + i) * BT + j] = t;
@@ -1187,15 +1222,27 @@ __device__ __forceinline__ void gdn_state_chunk_product(float acc[2][4], const _
                                                         const __nv_bfloat16* op, int dkp, int warp, int lane) {
     constexpr int LDV = GdnTile<__nv_bfloat16>::LDT_BV;
     const int ld = dkp + 8, m0 = 16 * (warp >> 1), n0 = 16 * (warp & 1);
+    float odd[2][4] = {};   // the odd k blocks' sums: two accumulation chains of half the length
     #pragma unroll
     for (int nt = 0; nt < 2; nt++) { acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f; }
-    #pragma unroll 4
-    for (int k0 = 0; k0 < dkp; k0 += 16) {
+    #pragma unroll 2
+    for (int k0 = 0; k0 < dkp; k0 += 32) {
         uint32_t a[4], b[4];
         ldsm_x4(a, A + ldsm_a_off(ld, m0, k0, lane));
         ldsm_x4_trans(b, op + ldsm_b_kn_off(LDV, k0, n0, lane));
         mma_bf16(acc[0], a, b[0], b[1]);
         mma_bf16(acc[1], a, b[2], b[3]);
+        if (k0 + 16 < dkp) {
+            ldsm_x4(a, A + ldsm_a_off(ld, m0, k0 + 16, lane));
+            ldsm_x4_trans(b, op + ldsm_b_kn_off(LDV, k0 + 16, n0, lane));
+            mma_bf16(odd[0], a, b[0], b[1]);
+            mma_bf16(odd[1], a, b[2], b[3]);
+        }
+    }
+    #pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) { acc[nt][e] += odd[nt][e]; }
     }
 }
 
@@ -1263,6 +1310,19 @@ __device__ __forceinline__ void gdn_state_load_cols(__nv_bfloat16* s, const __nv
                                                     int cv) {
     tile_load_async_fixed<GDN_CHUNK, GDN_STATE_BV, GDN_STATE_THREADS>(s, GdnTile<__nv_bfloat16>::LDT_BV, g, ldg, rv,
                                                                       cv);
+}
+
+// the per-head register-tile kernels' tile copies (GDN_THREADS threads): s [rows][lds] = the rows x cols tile g (row
+// stride ldg; rv valid rows and cv valid columns, zeros beyond); D > 0: those kernels compiled for dk = dv = D, where
+// the tile is R x D (cv = D) and the copies take fixed strides as the state kernels' do
+template <int R, int D, typename T>
+__device__ __forceinline__ void gdn_tile_load(T* s, int lds, int rows, int cols, const T* g, size_t ldg, int rv,
+                                              int cv) {
+    if constexpr (D > 0) {
+        tile_load_async_fixed<R, D, GDN_THREADS>(s, lds, g, ldg, rv, D);
+    } else {
+        tile_load_async(s, lds, rows, cols, g, ldg, rv, cv);
+    }
 }
 
 // the chunk's G into sm.G: per head G[0 .. BT) of the chunk, per channel its last row G[BT - 1][0 .. dk) (zeros to dkp)
@@ -1473,9 +1533,14 @@ gdn_bwd_state_mma_kernel(float* dVn_work, __nv_bfloat16* dE_work, const __nv_bfl
 
 __host__ __device__ constexpr int gdn_round64(int x) { return (x + 63) / 64 * 64; }
 
+// whether the causal mask (LOWER: j <= i; else j >= i) zeroes the 16 columns 16 p .. of the 16 rows m0 .. whole
+template <bool LOWER>
+__host__ __device__ constexpr bool gdn_block_masked(int p, int m0) { return LOWER ? 16 * p > m0 : 16 * p < m0; }
+
 // the warp's 16 rows m0 .. of S = (A B^T) (.) D over the chunk's BT columns as bf16 A fragments pa[kc] (columns
 // 16 kc ..) of the next product; A, B [BT][ld] row-major over kd columns (a multiple of 16). D_ij = f exp(G_i - G_j)
-// for i >= j (LOWER: the output's Q Kw^T), or f exp(G_j - G_i) for j >= i (dvlocal's Kw Q^T), else 0.
+// for i >= j (LOWER: the output's Q Kw^T), or f exp(G_j - G_i) for j >= i (dvlocal's Kw Q^T), else 0. The column
+// blocks that D masks out whole (gdn_block_masked) are not formed: they stay zero.
 template <bool LOWER>
 __device__ __forceinline__ void gdn_masked_product(uint32_t pa[GDN_CHUNK / 16][4], const __nv_bfloat16* A,
                                                    const __nv_bfloat16* Bm, int ld, int kd, int m0, const float* G,
@@ -1486,6 +1551,7 @@ __device__ __forceinline__ void gdn_masked_product(uint32_t pa[GDN_CHUNK / 16][4
         ldsm_x4(a, A + ldsm_a_off(ld, m0, k0, lane));
         #pragma unroll
         for (int p = 0; p < GDN_CHUNK / 16; p++) {
+            if (gdn_block_masked<LOWER>(p, m0)) { continue; }
             uint32_t b[4];
             ldsm_x4(b, Bm + ldsm_b_nk_off(ld, k0, 16 * p, lane));
             mma_bf16(s[2 * p], a, b[0], b[1]);
@@ -1495,11 +1561,12 @@ __device__ __forceinline__ void gdn_masked_product(uint32_t pa[GDN_CHUNK / 16][4
     const int i0 = m0 + (lane >> 2), j0 = 2 * (lane & 3);
     #pragma unroll
     for (int nt = 0; nt < GDN_CHUNK / 8; nt++) {
+        if (gdn_block_masked<LOWER>(nt / 2, m0)) { continue; }
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = i0 + 8 * (e >> 1), j = 8 * nt + j0 + (e & 1);
             const bool keep = LOWER ? i >= j : j >= i;
-            s[nt][e] = keep ? f * s[nt][e] * expf(LOWER ? G[i] - G[j] : G[j] - G[i]) : 0.0f;
+            s[nt][e] = keep ? f * s[nt][e] * gdn_decay_exp(LOWER ? G[i] - G[j] : G[j] - G[i]) : 0.0f;
         }
     }
     #pragma unroll
@@ -1508,12 +1575,14 @@ __device__ __forceinline__ void gdn_masked_product(uint32_t pa[GDN_CHUNK / 16][4
 
 // acc (the warp's 16 rows x GDN_ATT_VB columns) += A X over k < kd: A's 16 rows m0 .. from shared memory, [m][k]
 // (A_KM: stored [k][m]) with row stride lda, or (pa != nullptr) the A fragments pa[kd / 16] in registers; X [k][ldx]
-// in shared memory from column n0
+// in shared memory from column n0. Only the k blocks from k_lo to before k_hi are summed: the caller's A is zero
+// outside them (a triangular A: its blocks' products would add exact zeros).
 template <bool A_KM>
 __device__ __forceinline__ void gdn_rows_times(float acc[GDN_ATT_VB / 8][4], const __nv_bfloat16* A, int lda,
                                                const uint32_t (*pa)[4], int m0, int kd, const __nv_bfloat16* X,
-                                               int ldx, int n0, int lane) {
+                                               int ldx, int n0, int lane, int k_lo = 0, int k_hi = 1 << 30) {
     for (int k0 = 0; k0 < kd; k0 += 16) {
+        if (k0 < k_lo || k0 >= k_hi) { continue; }
         uint32_t a[4];
         if (pa) {
             #pragma unroll
@@ -1615,7 +1684,7 @@ gdn_fwd_output_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* Aqk_s
             for (int nt = 0; nt < GDN_ATT_VB / 8; nt++) {
                 acc[nt][0] *= e0; acc[nt][1] *= e0; acc[nt][2] *= e1; acc[nt][3] *= e1;
             }
-            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);   // + ((Q Kw^T) (.) M) Vn
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane, 0, m0 + 16);   // + (Q Kw^T (.) M) Vn
         }
         __nv_bfloat16* out = o + p.row0 * ld_o + (size_t)p.h * dv;
         gdn_rows_store(acc, m0, n0, p.L, dv, CH ? 1.0f : scale, lane, [&](int r, int col, float x0, float x1) {
@@ -1628,28 +1697,30 @@ gdn_fwd_output_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* Aqk_s
 // same barriers) in less shared memory: Vn is copied into Kw's tile once the masked product has read it, in flight
 // during Q h_n, so three CTAs fit an SM instead of two (70 KB at dk = dv = 128; the kernel is bound by latency at
 // its occupancy: ncu, H200, 40% of issue slots busy). H200, B=16 T=2048, 6 heads of 128: 0.126 -> 0.118 ms.
+template <int D>
 __global__ void __launch_bounds__(GDN_THREADS, 3)
 gdn_fwd_output_head_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* q, int ld_qkv, const __nv_bfloat16* kw,
                                int ld_kw, const float* G_saved, const __nv_bfloat16* h_saved,
                                const __nv_bfloat16* Vn_saved, int T, int H, int NT, int dk, int dv, float scale) {
     constexpr int BT = GDN_CHUNK;
+    if (D > 0) { dk = dv = D; }
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const int dkp = round16_dev(dk), dvq = gdn_round64(dv), lda = (dkp > BT ? dkp : BT) + 8, ldx = dvq + 8;
     GdnAttendMmaSmem sm((size_t)gdn_smem, dkp, dvq, true, true);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
-    tile_load_async(sm.A0, lda, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
-    tile_load_async(sm.A1, lda, BT, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
-    tile_load_async(sm.G, 0, 1, BT, G_saved + p.c * BT, 0, 1, BT);
+    gdn_tile_load<BT, D>(sm.A0, lda, BT, dkp, q + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    gdn_tile_load<BT, D>(sm.A1, lda, BT, dkp, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk);
+    tile_load_async_fixed<1, BT, GDN_THREADS>(sm.G, 0, G_saved + p.c * BT, 0, 1, BT);
     cp_async_commit();
-    tile_load_async(sm.Hs, ldx, dkp, dvq, h_saved + p.c * dk * dv, dv, dk, dv);
+    gdn_tile_load<D, D>(sm.Hs, ldx, dkp, dvq, h_saved + p.c * dk * dv, dv, dk, dv);
     cp_async_commit();
     uint32_t pa[BT / 16][4];   // the warp's rows of (Q Kw^T) (.) M
     cp_async_wait<1>();
     __syncthreads();
     gdn_masked_product<true>(pa, sm.A0, sm.A1, lda, dkp, m0, sm.G, 1.0f, lane);
     __syncthreads();   // Kw read by every warp
-    tile_load_async(sm.X, ldx, BT, dvq, Vn_saved + p.c * BT * dv, dv, BT, dv);
+    gdn_tile_load<BT, D>(sm.X, ldx, BT, dvq, Vn_saved + p.c * BT * dv, dv, BT, dv);
     cp_async_commit();
     const int n0 = GDN_ATT_VB * (warp >> 2);
     float acc[GDN_ATT_VB / 8][4] = {};
@@ -1664,7 +1735,7 @@ gdn_fwd_output_head_mma_kernel(__nv_bfloat16* o, int ld_o, const __nv_bfloat16* 
     cp_async_wait<0>();   // Vn
     __syncthreads();
     if (n0 < dv) {
-        gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);   // + ((Q Kw^T) (.) M) Vn
+        gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane, 0, m0 + 16);   // + (Q Kw^T (.) M) Vn
         __nv_bfloat16* out = o + p.row0 * ld_o + (size_t)p.h * dv;
         gdn_rows_store(acc, m0, n0, p.L, dv, scale, lane, [&](int r, int col, float x0, float x1) {
             *reinterpret_cast<uint32_t*>(out + (size_t)r * ld_o + col) = pack_bf16(x0, x1);
@@ -1707,7 +1778,7 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
         if (CH) {
             gdn_rows_times<true>(acc, sm.A0, lda, nullptr, m0, BT, sm.X, ldx, n0, lane);   // Aqk^T dO
         } else {
-            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane);
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, sm.X, ldx, n0, lane, m0, BT);   // (Kw Q^T (.) M^T) dO
         }
         float* out = dVn_work + p.c * BT * dv;
         gdn_rows_store(acc, m0, n0, BT, dv, 1.0f, lane, [&](int r, int col, float x0, float x1) {
@@ -1727,7 +1798,7 @@ gdn_bwd_dvlocal_mma_kernel(float* dVn_work, const __nv_bfloat16* dO, int ld_o, c
 // diag(beta) V instead), each warp's 16 x 64 blocks written to global memory from its fragments.
 
 struct GdnIntraMmaSmem {
-    float *A, *Tm, *X, *G, *beta, *bg;
+    float *A, *Tm, *G, *beta, *bg;
     __nv_bfloat16 *K, *Kw, *V;   // Kw: in V's memory (a write key of its own) or K
     size_t bytes;
     __host__ __device__ GdnIntraMmaSmem(size_t base, int dkq, int dvq, bool split) {   // dk, dv rounded up to 64
@@ -1735,7 +1806,6 @@ struct GdnIntraMmaSmem {
         SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * LDF);
         Tm = cv.take<float>(GDN_CHUNK * LDF);
-        X = cv.take<float>(3 * 256);   // the solve's scratch
         G = cv.take<float>(GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
         bg = cv.take<float>(GDN_CHUNK);
@@ -1756,16 +1826,20 @@ __device__ __forceinline__ void gdn_scaled_tm_frags(uint32_t pa[GDN_CHUNK / 16][
         #pragma unroll
         for (int e = 0; e < 4; e++) {   // e: row r (+ 8 for odd e), columns c, c + 1 (+ 8 for e >= 2)
             const int rr = r + 8 * (e & 1), c = 16 * kc + 2 * (lane & 3) + 8 * (e >> 1);
-            pa[kc][e] = pack_bf16(Tm[rr * LDF + c] * f[c], Tm[rr * LDF + c + 1] * f[c + 1]);
+            const float2 t = *reinterpret_cast<const float2*>(Tm + rr * LDF + c);
+            const float2 fc = *reinterpret_cast<const float2*>(f + c);
+            pa[kc][e] = pack_bf16(t.x * fc.x, t.y * fc.y);
         }
     }
 }
 
+template <int D>
 __global__ void __launch_bounds__(GDN_THREADS, 3)
 gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved, __nv_bfloat16* U_work,
                          const __nv_bfloat16* k, const __nv_bfloat16* v, int ld_qkv, const __nv_bfloat16* kw, int ld_kw,
                          const float* beta, const float* g, int g_stride, int T, int H, int NT, int dk, int dv) {
     constexpr int BT = GDN_CHUNK, LDF = GdnTile<__nv_bfloat16>::LDF_BT;
+    if (D > 0) { dk = dv = D; }
     extern __shared__ __align__(128) unsigned char gdn_smem[];
     const GdnChunkPos p = gdn_chunk_pos(blockIdx.x, T, H, NT);
     const bool split = kw != k;
@@ -1773,11 +1847,11 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
     GdnIntraMmaSmem sm((size_t)gdn_smem, dkq, dvq, split);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, m0 = 16 * (warp & 3);
     const auto load_v = [&] {
-        tile_load_async(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
+        gdn_tile_load<BT, D>(sm.V, ldv, BT, dvq, v + p.row0 * ld_qkv + (size_t)p.h * dv, ld_qkv, p.L, dv);
         cp_async_commit();
     };
-    tile_load_async(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
-    if (split) { tile_load_async(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk); }
+    gdn_tile_load<BT, D>(sm.K, ldk, BT, dkq, k + p.row0 * ld_qkv + (size_t)p.h * dk, ld_qkv, p.L, dk);
+    if (split) { gdn_tile_load<BT, D>(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk); }
     cp_async_commit();
     if (!split) { load_v(); }
     // G (spec 3.1) and beta, 0 on padded rows
@@ -1812,31 +1886,47 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = m0 + (lane >> 2) + 8 * (e >> 1), j = n0 + 8 * nt + 2 * (lane & 3) + (e & 1);
-                sm.A[i * LDF + j] = i > j ? sm.beta[i] * s[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+                sm.A[i * LDF + j] = i > j ? sm.beta[i] * s[nt][e] * gdn_decay_exp(sm.G[i] - sm.G[j]) : 0.0f;
             }
         }
     }
     __syncthreads();
     if (split) { load_v(); }   // Kw read
-    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    gdn_solve_unit_lower(sm.Tm, sm.A);
     cta_for_each(BT, BT / 4, [&](int i, int j4) {
         *reinterpret_cast<float4*>(Tm_saved + (p.c * BT + i) * BT + 4 * j4) =
             *reinterpret_cast<const float4*>(sm.Tm + i * LDF + 4 * j4);
     });
     cp_async_wait<0>();
     __syncthreads();   // V visible
-    // W = (Tm diag(beta gam)) K, then U = (Tm diag(beta)) V: the warp's 16 x 64 blocks
+    // W = (Tm diag(beta gam)) K, then U = (Tm diag(beta)) V, 2 GDN_ATT_VB columns at a time: the warp's 16 x 64
+    // block is staged in A's tile (dead since the solve; bf16 [BT][2 GDN_ATT_VB + 8] fills it exactly) and the
+    // CTA writes the rows out 16 bytes per thread (from the fragments directly, 4-byte stores to 8 rows at once
+    // held 8% of the kernel's stall samples, ncu, H200)
+    constexpr int LDS = 2 * GDN_ATT_VB + 8;
+    static_assert(GDN_CHUNK * LDS * sizeof(__nv_bfloat16) <= GDN_CHUNK * LDF * sizeof(float), "staging fits A");
+    __nv_bfloat16* stage = reinterpret_cast<__nv_bfloat16*>(sm.A);
     for (int pass = 0; pass < 2; pass++) {
         const __nv_bfloat16* X = pass == 0 ? sm.K : sm.V;
         const int cols = pass == 0 ? dk : dv, ldx = pass == 0 ? ldk : ldv;
         __nv_bfloat16* out = pass == 0 ? W_saved + p.c * BT * dk : U_work + p.c * BT * dv;
         uint32_t pa[BT / 16][4];
         gdn_scaled_tm_frags(pa, sm.Tm, pass == 0 ? sm.bg : sm.beta, m0, lane);
-        for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < cols; n0 += 2 * GDN_ATT_VB) {
-            float acc[GDN_ATT_VB / 8][4] = {};
-            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane);
-            gdn_rows_store(acc, m0, n0, BT, cols, 1.0f, lane, [&](int r, int col, float x0, float x1) {
-                *reinterpret_cast<uint32_t*>(out + (size_t)r * cols + col) = pack_bf16(x0, x1);
+        for (int c0 = 0; c0 < cols; c0 += 2 * GDN_ATT_VB) {
+            const int n0 = c0 + GDN_ATT_VB * (warp >> 2);
+            if (n0 < cols) {
+                float acc[GDN_ATT_VB / 8][4] = {};
+                gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane, 0, m0 + 16);   // Tm: lower
+                gdn_rows_store(acc, m0, n0 - c0, BT, LDS, 1.0f, lane, [&](int r, int col, float x0, float x1) {
+                    *reinterpret_cast<uint32_t*>(stage + r * LDS + col) = pack_bf16(x0, x1);
+                });
+            }
+            __syncthreads();
+            // (cta_for_each_slab's closing barrier comes before the next block's stores)
+            const int groups = min(2 * GDN_ATT_VB, cols - c0) / 8;
+            cta_for_each_slab<2 * GDN_ATT_VB / 8>(BT, groups, [&](int r, int c8) {
+                *reinterpret_cast<uint4*>(out + (size_t)r * cols + c0 + 8 * c8) =
+                    *reinterpret_cast<const uint4*>(stage + r * LDS + 8 * c8);
             });
         }
     }
@@ -1890,7 +1980,7 @@ struct GdnIntraChannelMmaSmem {
         G = cv.take<float>((size_t)GDN_CHUNK * (dkq + 8));
         Tm = G;
         A = cv.take<float>(GDN_CHUNK * LDF);
-        X = cv.take<float>(3 * 256);   // the cumulative sums' block totals, then the solve's scratch
+        X = cv.take<float>(3 * 256);   // the cumulative sums' block totals
         beta = cv.take<float>(GDN_CHUNK);
         ok = cv.take<int>(GDN_NSUB);
         K = cv.take<__nv_bfloat16>((size_t)GDN_CHUNK * (dkq + 8));
@@ -2064,7 +2154,7 @@ gdn_fwd_intra_channel_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16*
     cp_async_commit();
 
     // 4. the solve; 5. W and U
-    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    gdn_solve_unit_lower(sm.Tm, sm.A);
     cta_for_each(BT, BT, [&](int i, int j) { Tm_saved[(p.c * BT + i) * BT + j] = sm.Tm[i * LDF + j]; });
     cp_async_wait<0>();
     __syncthreads();   // V visible
@@ -2077,7 +2167,7 @@ gdn_fwd_intra_channel_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16*
         __nv_bfloat16* out = pass == 0 ? W_saved + p.c * BT * dk : U_work + p.c * BT * dv;
         for (int n0 = GDN_ATT_VB * (warp >> 2); n0 < cols; n0 += 2 * GDN_ATT_VB) {
             float acc[GDN_ATT_VB / 8][4] = {};
-            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane);
+            gdn_rows_times<false>(acc, nullptr, 0, pa, m0, BT, X, ldx, n0, lane, 0, m0 + 16);   // Tm: lower
             gdn_rows_store(acc, m0, n0, BT, cols, 1.0f, lane, [&](int r, int col, float x0, float x1) {
                 *reinterpret_cast<uint32_t*>(out + (size_t)r * cols + col) = pack_bf16(x0, x1);
             });
@@ -2600,7 +2690,7 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         gdn_mma16<false, true>(pacc, sm.dO, ldv, m0, sm.Vn, ldv, n16, dvq, lane);
         gdn_mma16<false, true>(dT1, sm.dVn, ldv, m0, sm.V, ldv, n16, dvq, lane);
         gdn_frag16_store(sm.P, LB, m0, n16, lane, [&](int nt, int e, int i, int j) {
-            return i >= j ? scale * pacc[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+            return i >= j ? scale * pacc[nt][e] * gdn_decay_exp(sm.G[i] - sm.G[j]) : 0.0f;
         });
         gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int, int j) { dT1[nt][e] *= sm.beta[j]; });
     }
@@ -2676,7 +2766,7 @@ gdn_bwd_chunk_mma_kernel(float* grad_q, float* grad_k, float* grad_v, int ld_d, 
         float r[2][4] = {};
         gdn_mma16<false, true>(r, sm.dW, LB, m0, sm.Tm, LB, n16, BT, lane);   // (...) Tm^T
         gdn_frag16_each(m0, n16, lane, [&](int nt, int e, int i, int j) {
-            sm.dAG[i * LDF + j] = i > j ? -r[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.0f;
+            sm.dAG[i * LDF + j] = i > j ? -r[nt][e] * gdn_decay_exp(sm.G[i] - sm.G[j]) : 0.0f;
         });
     }
     __syncthreads();
@@ -3553,9 +3643,16 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
     if constexpr (std::is_same<Tc, __nv_bfloat16>::value && DECAY == GDN_DECAY_HEAD) {
         if (register_tiles) {
             const size_t s1 = GdnIntraMmaSmem(0, gdn_round64(dk), gdn_round64(dv), kw != k).bytes;
-            gdn_set_smem(gdn_fwd_intra_mma_kernel, s1);
-            gdn_fwd_intra_mma_kernel<<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta,
-                                                                          g, g_stride, T, H, NT, dk, dv);
+            const auto intra = [&](auto kernel) {
+                gdn_set_smem(kernel, s1);
+                kernel<<<nchunks, GDN_THREADS, s1, stream>>>(Tm, G, W, U, k, v, ld_qkv, kw, ld_kw, beta, g, g_stride, T,
+                                                             H, NT, dk, dv);
+            };
+            if (specialised && dk == GDN_FIXED_DK && dv == GDN_FIXED_DK) {
+                intra(gdn_fwd_intra_mma_kernel<GDN_FIXED_DK>);
+            } else {
+                intra(gdn_fwd_intra_mma_kernel<0>);
+            }
             intra_done = true;
         }
     }
@@ -3607,9 +3704,16 @@ static void gdn_chunk_forward_launch(Tin* o, int ld_o, void* saved, void* worksp
             const bool vn_fits_kw = dvq <= (dkp > GDN_CHUNK ? dkp : GDN_CHUNK);   // Kw's tile: [BT][max(dkp, BT) + 8]
             if (specialised && DECAY == GDN_DECAY_HEAD && dvq <= 2 * GDN_ATT_VB && vn_fits_kw) {
                 const size_t s3 = GdnAttendMmaSmem(0, dkp, dvq, true, true).bytes;
-                gdn_set_smem(gdn_fwd_output_head_mma_kernel, s3);
-                gdn_fwd_output_head_mma_kernel<<<nchunks, GDN_THREADS, s3, stream>>>(o, ld_o, q, ld_qkv, kw, ld_kw, G, h,
-                                                                                     Vn, T, H, NT, dk, dv, scale);
+                const auto output = [&](auto kernel) {
+                    gdn_set_smem(kernel, s3);
+                    kernel<<<nchunks, GDN_THREADS, s3, stream>>>(o, ld_o, q, ld_qkv, kw, ld_kw, G, h, Vn, T, H, NT, dk,
+                                                                 dv, scale);
+                };
+                if (dk == GDN_FIXED_DK && dv == GDN_FIXED_DK) {
+                    output(gdn_fwd_output_head_mma_kernel<GDN_FIXED_DK>);
+                } else {
+                    output(gdn_fwd_output_head_mma_kernel<0>);
+                }
             } else {
                 const size_t s3 = GdnAttendMmaSmem(0, dkp, dvq, true).bytes;
                 gdn_set_smem(gdn_fwd_output_mma_kernel<DECAY>, s3);

@@ -33,7 +33,9 @@ Versions (first argument):
      states' index arithmetic folded; Vn in Kw's tile). H200, B=16 T=2048, versions side by side in one run (before
      the output kernel change): forward state 0.166 -> 0.144 ms, backward state 0.240 -> 0.212 ms (101.0M
      instructions, 110.5M with the copies alone folded), forward+backward 1.626 -> 1.579 ms; the same errors to
-     every printed digit
+     every printed digit. Since 2026-12-02 also gdn_chunk_fwd.cu version 6's intra, output and state-pass changes
+     (the backward's masked dvlocal product skips its all-zero blocks and both chunk kernels take the hardware
+     exponential per element: dvlocal 0.104 -> 0.091 ms, chunk 0.828 -> 0.824 ms)
 
 Validation: gradients of L = sum(o * dO) (dS_T = 0) against a float64 CPU reference, the exact reverse-time
 recurrence of spec 2.4 over all states of the float64 forward recurrence (spec 2.1), at four shapes

@@ -28,8 +28,8 @@ Versions (first argument):
      the same fmaf chains as before (bitwise the same Tm), and G's cumulative sum runs in registers: under ncu the
      intra kernel had spent about half its time in the solve, most of it at the barrier after the 64 threads of
      the diagonal forward substitution (H200: forward 0.486 ms, intra 0.191 ms). It is now version 6 with the
-     state pass compiled for a runtime dk and the general output kernel (gdn_chunk_forward_impl's specialised =
-     false)
+     state pass and the intra kernel's copies compiled for a runtime dk and the general output kernel
+     (gdn_chunk_forward_impl's specialised = false)
   6  the trainer's kernels (bf16 inputs): version 5 with the state pass compiled for dk = GDN_FIXED_DK = 128 where
      dk is that, and per head at dv <= 128 gdn_fwd_output_head_mma_kernel. ncu (H200, B=16 T=2048): the state
      pass was bound by instruction issue (59% of issue slots busy, 8.4 cycles between a warp's instructions), two
@@ -40,7 +40,19 @@ Versions (first argument):
      it: 70 KB of shared memory, three CTAs per SM, 0.126 -> 0.118 ms. Forward 0.467 -> 0.438 ms (one run,
      versions side by side); the same errors to every printed digit. Tried and dropped: the output kernel
      streaming its chunks through two buffers (one CTA of 8 warps per SM, the next chunk's tiles in flight during
-     this one's products): 0.128 -> 0.170 ms, its products' latency with 8 warps per SM outweighs the copies it hides
+     this one's products): 0.128 -> 0.170 ms, its products' latency with 8 warps per SM outweighs the copies it hides.
+     Since 2026-12-02 (H200, B=16 T=2048, the lab built from the commit before and after each step, in one run):
+     the solve's off-diagonal blocks one warp each, chains running ahead between named barriers (6 steps of 16
+     terms where the CTA-wide phases took 9; bitwise the same Tm): intra 0.182 -> 0.164 ms; W and U staged in A's
+     dead tile and written 16 bytes per thread (ncu: 4-byte fragment stores to 8 rows had 8% of the stall samples,
+     L1 71% busy): 0.164 -> 0.149 ms; the per-head exponentials of the masked products and of A as the hardware
+     exponential (gdn_decay_exp; expf had been 11-15% of the intra and output kernels' instructions), the masked
+     chunk products' and Tm's all-zero 16-column blocks skipped, and the intra and output kernels compiled for
+     dk = dv = 128 (fixed-stride copies): intra 0.150 -> 0.134, output 0.118 -> 0.101 ms; the state pass's W S in
+     two accumulation chains (odd k blocks apart): 0.144 -> 0.142 ms. Forward 0.4386 -> 0.3700 ms. The errors
+     printed are the same to every digit. Tried and dropped: the forward state pass with two buffers of W, U and G
+     (the next chunk's copies in flight during the whole chunk): 0.144 -> 0.147 ms; its copies unrolled (the
+     address registers of a cp.async are read late): 0.144 -> 0.171 ms, spilling at three CTAs per SM
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at four shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size; B=1, T=2048, H=2,

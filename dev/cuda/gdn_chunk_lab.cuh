@@ -37,7 +37,7 @@ template <typename Tc> struct GdnPrevTile {
 // forward kernel 1 (spec 3.3 step 2): per chunk G, A, Tm, W, U
 
 template <typename Tc> struct GdnPrevIntraSmem {
-    float *A, *Tm, *X, *C, *G, *beta, *bg;
+    float *A, *Tm, *C, *G, *beta, *bg;
     Tc *Tm_op, *slab;
     size_t bytes;
     __host__ __device__ explicit GdnPrevIntraSmem(size_t base) {
@@ -45,7 +45,6 @@ template <typename Tc> struct GdnPrevIntraSmem {
         SmemCarver cv(base);
         A = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
         Tm = cv.take<float>(GDN_CHUNK * TL::LDF_BT);
-        X = cv.take<float>(3 * 256);
         C = cv.take<float>(GDN_CHUNK * TL::LDF);
         G = cv.take<float>(GDN_CHUNK);
         beta = cv.take<float>(GDN_CHUNK);
@@ -93,7 +92,7 @@ gdn_prev_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_wo
         float* a = sm.A + i * TL::LDF_BT + j;
         *a = i > j ? sm.beta[i] * (*a) * expf(sm.G[i] - sm.G[j]) : 0.0f;
     });
-    gdn_solve_unit_lower(sm.Tm, sm.A, sm.X);
+    gdn_solve_unit_lower(sm.Tm, sm.A);
     cta_for_each(BT, BT, [&](int i, int j) {
         const float t = sm.Tm[i * TL::LDF_BT + j];
         Tm_saved[(p.c * BT + i) * BT + j] = t;

@@ -582,7 +582,7 @@ static void test_encoder(int B, int T, int C, int V, int with_wpe) {
             if (with_wpe) { dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c]; }
         }
     }
-    encoder_backward(d_dwte, d_dwpe, d_scratch, d_dout, tokens.data(), B, T, C, stream);
+    encoder_backward(d_dwte, d_dwpe, d_scratch, d_dout, d_tokens, V, B, T, C, stream);
     snprintf(name, sizeof(name), "encoder_backward B=%d T=%d C=%d: dwte (+=)", B, T, C);
     check(name, download_f(d_dwte, (size_t)V * C), dwte);
     if (with_wpe) {
@@ -593,7 +593,7 @@ static void test_encoder(int B, int T, int C, int V, int with_wpe) {
     const std::vector<unsigned char> run1 = download_bytes(d_dwte, (size_t)V * C * sizeof(float));
     float* d_dwte_start = upload_f(dwte0);
     cudaCheck(cudaMemcpy(d_dwte, d_dwte_start, (size_t)V * C * sizeof(float), cudaMemcpyDeviceToDevice));
-    encoder_backward(d_dwte, NULL, d_scratch, d_dout, tokens.data(), B, T, C, stream);
+    encoder_backward(d_dwte, NULL, d_scratch, d_dout, d_tokens, V, B, T, C, stream);
     snprintf(name, sizeof(name), "encoder_backward B=%d T=%d C=%d: dwte rerun", B, T, C);
     check_same(name, run1, download_bytes(d_dwte, (size_t)V * C * sizeof(float)));
 
@@ -860,8 +860,8 @@ static void time_norm_encoder(void) {
                kind == NORM_LAYERNORM ? "layernorm" : "rmsnorm", N, C, ms, norm_bytes / (ms * 1e-3) / 1e9);
     }
 
-    // encoder_backward at B=16, T=1024, C=768, V=50304, uniformly random tokens, with dwpe; traffic counted: read
-    // dout, read + write the touched dwte rows and dwpe. The time includes the host's staging of the ids.
+    // encoder_backward at B=16, T=1024, C=768, V=50304, uniformly random tokens (on the device, as the forward left
+    // them), with dwpe; traffic counted: read dout, read + write the touched dwte rows and dwpe
     const int B = 16, T = 1024, V = 50304, BT = B * T;
     std::vector<int> tokens(BT);
     std::vector<char> seen(V, 0);
@@ -876,13 +876,14 @@ static void time_norm_encoder(void) {
     void* escratch = cuda_malloc_or_die(encoder_backward_scratch_bytes(B, T, C), "scratch");
     cudaCheck(cudaMemset(dwte, 0, (size_t)V * C * sizeof(float)));
     cudaCheck(cudaMemset(dwpe, 0, (size_t)T * C * sizeof(float)));
-    const float ms = time_ms([&] { encoder_backward(dwte, dwpe, escratch, edout, tokens.data(), B, T, C, stream); },
-                             20);
+    int* d_tokens = (int*)cuda_malloc_or_die(BT * sizeof(int), "tokens");
+    cudaCheck(cudaMemcpy(d_tokens, tokens.data(), BT * sizeof(int), cudaMemcpyHostToDevice));
+    const float ms = time_ms([&] { encoder_backward(dwte, dwpe, escratch, edout, d_tokens, V, B, T, C, stream); }, 20);
     const double enc_bytes = (double)BT * C * sizeof(floatX) + 2.0 * ((double)distinct + T) * C * sizeof(float);
     printf("timing encoder_backward B=%d T=%d C=%d V=%d (random tokens, %d distinct): %.3f ms, %.0f GB/s (read dout, "
            "read + write touched dwte rows and dwpe)\n", B, T, C, V, distinct, ms, enc_bytes / (ms * 1e-3) / 1e9);
 
-    void* buffers[] = {dout, inp, dinp, w, dw, db, mean, rstd, scratch, edout, dwte, dwpe, escratch};
+    void* buffers[] = {dout, inp, dinp, w, dw, db, mean, rstd, scratch, edout, dwte, dwpe, escratch, d_tokens};
     for (void* p : buffers) { cudaCheck(cudaFree(p)); }
 }
 
@@ -996,7 +997,6 @@ int main(void) {
     time_adamw();
     time_norm_encoder();
 
-    encoder_teardown();
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
     return num_failed ? 1 : 0;

@@ -1,14 +1,14 @@
 // dev/emu/emu.h: a CPU emulator of the CUDA execution model, for kernel headers that dev/emu/transform.py has turned
-// into host C++ (compile the result with nvcc as host code, -std=c++20). One std::thread per CUDA thread; the CTAs of
-// a launch run one after another, so the function-static __shared__ arrays are the CTA's; __syncthreads is a
-// std::barrier of the CTA's threads; a warp shuffle writes every lane's value to the warp's buffer and reads its
-// partner's between two barriers of the warp. Dynamic shared memory is filled with NaN before every CTA, so a read
-// of an unwritten element shows in the results. Only 1-D blocks; the runtime calls the kernels' host code makes
-// (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice, cudaMemcpyFromSymbol) are answered here. kernels/mma.cuh's warp-wide
-// instructions are emulated the same way: ldmatrix (each lane's row address through the warp's buffer, then the
-// PTX fragment layout), mma.sync m16n8k16 (every lane's fragments through the buffer, then each lane's C elements
-// as fp32 sums in k order; the tensor cores' own order and rounding may differ in the last bits) and named
-// barriers (one std::barrier per id and CTA, sized by its first arrival); a cp.async copies at once.
+// into host C++ (compile the result with nvcc as host code, -std=c++20). One std::thread per CUDA thread; the CTAs of a
+// launch run one after another, so the function-static __shared__ arrays are the CTA's; __syncthreads is a std::barrier
+// of the CTA's threads; a warp shuffle writes every lane's value to the warp's buffer and reads its partner's between
+// two barriers of the warp; __syncwarp is a barrier of the warp. Dynamic shared memory is filled with NaN before every
+// CTA, so a read of an unwritten element shows in the results. Only 1-D blocks; the runtime calls the kernels' host
+// code makes (cudaFuncSetAttribute, cudaDeviceGetAttribute, cudaGetDevice, cudaMemcpyFromSymbol) are answered here.
+// kernels/mma.cuh's warp-wide instructions are emulated the same way: ldmatrix (each lane's row address through the
+// warp's buffer, then the PTX fragment layout), mma.sync m16n8k16 (every lane's fragments through the buffer, then each
+// lane's C elements as fp32 sums in k order; the tensor cores' own order and rounding may differ in the last bits) and
+// named barriers (one std::barrier per id and CTA, sized by its first arrival); a cp.async copies at once.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -68,6 +68,7 @@ template <typename T> static T emu_shfl_up(T v, int o) {   // lanes below o keep
     return r;
 }
 static EmuWarp& emu_warp() { return emu_cta->warps[emu_threadIdx.x / 32]; }
+static void emu_syncwarp() { emu_warp().bar->arrive_and_wait(); }   // __syncwarp() of all 32 lanes
 // bar.sync id, threads
 static void emu_named_barrier(int id, int threads) {
     std::barrier<>* b;
@@ -222,6 +223,7 @@ static cudaError_t emu_device(int* d) { *d = 0; return cudaSuccess; }
 #define blockDim emu_blockDim
 #define gridDim emu_gridDim
 #define __syncthreads() emu_syncthreads()
+#define __syncwarp() emu_syncwarp()
 #define __shfl_xor_sync(mask, ...) emu_shfl_xor(__VA_ARGS__)
 #define __shfl_up_sync(mask, ...) emu_shfl_up(__VA_ARGS__)
 #define __fdividef(a, b) ((a) / (b))   // the approximate division: exact here

@@ -275,8 +275,8 @@ static int check(int B, int T, int H, int dk, int dv) {
         });
         if (!CH) {   // per head the launchers' kernel at dv <= 128 (Vn in Kw's tile)
             emu_launch(dim3(nch), block, [&]() {
-                gdn_fwd_output_head_mma_kernel(oh.data(), HV, qb.data(), H * dk, kwb.data(), H * dk, G.data(), hb.data(),
-                                               Vnb.data(), T, H, NT, dk, dv, scale);
+                gdn_fwd_output_head_mma_kernel<0>(oh.data(), HV, qb.data(), H * dk, kwb.data(), H * dk, G.data(),
+                                                  hb.data(), Vnb.data(), T, H, NT, dk, dv, scale);
             });
         }
         emu_launch(dim3(nch), block, [&]() {
@@ -331,8 +331,8 @@ static int check_intra(int B, int T, int H, int dk, int dv, bool split) {
         std::vector<float> Tm((size_t)nch * BT * BT, NAN), G((size_t)nch * BT, NAN);
         std::vector<bf16> W((size_t)nch * BT * dk, __float2bfloat16(NAN)), Uw((size_t)nch * BT * dv, __float2bfloat16(NAN));
         emu_launch(dim3(nch), dim3(GDN_THREADS), [&]() {
-            gdn_fwd_intra_mma_kernel(Tm.data(), G.data(), W.data(), Uw.data(), kb, kb + H * dk, ld,
-                                     split ? kwb.data() : kb, ld_kw, beta.data(), g.data(), 1, T, H, NT, dk, dv);
+            gdn_fwd_intra_mma_kernel<0>(Tm.data(), G.data(), W.data(), Uw.data(), kb, kb + H * dk, ld,
+                                        split ? kwb.data() : kb, ld_kw, beta.data(), g.data(), 1, T, H, NT, dk, dv);
         });
         out[1][0] = Tm; out[1][1] = G; out[1][2] = to_floats(W); out[1][3] = to_floats(Uw);
     }
