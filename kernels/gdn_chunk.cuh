@@ -68,8 +68,9 @@ processed in slabs of GdnTile<Tc>::SL columns so that dk up to 256 fits in share
 #define GDN_STATE_BV 32         // dv columns of the state per CTA of the state kernels
 #define GDN_STATE_CTAS 3        // state kernel CTAs per SM (their register bound): 384 CTAs in one wave at the
                                 // production shape (B*H*dv/BV on 132 SMs)
-#define GDN_FIXED_DK 128        // the head size the register-tile state kernels are also compiled for (every
-                                // gdn-family mixer's production heads; gdn_state_load_rows)
+#define GDN_FIXED_DK 128        // the head size the register-tile state kernels (and, at dk = dv, the per-head intra
+                                // and output kernels) are also compiled for (every gdn-family mixer's production
+                                // heads; gdn_state_load_rows, gdn_tile_load)
 
 // slab width (columns of dk or dv processed at once) and padded tile strides, per operand type
 template <typename Tc> struct GdnTile {
