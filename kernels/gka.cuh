@@ -1398,15 +1398,17 @@ static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int 
 // through ldmatrix, X four times over and H0 four times per iteration (H200, ncu: shared-memory pipe 68% busy, the
 // tensor pipe 40%, short-scoreboard the first stall). Here the tensor cores read the operands from shared memory
 // themselves (kernels/mma.cuh's wgmma): H0 once per iteration, X once per warpgroup, except a warpgroup's own
-// columns of X, which its products take from registers (gka_wgmma_x: the shared-memory pipe had been 68% busy, nearly
-// all of it operand fetches; 2.78 -> 2.71 ms per solve, H200). Warpgroup q owns the columns
+// columns of X and of S, which its products take from registers (gka_wgmma_ra: the shared-memory pipe had been 68%
+// busy, nearly all of it operand fetches; 2.78 -> 2.71 ms per solve, H200). Warpgroup q owns the columns
 // GKA_WG_NH q .. of x and HY and the columns GKA_WG_NS q .. of S; its warp w the rows 16 w .. 16 w + 15 of them
 // (the accumulator layout). An iteration (spec 5.1(c), 3.1):
-//   1. x into Xs (two pieces); a barrier;
-//   2. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) issued as two groups,
-//      the warpgroup's own k-steps first;
-//      while HY runs, S (.) M into Ss (two pieces); a barrier (Ss written, Xs read by every warpgroup);
-//   3. HY = diag(zeta) HY, then HY += S K (two pieces of S), and the update of x in registers.
+//   1. S = X K^T (two pieces of X) and HY = X H0 (X.hi H0.hi + X.lo H0.hi + X.hi H0.lo) over the warpgroup's own
+//      k-steps, from registers; while they run, x into Xs (two pieces); a barrier;
+//   2. the other k-steps of both from Xs; while HY runs, S (.) M into Ss (two pieces);
+//   3. HY = diag(zeta) HY, then HY += S K (two pieces of S): the own k-steps from registers; a barrier (Ss
+//      written, Xs read by every warpgroup); the other k-steps from Ss; the update of x in registers.
+// A barrier thus finds the tensor cores busy with the products that need no other warpgroup's columns (before: x
+// stored, barrier, all k-steps).
 // (Tried: Xs in two tiles used in turn, S K in its own accumulator queued behind X H0 without the wait for it
 // before the barrier: 2.86 against 2.76 ms per solve, H200.) The keys are bf16 in two K-major tiles, K [c][d] for
 // X K^T and Kt [d][c] for S K; H0 is stored as B of X H0 ([n][k], element (n, k) = H0[k][n]), copied from
@@ -1445,14 +1447,17 @@ static size_t gka_chunk_solve_wgmma_smem(int iters) {
     return bytes;
 }
 
-// acc (+)= A B[n0 .. n0 + N) over the k-steps of K-major tiles A [64][KD] and B [*][KD] in their pieces: A.hi B.hi,
-// then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from zero
-template <int N, int KD, bool A_LO, bool B_LO>
-__device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const GkaTile& Bm, int n0, int accumulate) {
-    const uint64_t ah = wgmma_desc(A.hi, 0, 0, KD), bh = wgmma_desc(Bm.hi, n0, 0, KD);
-    const uint64_t al = A_LO ? wgmma_desc(A.lo, 0, 0, KD) : 0, bl = B_LO ? wgmma_desc(Bm.lo, n0, 0, KD) : 0;
+// acc (+)= A B[n0 .. n0 + N) over the k-steps kc0 .. kc0 + NKC - 1 (16 columns each) of K-major tiles A [64][KD]
+// and B [*][KD] in their pieces: A.hi B.hi, then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from
+// zero
+template <int N, int KD, bool A_LO, bool B_LO, int NKC = KD / 16>
+__device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const GkaTile& Bm, int n0, int accumulate,
+                                          int kc0 = 0) {
+    const uint64_t ah = wgmma_desc(A.hi, 0, 16 * kc0, KD), bh = wgmma_desc(Bm.hi, n0, 16 * kc0, KD);
+    const uint64_t al = A_LO ? wgmma_desc(A.lo, 0, 16 * kc0, KD) : 0;
+    const uint64_t bl = B_LO ? wgmma_desc(Bm.lo, n0, 16 * kc0, KD) : 0;
     #pragma unroll
-    for (int kc = 0; kc < KD / 16; kc++) {
+    for (int kc = 0; kc < NKC; kc++) {
         const uint64_t ahk = wgmma_desc_advance(ah, 16 * kc), bhk = wgmma_desc_advance(bh, 16 * kc);
         wgmma_m64k16<N>(acc, ahk, bhk, accumulate || kc > 0);
         if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * kc), bhk, 1); }
@@ -1460,29 +1465,28 @@ __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const Gk
     }
 }
 
-// acc = X B[n0 .. n0 + N) over X's 128 columns (two pieces), B in B_LO pieces: the warpgroup's own k-steps kc_own ..
-// kc_own + 3 (its columns of x) with A from registers, xa[j][piece] the A fragments of k-step kc_own + j; the other
-// four k-steps from the shared tile X
-template <int N, bool B_LO>
-__device__ __forceinline__ void gka_wgmma_x(float* acc, const uint32_t (*xa)[2][4], int kc_own, const GkaTile& X,
-                                            const GkaTile& Bm, int n0) {
-    const int KD = GKA_SOLVE_DK, kc_other = 4 - kc_own;
-    const uint64_t bh = wgmma_desc(Bm.hi, n0, 0, KD), bl = B_LO ? wgmma_desc(Bm.lo, n0, 0, KD) : 0;
+// the same with A in two pieces from registers: a[j][piece] the A fragments of k-step kc0 + j (the accumulator
+// fragments of this warpgroup's columns, packed as gka_pieces2 does), B [*][KD] in B_LO pieces
+template <int N, int NKC, int KD, bool B_LO>
+__device__ __forceinline__ void gka_wgmma_ra(float* acc, const uint32_t (*a)[2][4], int kc0, const GkaTile& Bm,
+                                             int n0, int accumulate) {
+    const uint64_t bh = wgmma_desc(Bm.hi, n0, 16 * kc0, KD), bl = B_LO ? wgmma_desc(Bm.lo, n0, 16 * kc0, KD) : 0;
     #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const uint64_t bhk = wgmma_desc_advance(bh, 16 * (kc_own + j));
-        wgmma_m64k16_rs<N>(acc, xa[j][0], bhk, j > 0);
-        wgmma_m64k16_rs<N>(acc, xa[j][1], bhk, 1);
-        if (B_LO) { wgmma_m64k16_rs<N>(acc, xa[j][0], wgmma_desc_advance(bl, 16 * (kc_own + j)), 1); }
+    for (int j = 0; j < NKC; j++) {
+        const uint64_t bhk = wgmma_desc_advance(bh, 16 * j);
+        wgmma_m64k16_rs<N>(acc, a[j][0], bhk, accumulate || j > 0);
+        wgmma_m64k16_rs<N>(acc, a[j][1], bhk, 1);
+        if (B_LO) { wgmma_m64k16_rs<N>(acc, a[j][0], wgmma_desc_advance(bl, 16 * j), 1); }
     }
-    const uint64_t ah = wgmma_desc(X.hi, 0, 16 * kc_other, KD), al = wgmma_desc(X.lo, 0, 16 * kc_other, KD);
-    #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const uint64_t ahk = wgmma_desc_advance(ah, 16 * j), bhk = wgmma_desc_advance(bh, 16 * (kc_other + j));
-        wgmma_m64k16<N>(acc, ahk, bhk, 1);
-        wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * j), bhk, 1);
-        if (B_LO) { wgmma_m64k16<N>(acc, ahk, wgmma_desc_advance(bl, 16 * (kc_other + j)), 1); }
-    }
+}
+
+// the A fragments of this thread's n-tile t of a warpgroup accumulator as an A operand (gka_wgmma_ra): k-step t / 2,
+// rows ca (words wa) and cb = ca + 8 (wb), columns 8 (t % 2) .. of it
+__device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2 wa, uint2 wb) {
+    a[t / 2][0][2 * (t % 2)] = wa.x;
+    a[t / 2][0][2 * (t % 2) + 1] = wb.x;
+    a[t / 2][1][2 * (t % 2)] = wa.y;
+    a[t / 2][1][2 * (t % 2) + 1] = wb.y;
 }
 
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
@@ -1492,8 +1496,11 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     extern __shared__ __align__(128) unsigned char gka_smem_solve_wg[];
     GkaSolveWgSmem sm((size_t)gka_smem_solve_wg, iters, NULL);
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
-    const int tid = threadIdx.x, grp = tid / 128, lane = tid % 32, gq = lane >> 2, t4 = lane & 3;
-    const int ca = 16 * (tid % 128 / 32) + gq, cb = ca + 8;            // this lane's rows
+    // the warpgroup broadcast from lane 0: the compiler then knows it uniform over the warp and makes the wgmma
+    // descriptors, which depend on it, in uniform registers (an R2UR per descriptor before: the solve's
+    // instructions 730M -> 590M, 2.69 -> 2.68 ms, H200)
+    const int tid = threadIdx.x, grp = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid % 32, gq = lane >> 2;
+    const int t4 = lane & 3, ca = 16 * (tid % 128 / 32) + gq, cb = ca + 8;   // this lane's rows ca, cb
     const int hc0 = GKA_WG_NH * grp, sc0 = GKA_WG_NS * grp;             // its warpgroup's first columns of HY, S
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
@@ -1548,6 +1555,9 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
     float x[GKA_WG_NTH][4], xp[GKA_WG_NTH][4];
     gka_cheb_start<GKA_WG_NTH>(x, xp, bl, GKA_WG_THREADS, ra.tau, rb.tau);
+    float2 b_frags[2 * GKA_WG_NTH];   // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200)
+    #pragma unroll
+    for (int i = 0; i < 2 * GKA_WG_NTH; i++) { b_frags[i] = bl[i * GKA_WG_THREADS]; }
     float mk[4 * GKA_WG_NTS];   // M at this thread's elements of S, the same every iteration
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTS; t++) {
@@ -1557,40 +1567,54 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     // this thread's elements in Xs and Ss: (ca, c0 + 8 t + 2 t4) at xo + 64 t, and row cb = ca + 8 a core matrix row
     // group (8 kd elements) further
     const int xo = wgmma_tile_off(ca, hc0 + 2 * t4, D), so = wgmma_tile_off(ca, sc0 + 2 * t4, BT);
-    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces as A fragments of its 16-column k-steps (gka_wgmma_x)
+    // a warpgroup's own columns of x and of S are register operands (gka_wgmma_ra) of its own k-steps, which
+    // need nothing from the other warpgroup: they go to the tensor cores before the barrier that publishes the
+    // other columns through Xs and Ss, and the other k-steps after it
+    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces as A fragments of its 16-column k-steps
+    uint32_t sa[GKA_WG_NTS / 2][2][4];   // the masked S's pieces, the same
+    const int kx_own = GKA_WG_NTH / 2 * grp, kx_other = GKA_WG_NTH / 2 - kx_own;   // k-steps of X (of 8)
+    const int ks_own = GKA_WG_NTS / 2 * grp, ks_other = GKA_WG_NTS / 2 - ks_own;   // k-steps of S (of 4)
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
-            const uint2 wa = gka_store2_pieces(sm.X.hi + xo + 64 * t, sm.X.lo + xo + 64 * t, x[t][0], x[t][1]);
-            const uint2 wb = gka_store2_pieces(sm.X.hi + xo + 64 * t + 8 * D, sm.X.lo + xo + 64 * t + 8 * D, x[t][2],
-                                               x[t][3]);
-            xa[t / 2][0][2 * (t % 2)] = wa.x;
-            xa[t / 2][0][2 * (t % 2) + 1] = wb.x;
-            xa[t / 2][1][2 * (t % 2)] = wa.y;
-            xa[t / 2][1][2 * (t % 2) + 1] = wb.y;
+            gka_frag_words(xa, t, gka_pieces2(x[t][0], x[t][1]), gka_pieces2(x[t][2], x[t][3]));
+        }
+        wgmma_fence();
+        gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false>(s, xa, kx_own, sm.K, sc0, 0);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, true>(hy, xa, kx_own, sm.H0, hc0, 0);
+        wgmma_commit();
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {   // the pieces into Xs while those run
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int o = xo + 64 * t + 8 * D * h, e = 2 * (t % 2) + h;
+                *reinterpret_cast<uint32_t*>(sm.X.hi + o) = xa[t / 2][0][e];
+                *reinterpret_cast<uint32_t*>(sm.X.lo + o) = xa[t / 2][1][e];
+            }
         }
         fence_proxy_async();
-        __syncthreads();
+        __syncthreads();   // Xs written by every warp
         wgmma_fence();
-        gka_wgmma_x<GKA_WG_NS, false>(s, xa, GKA_WG_NTH / 2 * grp, sm.X, sm.K, sc0);
+        gka_wgmma<GKA_WG_NS, D, true, false, GKA_WG_NTH / 2>(s, sm.X, sm.K, sc0, 1, kx_other);
         wgmma_commit();
-        gka_wgmma_x<GKA_WG_NH, true>(hy, xa, GKA_WG_NTH / 2 * grp, sm.X, sm.H0, hc0);
+        gka_wgmma<GKA_WG_NH, D, true, true, GKA_WG_NTH / 2>(hy, sm.X, sm.H0, hc0, 1, kx_other);
         wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<1>();   // the own k-steps and S's other ones
         wgmma_hold<4 * GKA_WG_NTS>(s);
+        wgmma_hold_a<GKA_WG_NTH * 4>(&xa[0][0][0]);
         #pragma unroll
-        for (int t = 0; t < GKA_WG_NTS; t++) {
+        for (int t = 0; t < GKA_WG_NTS; t++) {   // S (.) M in pieces, into Ss while X H0 runs
+            uint2 w[2];
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int o = so + 64 * t + 8 * BT * h, e = 4 * t + 2 * h;
-                gka_store2_pieces(sm.S.hi + o, sm.S.lo + o, s[e] * mk[e], s[e + 1] * mk[e + 1]);
+                w[h] = gka_store2_pieces(sm.S.hi + o, sm.S.lo + o, s[e] * mk[e], s[e + 1] * mk[e + 1]);
             }
+            gka_frag_words(sa, t, w[0], w[1]);
         }
         fence_proxy_async();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
-        wgmma_hold_a<GKA_WG_NTH * 4>(&xa[0][0][0]);
-        __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
             hy[4 * t] *= zeta_a;
@@ -1599,12 +1623,17 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             hy[4 * t + 3] *= zeta_b;
         }
         wgmma_fence();
-        gka_wgmma<GKA_WG_NH, 64, true, false>(hy, sm.S, sm.Kt, hc0, 1);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTS / 2, BT, false>(hy, sa, ks_own, sm.Kt, hc0, 1);
+        wgmma_commit();
+        __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NH, BT, true, false, GKA_WG_NTS / 2>(hy, sm.S, sm.Kt, hc0, 1, ks_other);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
+        wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
-        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, bl, GKA_WG_THREADS, ra, rb, om, om1);
+        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, b_frags, 1, ra, rb, om, om1);
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }

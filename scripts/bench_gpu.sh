@@ -4,7 +4,7 @@
 # mixers also at B=1, T=16384 and 32768: long context, 16K and 32K tokens per step), beside a PyTorch
 # peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
 # when attn is among the models), plus the timing lines of the kernel labs of the models' cores
-# (dev/cuda/gdn_chunk_bwd.cu for gdn and kaczmarz, gka_core.cu for gka, kalman_scan.cu for kalman, pdn_core.cu for
+# (dev/cuda/gdn_chunk_fwd.cu and gdn_chunk_bwd.cu for gdn and kaczmarz, gka_core.cu for gka, kalman_scan.cu for kalman, pdn_core.cu for
 # pdn, pgdn and pkda).
 # Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
@@ -15,7 +15,8 @@
 # Usage: bash scripts/bench_gpu.sh
 #   BENCH_MODELS="attn gdn kaczmarz"   the models (any of attn gdn kaczmarz gka kalman pdn pgdn pkda; the others run
 #                         their papers' blocks: kalman its LM recipe, the pdn family RMSNorm + SwiGLU; see MODEL_FLAGS)
-#   BENCH_GDN_VERSION=N   kernel version of the gdn lab (default, as for every lab: the highest it accepts)
+#   BENCH_GDN_VERSION=N   kernel version of the gdn backward lab gdn_chunk_bwd.cu (default, as for every lab: the
+#                         highest it accepts)
 #   BENCH_RUN_TIMEOUT=S   seconds allowed to each run (default 300)
 #   BENCH_LONG=0          skips the long-context rows (B=1, T=16384 and 32768)
 # A failing run prints its error, its row reads FAILED and the others still run; the exit code is 1 if any failed.
@@ -38,12 +39,14 @@ MAX_SEQ_LEN=4096         # position-embedding rows of the attn model, the same i
 FLA_GDN_TOKS=242000      # DESIGN.md's figure for FLA's GDN layers (one H200, T=1024), not measured here
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-300}
 LAB_DIR=dev/cuda
-declare -A MODEL_LAB=([gdn]=gdn_chunk_bwd [kaczmarz]=gdn_chunk_bwd [gka]=gka_core [kalman]=kalman_scan [pdn]=pdn_core
-                   [pgdn]=pdn_core [pkda]=pdn_core)   # the lab of each core
+# the labs of each core (gdn_chunk_fwd.cu times the forward alone, gdn_chunk_bwd.cu the forward+backward)
+declare -A MODEL_LAB=([gdn]="gdn_chunk_fwd gdn_chunk_bwd" [kaczmarz]="gdn_chunk_fwd gdn_chunk_bwd" [gka]=gka_core
+                   [kalman]=kalman_scan [pdn]=pdn_core [pgdn]=pdn_core [pkda]=pdn_core)
 LABS=()   # the models' labs, each once, in the models' order
 for M in "${MODELS[@]}"; do
-    lab=${MODEL_LAB[$M]:-}
-    [ -n "$lab" ] && [[ " ${LABS[*]} " != *" $lab "* ]] && LABS+=("$lab")
+    for lab in ${MODEL_LAB[$M]:-}; do
+        [[ " ${LABS[*]} " != *" $lab "* ]] && LABS+=("$lab")
+    done
 done
 
 # where the logs go: $OUT/bench_gpu_logs when the device tool collects $OUT, else a temporary folder

@@ -153,6 +153,17 @@ identical in both builds (H200, one run). Then pass 3b's elementwise rest (dq_ha
 lane's operands of all its warp's rows before it uses any (ncu's samples: a fifth of the kernel waited there, on
 the loads of one element after another): pass 3b 0.927 -> 0.759 ms under ncu, forward+backward 8.06 -> 7.81 ms
 (version 9 of the commit before both steps, same run), every output identical.
+Then the wgmma solve (2026-12-02, H200, ncu: 2.70 ms, tensor pipe 49% busy, 5.15 cycles between a warp's issues,
+stalls: wait 21%, mio 10%, barrier 10%): removing the second pieces' products (a probe, not a solve) took it to 1.93
+ms, the update of x to 2.46 ms, so about half of an iteration is tensor work and half the serial rest, both
+warpgroups' at once. Each warpgroup's own k-steps of X K^T, X H0 and S K now go to the tensor cores from registers
+before the barrier that publishes the other columns (S from registers is new): 2.70 -> 2.69 ms (229 -> 214
+registers). The second warpgroup now sums S K's k-steps in another order: the printed errors are the same at dk = 16
+and 32 and in the emulator, and move in the third digit either way at dk = 128 (x 1.75e-6 -> 1.70e-6, dk 1.15e-4 ->
+1.21e-4, dalpha 2.10e-4 -> 2.04e-4). The warpgroup index broadcast by a shuffle, so that the descriptors are made
+in uniform registers: instructions 730M -> 590M, 2.68 ms. b in registers for the update: 2.60 ms (adjoint solve
+2.64 -> 2.55 ms). Forward+backward 7.83 / 7.79 -> 7.65 / 7.68 ms (the commit before's binary and this one's, twice
+each in one run). A second HY accumulator for S K, so that it need not wait for X H0: no gain (2.69 ms), not kept.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve

@@ -67,6 +67,16 @@ template <typename T> static T emu_shfl_up(T v, int o) {   // lanes below o keep
     W.bar->arrive_and_wait();
     return r;
 }
+template <typename T> static T emu_shfl(T v, int src) {   // __shfl_sync: lane src's value (src < 32)
+    EmuWarp& W = emu_cta->warps[emu_threadIdx.x / 32];
+    const int lane = emu_threadIdx.x % 32;
+    uint64_t b = 0; memcpy(&b, &v, sizeof(T));
+    W.slot[lane] = b;
+    W.bar->arrive_and_wait();
+    T r; memcpy(&r, &W.slot[src], sizeof(T));
+    W.bar->arrive_and_wait();
+    return r;
+}
 static EmuWarp& emu_warp() { return emu_cta->warps[emu_threadIdx.x / 32]; }
 static void emu_syncwarp() { emu_warp().bar->arrive_and_wait(); }   // __syncwarp() of all 32 lanes
 // bar.sync id, threads
@@ -226,6 +236,7 @@ static cudaError_t emu_device(int* d) { *d = 0; return cudaSuccess; }
 #define __syncwarp() emu_syncwarp()
 #define __shfl_xor_sync(mask, ...) emu_shfl_xor(__VA_ARGS__)
 #define __shfl_up_sync(mask, ...) emu_shfl_up(__VA_ARGS__)
+#define __shfl_sync(mask, ...) emu_shfl(__VA_ARGS__)
 #define __fdividef(a, b) ((a) / (b))   // the approximate division: exact here
 #define __expf(x) expf(x)              // the approximate exponential: exact here
 #define __umulhi(a, b) ((uint32_t)(((uint64_t)(a) * (uint64_t)(b)) >> 32))   // the high word of the 64-bit product

@@ -11,9 +11,9 @@
 #   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma; readout, dQt, pass 3 and the
 #     chunk-state terms of the forward and of pass 2 on mma.sync) against the CUDA-core fp32 products, bf16 build,
 #     T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every ldmatrix and mma is a barrier of the warp's 32
-#     threads); negative controls: x's second bf16 piece left out of the solve's register-operand products, pass 3a's
-#     diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand in one bf16 piece,
-#     must fail;
+#     threads); negative controls: the second bf16 piece of x and S left out of the solve's register-operand
+#     products, pass 3a's diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand
+#     in one bf16 piece, must fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
@@ -85,8 +85,8 @@ negative() {
 }
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
-negative gka.cuh 's/^        wgmma_m64k16_rs<N>(acc, xa\[j\]\[1\], bhk, 1);$//' \
-    "x's second bf16 piece in the wgmma solve's register-operand products" gka_mma "100 16 24"
+negative gka.cuh 's/^        wgmma_m64k16_rs<N>(acc, a\[j\]\[1\], bhk, 1);$//' \
+    "the second bf16 piece of x and S in the wgmma solve's register-operand products" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);$//' \
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \
