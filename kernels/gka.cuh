@@ -803,7 +803,7 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 //   1. stores its 16 x 32 part of x into Xs (columns 32 p ..);
 //   2. S = (X K^T) (.) M for its 16 rows x 16 columns 16 p .. of the chunk's keys, into Ss;
 //   3. HY = diag(zeta) X H0 + S K for its 16 rows x 32 columns, in registers (spec 5.1(c)), and the update of
-//      x in place: x <- omega x - tau omega (HY + a f x - b) - (omega - 1) x_prev (spec 3.1).
+//      x in place: spec 3.1's x <- omega x - tau omega (HY + a f x - b) - (omega - 1) x_prev (gka_cheb_step).
 // (Two warps per block, 64 columns each, measured 5% slower: 25.85 against 24.48 ms forward+backward of the lab's
 // benchmark, 2026-11-27, H200.)
 // The right-hand side b (fp32) waits in shared memory in the lanes' own fragment order (no barrier guards it).
@@ -928,8 +928,8 @@ __device__ void gka_norm_scan(float* fr, const float* gl, const float* zeta, con
 }
 
 // ---- what the two bf16 solve kernels share (gka_chunk_solve_mma_kernel, gka_chunk_solve_wgmma_kernel): a chunk's
-// per-row data, and this thread's fragment elements of x, x_prev and b: rows ca and ca + 8, columns c0 + 8 t + 2 t4
-// (+ 1) of the NT n-tiles t, the accumulator layout (kernels/mma.cuh)
+// per-row data, and this thread's fragment elements of x, its last step dx and b: rows ca and ca + 8, columns
+// c0 + 8 t + 2 t4 (+ 1) of the NT n-tiles t, the accumulator layout (kernels/mma.cuh)
 
 // the per-row data, carved first: tau (double), the decays, f, a f, a reduction slot, and the parts [BT][parts] of
 // quad_c and of f's Gram term
@@ -1031,9 +1031,9 @@ __device__ void gka_solve_rows_finish(GkaSolveRows& r, int compute_f, const floa
     __syncthreads();
 }
 
-// x = tau b, x_prev = 0
+// x = tau b, and the step dx = x - x_prev = x (x_prev = 0)
 template <int NT>
-__device__ __forceinline__ void gka_cheb_start(float (*x)[4], float (*xp)[4], const float2* bl, int stride,
+__device__ __forceinline__ void gka_cheb_start(float (*x)[4], float (*dx)[4], const float2* bl, int stride,
                                                float tau_a, float tau_b) {
     #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -1041,25 +1041,26 @@ __device__ __forceinline__ void gka_cheb_start(float (*x)[4], float (*xp)[4], co
         for (int i = 0; i < 4; i++) {
             const float2 bb = bl[(t * 2 + i / 2) * stride];
             x[t][i] = (i < 2 ? tau_a : tau_b) * (i % 2 ? bb.y : bb.x);
-            xp[t][i] = 0.0f;
+            dx[t][i] = x[t][i];
         }
     }
 }
 
-// one Chebyshev step of spec 3.1 on this thread's elements, hy = H x: x <- omega x - c1 (hy + a f x - b) -
-// (omega - 1) x_prev with c1 = tau omega (fp32) of each row, the residual hy + a f x - b formed first (it is small
-// near convergence: (omega - c1 a f) x + c1 (b - hy) would round two large terms, measured 2x the error in x);
-// om = omega and om1 = omega - 1 rounded from double; rows with f = 0 (all keys zero) keep x = 0, not 0/0
+// one Chebyshev step of spec 3.1 on this thread's elements, hy = H x: spec 3.1's x <- omega x - c1 (hy + a f x - b)
+// - (omega - 1) x_prev, with c1 = tau omega (fp32) of each row, written for the step dx = x - x_prev:
+// dx <- (omega - 1) dx - c1 (hy + a f x - b), x <- x + dx (the same in exact arithmetic; two operations and a copy
+// fewer than x, x_prev: solve 2.59 -> 2.54 ms, adjoint solve 2.54 -> 2.48 ms, H200; the lab's errors move either way
+// in the third digit, r = 400's ridge solve unchanged). The residual hy + a f x - b is formed first (it is small
+// near convergence: (omega - c1 a f) x + c1 (b - hy) would round two large terms, measured 2x the error in x). om1 =
+// omega - 1 rounded from double. A row with f = 0 (all keys zero) has tau = 0 and keeps x = dx = 0 (H x = 0).
 struct GkaChebRow {
-    float tau, lam;   // tau = 2 / (f (1 + 2a)) and a f of the row
-    bool live;        // f > 0
+    float tau, lam;   // tau = 2 / (f (1 + 2a)) (0 where f = 0) and a f of the row
 };
 __device__ __forceinline__ GkaChebRow gka_cheb_row(const GkaSolveRows& r, int c) {
-    const float tau = (float)r.tau[c];
-    return {tau, r.lam[c], tau > 0.0f};
+    return {(float)r.tau[c], r.lam[c]};
 }
 template <int NT>
-__device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*xp)[4], const float* hy, const float2* bl,
+__device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*dx)[4], const float* hy, const float2* bl,
                                               int stride, const GkaChebRow& ra, const GkaChebRow& rb, float om,
                                               float om1) {
     const float c1a = ra.tau * om, c1b = rb.tau * om;
@@ -1069,12 +1070,9 @@ __device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*xp)[4], con
         for (int i = 0; i < 4; i++) {
             const float2 bb = bl[(t * 2 + i / 2) * stride];
             const float bv = i % 2 ? bb.y : bb.x;
-            float& xv = x[t][i];
-            float& pv = xp[t][i];
-            const GkaChebRow& rw = i < 2 ? ra : rb;
-            const float xn = om * xv - (i < 2 ? c1a : c1b) * (hy[4 * t + i] + rw.lam * xv - bv) - om1 * pv;
-            pv = xv;
-            xv = rw.live ? xn : 0.0f;
+            const float lam = i < 2 ? ra.lam : rb.lam;
+            dx[t][i] = om1 * dx[t][i] - (i < 2 ? c1a : c1b) * (hy[4 * t + i] + lam * x[t][i] - bv);
+            x[t][i] += dx[t][i];
         }
     }
 }
@@ -1326,8 +1324,8 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
 
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
-    float x[GKA_SOLVE_NTH][4], xp[GKA_SOLVE_NTH][4];
-    gka_cheb_start<GKA_SOLVE_NTH>(x, xp, bl, 32, ra.tau, rb.tau);
+    float x[GKA_SOLVE_NTH][4], dx[GKA_SOLVE_NTH][4];
+    gka_cheb_start<GKA_SOLVE_NTH>(x, dx, bl, 32, ra.tau, rb.tau);
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_SOLVE_NTH; t++) {
@@ -1344,7 +1342,7 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
             float hy[4][4];
             const int n0 = hc0 + 32 * q;
             gka_chunk_rows_product<true, true>(hy, sm.X, sm.H0, sm.S, sm.K, zeta_a, zeta_b, r0, n0, lane);
-            gka_cheb_step<4>(x + 4 * q, xp + 4 * q, &hy[0][0], bl + 4 * q * 2 * 32, 32, ra, rb, om, om1);
+            gka_cheb_step<4>(x + 4 * q, dx + 4 * q, &hy[0][0], bl + 4 * q * 2 * 32, 32, ra, rb, om, om1);
         }
         named_barrier_sync(1 + blk, 32 * GKA_SOLVE_WPR);   // the block is done with Xs before it is written again
     }
@@ -1553,8 +1551,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
-    float x[GKA_WG_NTH][4], xp[GKA_WG_NTH][4];
-    gka_cheb_start<GKA_WG_NTH>(x, xp, bl, GKA_WG_THREADS, ra.tau, rb.tau);
+    float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
+    gka_cheb_start<GKA_WG_NTH>(x, dx, bl, GKA_WG_THREADS, ra.tau, rb.tau);
     float2 b_frags[2 * GKA_WG_NTH];   // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200)
     #pragma unroll
     for (int i = 0; i < 2 * GKA_WG_NTH; i++) { b_frags[i] = bl[i * GKA_WG_THREADS]; }
@@ -1633,7 +1631,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_hold<4 * GKA_WG_NTH>(hy);
         wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
-        gka_cheb_step<GKA_WG_NTH>(x, xp, hy, b_frags, 1, ra, rb, om, om1);
+        gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }

@@ -164,6 +164,11 @@ and 32 and in the emulator, and move in the third digit either way at dk = 128 (
 in uniform registers: instructions 730M -> 590M, 2.68 ms. b in registers for the update: 2.60 ms (adjoint solve
 2.64 -> 2.55 ms). Forward+backward 7.83 / 7.79 -> 7.65 / 7.68 ms (the commit before's binary and this one's, twice
 each in one run). A second HY accumulator for S K, so that it need not wait for X H0: no gain (2.69 ms), not kept.
+Then the update in the form of its step (kernels/gka.cuh's gka_cheb_step: dx <- (omega - 1) dx - c1 r, x <- x + dx,
+spec 3.1's x, x_prev recurrence in exact arithmetic, two operations and a copy fewer per element): solve 2.59 ->
+2.54 ms, adjoint solve 2.54 -> 2.48 ms, forward+backward 7.69 / 7.68 -> 7.56 / 7.56 ms (twice each in one run);
+the errors move either way in the third digit (dk = 128: x 1.70e-6 unchanged, dg 2.28e-4 -> 2.84e-4, dk 1.21e-4 ->
+1.06e-4), r = 400's ridge solve unchanged (1.58e-5), the emulator's x against the CUDA-core solve 4.4e-6 -> 2.8e-6.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve

@@ -10,11 +10,13 @@ Tolerance: o 4e-3 relative L2 (stored in bf16: both sides round the same fp32 va
 difference in it moves an element by up to 2^-8), every fp32 output 5e-4. The register tiles hold x, H0, S and U0
 as two bf16 pieces (16 of fp32's 24 bits), and the solve magnifies what is left by up to its condition number
 (kernels/gka.cuh's solve header; the H200 lab measured dk 1.1e-4 and dalpha 1.9e-4 against float64). Measured
-here (T = 100, dk, dv = 16, 24): o 4.8e-4, x 4.4e-6, dk 1.4e-4, dv 1.3e-4, dalpha 1.8e-4, dg 1.1e-4 (version 8, the
+here (T = 100, dk, dv = 16, 24): o 4.4e-4, x 2.8e-6, dk 1.3e-4, dv 1.1e-4, dalpha 1.7e-4, dg 1.6e-4 (the update in
+the form x, x_prev before the step form of 2026-12-02: o 4.8e-4, x 4.4e-6, dk 1.4e-4, dv 1.3e-4, dalpha 1.8e-4, dg
+1.1e-4; version 8, the
 chunk-state terms on CUDA cores: o 4.9e-4, dk 1.4e-4, dalpha 1.7e-4, dg 1.2e-4; before the update's c1 = tau omega became an fp32 product, as the reference's is not: o 4.6e-4, x 3.1e-6, dk 9.9e-5; version
 7, the solves on mma.sync: o 4.9e-4, dk 1.1e-4, dg 8.6e-5; 1.3e-5 with pass 3 in 3xTF32, version 5). The negative
-controls of dev/emu/run.sh: x in one bf16 piece in the wgmma solve's register-operand products (its own columns of
-X K^T and X H0) measured o 6.7e-2, dk 4.1e-2, dalpha 8.0e-2; pass 3a without diag(b) K H0 dk 1.7e-3, dg 2.8e-2; pass
+controls of dev/emu/run.sh: x and S in one bf16 piece in the wgmma solve's register-operand products (its own
+columns of X K^T, X H0 and S K) measured o 8.1e-2, dk 1.0e-1, dalpha 1.1e-1; pass 3a without diag(b) K H0 dk 1.7e-3, dg 2.8e-2; pass
 3b without diag(e) V DUend^T dk 4.2e-1, dg 1.4; the chunk-state terms' row operand in one bf16 piece o 1.1e-3, dk
 1.1e-3, dalpha 5.8e-4, dg 2.3e-3: caught.
 Run through dev/emu/run.sh. Usage: gka_mma [T dk dv] (default 150 16 24). Exit status 1 when an output misses its
