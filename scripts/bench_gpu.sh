@@ -4,8 +4,8 @@
 # mixers also at B=1, T=16384 and 32768: long context, 16K and 32K tokens per step), beside a PyTorch
 # peer of the attn model measured in the same run on the same GPU (torch.compile, bf16: scripts/bench_gpu_peer.py;
 # when attn is among the models), plus the timing lines of the kernel labs of the models' cores
-# (dev/cuda/gdn_chunk_fwd.cu and gdn_chunk_bwd.cu for gdn and kaczmarz, gka_core.cu for gka, kalman_scan.cu for kalman, pdn_core.cu for
-# pdn, pgdn and pkda).
+# (dev/cuda/gdn_chunk_fwd.cu and gdn_chunk_bwd.cu for gdn and kaczmarz, gka_core.cu for gka, kalman_scan.cu for
+# kalman, pdn_core.cu for pdn, pgdn and pkda).
 # Runs in one go on the GPU machine and prints a markdown
 # table; with $OUT set (the device tool collects $OUT) it also writes it to $OUT/bench_gpu.md (rewritten after
 # every run, so a run cut short still leaves the rows done so far) and the log of every run to $OUT/bench_gpu_logs/.

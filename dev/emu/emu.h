@@ -45,38 +45,25 @@ static std::vector<float> emu_smem(70000);   // dynamic shared memory: 280 KB, a
 
 static float* emu_dynamic_smem() { return emu_smem.data(); }
 static void emu_syncthreads() { emu_cta->bar->arrive_and_wait(); }
-template <typename T> static T emu_shfl_xor(T v, int o, int width = 32) {
+// every lane of the warp gives v and gets lane src's (the warp shuffles below)
+template <typename T> static T emu_lane_value(T v, int src) {
     EmuWarp& W = emu_cta->warps[emu_threadIdx.x / 32];
-    const int lane = emu_threadIdx.x % 32;
     uint64_t b = 0; memcpy(&b, &v, sizeof(T));
-    W.slot[lane] = b;
+    W.slot[emu_threadIdx.x % 32] = b;
     W.bar->arrive_and_wait();
-    int src = lane ^ o;
-    if (src / width != lane / width) { src = lane; }
     T r; memcpy(&r, &W.slot[src], sizeof(T));
     W.bar->arrive_and_wait();
     return r;
+}
+template <typename T> static T emu_shfl_xor(T v, int o, int width = 32) {
+    const int lane = emu_threadIdx.x % 32, src = lane ^ o;
+    return emu_lane_value(v, src / width != lane / width ? lane : src);
 }
 template <typename T> static T emu_shfl_up(T v, int o) {   // lanes below o keep their own value
-    EmuWarp& W = emu_cta->warps[emu_threadIdx.x / 32];
     const int lane = emu_threadIdx.x % 32;
-    uint64_t b = 0; memcpy(&b, &v, sizeof(T));
-    W.slot[lane] = b;
-    W.bar->arrive_and_wait();
-    T r; memcpy(&r, &W.slot[lane >= o ? lane - o : lane], sizeof(T));
-    W.bar->arrive_and_wait();
-    return r;
+    return emu_lane_value(v, lane >= o ? lane - o : lane);
 }
-template <typename T> static T emu_shfl(T v, int src) {   // __shfl_sync: lane src's value (src < 32)
-    EmuWarp& W = emu_cta->warps[emu_threadIdx.x / 32];
-    const int lane = emu_threadIdx.x % 32;
-    uint64_t b = 0; memcpy(&b, &v, sizeof(T));
-    W.slot[lane] = b;
-    W.bar->arrive_and_wait();
-    T r; memcpy(&r, &W.slot[src], sizeof(T));
-    W.bar->arrive_and_wait();
-    return r;
-}
+template <typename T> static T emu_shfl(T v, int src) { return emu_lane_value(v, src); }   // __shfl_sync, src < 32
 static EmuWarp& emu_warp() { return emu_cta->warps[emu_threadIdx.x / 32]; }
 static void emu_syncwarp() { emu_warp().bar->arrive_and_wait(); }   // __syncwarp() of all 32 lanes
 // bar.sync id, threads
