@@ -223,23 +223,38 @@ __device__ __forceinline__ void gdn_load_beta(float* bs, const float* beta, cons
     __syncthreads();
 }
 
-// per head: Gs = the cumulative sum of the chunk's log decays g from its start (spec 3.1; g = 0 on padded rows),
-// summed in a fixed order by one thread, in registers (Gs 16-byte aligned); visible to the CTA after the caller's
-// next barrier. g_stride as in gdn_fwd_intra_kernel.
-__device__ __forceinline__ void gdn_head_G(float* Gs, const float* g, int g_stride, const GdnChunkPos& p, int H) {
-    for (int r = threadIdx.x; r < GDN_CHUNK; r += blockDim.x) {
-        Gs[r] = r < p.L ? g[((p.row0 + r) * H + p.h) * g_stride] : 0.0f;
+// per head, by warp 0: G = the cumulative sum of the chunk's log decays g from its start (spec 3.1), saved, beta and
+// bg = beta exp(G), all 0 on padded rows, into shared memory (visible to the CTA after the caller's next barrier).
+// Lane l holds rows 2l and 2l + 1: an inclusive scan of the 32 pair sums by shuffles gives G_{2l+1}, and G_{2l} is
+// the scan before the lane plus g_{2l} (a fixed order; each G_r is the rounded sum of the one before and g's, so G
+// stays monotone where g <= 0). A loop of 64 dependent adds in one thread took 4% of the intra kernel's stall samples
+// (ncu, H200). g_stride as in gdn_fwd_intra_kernel.
+__device__ __forceinline__ void gdn_head_G_beta(float* Gs, float* bs, float* bgs, float* G_saved, const float* g,
+                                                int g_stride, const float* beta, const GdnChunkPos& p, int H) {
+    static_assert(GDN_CHUNK == 64, "one warp, two rows per lane");
+    if (threadIdx.x >= 32) { return; }
+    const int lane = threadIdx.x, r = 2 * lane;
+    float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
+    if (r < p.L) {
+        g0 = g[((p.row0 + r) * H + p.h) * g_stride];
+        b0 = beta[(p.row0 + r) * H + p.h];
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        #pragma unroll
-        for (int r = 0; r < GDN_CHUNK; r += 4) {
-            float4 x = *reinterpret_cast<const float4*>(Gs + r);
-            x.x = acc += x.x; x.y = acc += x.y; x.z = acc += x.z; x.w = acc += x.w;
-            *reinterpret_cast<float4*>(Gs + r) = x;
-        }
+    if (r + 1 < p.L) {
+        g1 = g[((p.row0 + r + 1) * H + p.h) * g_stride];
+        b1 = beta[(p.row0 + r + 1) * H + p.h];
     }
+    float s = g0 + g1;
+    #pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float t = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) { s += t; }
+    }
+    const float before = __shfl_up_sync(0xffffffffu, s, 1);
+    const float G0 = lane > 0 ? before + g0 : g0, G1 = s;
+    *reinterpret_cast<float2*>(Gs + r) = make_float2(G0, G1);
+    *reinterpret_cast<float2*>(G_saved + p.c * GDN_CHUNK + r) = make_float2(G0, G1);
+    *reinterpret_cast<float2*>(bs + r) = make_float2(b0, b1);
+    *reinterpret_cast<float2*>(bgs + r) = make_float2(b0 * expf(G0), b1 * expf(G1));
 }
 
 // the tile of a chunk's rows of q, k (width dk), v or dO (width dv) at the head's columns col0 .. col0 + cols - 1,
@@ -562,13 +577,10 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     // a fixed order: per head one thread here; per channel slab by slab in the loop below (and saved there)
     if constexpr (CH) {
         gdn_load_beta(sm.beta, beta, p, H);
+        for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.bg[r] = sm.beta[r]; }   // the exp(G) per element
     } else {
-        gdn_head_G(sm.G, g, g_stride, p, H);
-        gdn_load_beta(sm.beta, beta, p, H);
-    }
-    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        if (!CH) { G_saved[p.c * BT + r] = sm.G[r]; }
-        sm.bg[r] = CH ? sm.beta[r] : sm.beta[r] * expf(sm.G[r]);   // per channel the exp(G) goes per element
+        gdn_head_G_beta(sm.G, sm.beta, sm.bg, G_saved, g, g_stride, beta, p, H);
+        __syncthreads();
     }
 
     // K Kw^T over dk slabs: per head one GEMM, the decay applied below; per channel (always with a write key of
@@ -1855,19 +1867,14 @@ gdn_fwd_intra_mma_kernel(float* Tm_saved, float* G_saved, __nv_bfloat16* W_saved
     if (split) { gdn_tile_load<BT, D>(sm.Kw, ldk, BT, dkq, kw + p.row0 * ld_kw + (size_t)p.h * dk, ld_kw, p.L, dk); }
     cp_async_commit();
     if (!split) { load_v(); }
-    // G (spec 3.1) and beta, 0 on padded rows
-    gdn_head_G(sm.G, g, g_stride, p, H);
-    gdn_load_beta(sm.beta, beta, p, H);
+    // G (spec 3.1), beta and beta gam, 0 on padded rows
+    gdn_head_G_beta(sm.G, sm.beta, sm.bg, G_saved, g, g_stride, beta, p, H);
     if (split) {
         cp_async_wait<0>();
     } else {
         cp_async_wait<1>();
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < BT; r += blockDim.x) {
-        G_saved[p.c * BT + r] = sm.G[r];
-        sm.bg[r] = sm.beta[r] * expf(sm.G[r]);
-    }
     {   // A_ij = beta_i (k_i.kw_j) exp(G_i - G_j) for i > j, else 0: the warp's rows m0 .., columns n0 .. n0 + 31
         const int n0 = 32 * (warp >> 2);
         float s[4][4] = {};

@@ -52,7 +52,14 @@ Versions (first argument):
      two accumulation chains (odd k blocks apart): 0.144 -> 0.142 ms. Forward 0.4386 -> 0.3700 ms. The errors
      printed are the same to every digit. Tried and dropped: the forward state pass with two buffers of W, U and G
      (the next chunk's copies in flight during the whole chunk): 0.144 -> 0.147 ms; its copies unrolled (the
-     address registers of a cp.async are read late): 0.144 -> 0.171 ms, spilling at three CTAs per SM
+     address registers of a cp.async are read late): 0.144 -> 0.171 ms, spilling at three CTAs per SM.
+     Since 2026-12-03 (H200, the commit before and after, side by side in one run, twice): G's cumulative sum
+     per head by a warp scan, with beta and beta gam in the same warp's registers and one barrier fewer
+     (gdn_head_G_beta; one thread's 64 dependent adds had 4% of the intra kernel's stall samples): intra
+     0.137 -> 0.127 ms, forward 0.3726 -> 0.3628 ms; fp32's o errors move in the second digit (another summation
+     order of G), bf16's in the fourth. Tried: programmatic dependent launch of the state and output kernels
+     (each may start while the kernel before it drains): 0.3628 -> 0.3599 ms, not kept (3 us for a launch path
+     of its own and the emulator's support)
 
 Validation against a float64 CPU reference (the recurrence of spec 2.1) at four shapes (B=2, H=2, dk=16, dv=24,
 T=80 and T=37: partial last chunks; B=2, T=256, H=2, dk=dv=128: the production head size; B=1, T=2048, H=2,

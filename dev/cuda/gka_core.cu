@@ -169,6 +169,15 @@ spec 3.1's x, x_prev recurrence in exact arithmetic, two operations and a copy f
 2.54 ms, adjoint solve 2.54 -> 2.48 ms, forward+backward 7.69 / 7.68 -> 7.56 / 7.56 ms (twice each in one run);
 the errors move either way in the third digit (dk = 128: x 1.70e-6 unchanged, dg 2.28e-4 -> 2.84e-4, dk 1.21e-4 ->
 1.06e-4), r = 400's ridge solve unchanged (1.58e-5), the emulator's x against the CUDA-core solve 4.4e-6 -> 2.8e-6.
+Tried and dropped (2026-12-03, H200, one run): the solve in two token streams, each token's ridge system being its
+own. Warpgroup g took the tokens 32 g .. 32 g + 31 and every column of their x, so that the warpgroups never met
+and one's update could run under the other's products; the products ran transposed (HY^T = (H0 X^T) diag(zeta) +
+K^T (S (.) M)^T, the key dimension as M, the stream's 32 tokens as N, every operand from the same shared tiles; x
+and S stored transposed 2 bytes at a time). Every check passed (the emulator's x 2.8e-6 as before), but the
+forward went 2.88 -> 3.46 ms, forward+backward 7.55 -> 8.69 ms. ncu: tensor pipe 40% busy (was 49%), 790M
+instructions (was 590M): N = 32 takes twice the warpgroup MMAs, each reading its 2 KB A tile from shared memory
+for 1 KB of B (by count 456 KB of operand reads per iteration, against about 180 KB with x and S as register
+operands), and each stream still waits for its own products.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
