@@ -573,8 +573,9 @@ gdn_fwd_intra_kernel(float* Tm_saved, float* G_saved, Tc* W_saved, Tc* U_work, f
     const int dkp = round16_dev(dk), dvp = round16_dev(dv), LDF = TL::LDF;
     GdnIntraSmem<Tc> sm((size_t)gdn_smem, DECAY);
 
-    // beta and g (0 on padded rows), then G = the cumulative sum of g from the chunk start (spec 3.1), in place, in
-    // a fixed order: per head one thread here; per channel slab by slab in the loop below (and saved there)
+    // beta and g (0 on padded rows), then G = the cumulative sum of g from the chunk start (spec 3.1), in a fixed
+    // order: per head here by a warp scan (gdn_head_G_beta, with beta gam); per channel slab by slab in the loop below
+    // (and saved there)
     if constexpr (CH) {
         gdn_load_beta(sm.beta, beta, p, H);
         for (int r = threadIdx.x; r < BT; r += blockDim.x) { sm.bg[r] = sm.beta[r]; }   // the exp(G) per element
