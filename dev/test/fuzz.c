@@ -29,6 +29,7 @@ family is routed through small trackers below), so that a long run neither runs 
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <unistd.h>
 
 // ---- trackers for what a dying reader leaves behind
 #define MAX_TRACKED 4096
@@ -69,7 +70,7 @@ static void release_leftovers(void) {
 #include "../../tokenizer.h"
 
 static const char* target;
-static char dir[] = "/tmp/fuzz_train_kla_XXXXXX";
+static char dir[4096];  // $TMPDIR/fuzz_train_kla_XXXXXX, made by mkdtemp, removed at exit
 static char path[4200];
 static unsigned char* template_bytes;
 static size_t template_size;
@@ -139,10 +140,24 @@ static void make_template(void) {
     read_whole_file(path, &template_bytes, &template_size);
 }
 
+// at exit: the temporary directory and the two files that are ever written in it (a run that libFuzzer ends on a
+// crash or a limit skips this; test_fuzz.sh's own temporary directory holds it then)
+static void remove_work_dir(void) {
+    const char* names[] = {"template", "fuzz_000000.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        remove(path);
+    }
+    rmdir(dir);
+}
+
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
     (void)argc;
     target = FUZZ_TARGET;
-    if (mkdtemp(dir) == NULL) { fprintf(stderr, "fuzz: mkdtemp failed\n"); exit(2); }
+    const char* tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof(dir), "%s/fuzz_train_kla_XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(dir) == NULL) { fprintf(stderr, "fuzz: mkdtemp failed in %s\n", dir); exit(2); }
+    atexit(remove_work_dir);
     (void)argv;
     if (setjmp(fuzz_die_jump)) { fprintf(stderr, "fuzz: the %s template could not be made\n", target); exit(2); }
     make_template();

@@ -14,8 +14,11 @@ if ! make --no-print-directory -s fuzz-build > /dev/null 2>&1; then
 fi
 repro=dev/test/fuzz_reproducers
 mkdir -p "$repro"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# everything temporary lives here, the harness's own directories too (fuzz.c makes them under $TMPDIR)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export TMPDIR=$work
+log=$work/log
 scale=1
 [ "${1:-}" = long ] && scale=50
 LIMITS=(-timeout=10 -malloc_limit_mb=512 -rss_limit_mb=2048)
@@ -44,10 +47,20 @@ done
 
 # negative control: the same harness with an allocation limit of 1 MB must fail (the tokenizer reader allocates
 # more), so a huge allocation is caught and its input kept
-neg=$(mktemp -d)
+leftovers() { find "$work" -maxdepth 1 -name 'fuzz_train_kla_*' | wc -l; }
+left_by_targets=$(leftovers)
+neg=$work/neg
+mkdir "$neg"
 if build/fuzz/fuzz_tokenizer -seed=15 -runs=2 -malloc_limit_mb=1 -artifact_prefix="$neg/" > "$log" 2>&1 || [ -z "$(ls "$neg")" ]; then
     echo "FAIL fuzz negative control: a 1 MB allocation limit did not fail the tokenizer reader"
 else
     echo "PASS fuzz negative control: a 1 MB allocation limit fails the tokenizer reader and keeps the input"
 fi
-rm -rf "$neg"
+# the harness removes its temporary directory at exit; the negative control's run is ended by libFuzzer's
+# allocation limit before exit, so it leaves one: the count sees leftovers
+left_by_negative=$(( $(leftovers) - left_by_targets ))
+if [ "$left_by_targets" -eq 0 ] && [ "$left_by_negative" -eq 1 ]; then
+    echo "PASS fuzz temporary files: the targets' runs removed their directories (the negative control's, ended by its limit, left 1)"
+else
+    echo "FAIL fuzz temporary files: $left_by_targets directories left by the targets' runs (want 0), $left_by_negative by the negative control (want 1)"
+fi
