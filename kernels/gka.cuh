@@ -1,5 +1,5 @@
 /*
-kernels/gka.cuh: the per-token parts and the recurrent core of the gka layer (spec/gka.md): the token features
+kernels/gka.cuh: the per-token parts and the core of the gka layer (spec/gka.md): the token features
 (GQA expand, l2 norms, the write gate beta, the alpha connection's alpha, the log decay; 2.3 steps 3-7) and their
 backward (3.3), and the core: H_t = gamma H_{t-1} + k k^T, U_t = gamma U_{t-1} + k v^T, f_t = ||H_t||_F,
 x_t = CHEB(H_t, f_t, q_hat_t) (r Chebyshev iterations, 3.1), o_t = s U_t^T (q_hat + alpha (x_t - q_hat)), with the
@@ -7,11 +7,21 @@ implicit-differentiation backward of 3.2 (one adjoint CHEB solve per token, the 
 versions are gka_token_features, gka_core_forward, gka_core_backward and the per-token loop of gka_backward in
 train_kla.c; the math is the same, line for line (sums over the state may run in another order).
 
-The core is the first, recurrent slice of GPU gka: one CTA per (sequence, head) walks the tokens in order with the
-fp32 states H [dk, dk] and U [dk, dv] in shared memory; each of the r iterations is one mat-vec with H (four
-threads per row) and one __syncthreads(). The chunkwise tensor-core form of spec 5 is not here yet. The backward
-recomputes each GKA_CHECKPOINT-token segment's states from the checkpoint the forward saved into a global buffer,
-then walks the segment backwards (never H_{t-1} = (H_t - k k^T)/gamma, spec 3.2).
+The core comes in two forms:
+  - the recurrence (gka_recurrent_forward, gka_core_forward_kernel, gka_core_backward_kernel): one CTA per
+    (sequence, head) walks the tokens in order with the fp32 states H [dk, dk] and U [dk, dv] in shared memory;
+    each of the r iterations is one mat-vec with H (four threads per row) and one __syncthreads(). Decode runs its
+    forward (one token); its backward recomputes each GKA_CHECKPOINT-token segment's states from the checkpoint
+    the forward saved into a global buffer, then walks the segment backwards (never H_{t-1} = (H_t - k k^T)/gamma,
+    spec 3.2). It is the baseline of dev/cuda/gka_core.cu (version 1; versions 2 and 3 keep its backward) and of
+    dev/emu's checks of the chunked backward.
+  - the chunkwise form of spec 5 (gka_core_forward, gka_core_backward, from "the chunkwise core" below), which
+    the trainer runs: the chunk states by a scan over the chunks, the solves of each chunk's 64 tokens at once,
+    the readout, and the backward's three passes on the chunks (GKA_CHUNKED_BACKWARD). Its tile products are
+    chosen by GkaProducts: the fp32 build's are 3xTF32 on tensor cores from shared-memory tiles
+    (GKA_PRODUCTS_TF32); the bf16 build's are bf16 tensor-core products with fp32 accumulation
+    (GKA_PRODUCTS_MMA_STATES: the solves on wgmma, sm_90a, the rest on mma.sync register tiles), with the
+    operands the solve amplifies in two bf16 pieces (hi + lo; the solve kernel's comment has the error budget).
 
 Layouts (row-major), with D = H*dk + Hkv*(dk + dv) (the conv channels, un-expanded), DE = 2*H*dk + H*dv (the core
 inputs, expanded to H heads), HV = H*dv, G = H/Hkv, BT = B*T rows:
@@ -421,12 +431,12 @@ static void gka_recurrent_forward(floatX* o, float* x, float* f, float* Hck, flo
 //   f_c^2 = zeta_c^2 ||H0||^2 + 2 zeta_c sum_j M[c][j] k_j^T H0 k_j + sum_ij M[c][i] M[c][j] (k_i.k_j)^2   5.1(b)
 //   o = s [diag(zeta) Qt U0 + ((Qt K^T) (.) M) V],  Qt = Q_hat + diag(alpha) (X - Q_hat)   5.1(e, f)
 //   dQt = s [diag(zeta) dO U0^T + ((dO V^T) (.) M) K]                                       5.2 pass 1
-// The tile products run on CUDA cores in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed summation order) in both
-// builds: the solve's 30 iterations amplify operand rounding by up to the condition bound 51 (spec 8), so bf16
-// operands are left for a later version with a measured error budget. The products can run on tensor cores instead
-// (gka_mm with TC: cta_mm_tf32, 3xTF32 in both builds, fp32's accuracy): dev/cuda/gka_core.cu's versions 3 and 4,
-// what the trainer runs. Tiles are padded to multiples of 16 with zeros (dk, dv any size up to 128) and
-// have row strides of the padded size + 4.
+// The CUDA-core kernels that follow multiply their tiles in fp32 (cta_mm of kernels/chunk_tiles.cuh, fixed
+// summation order; GKA_PRODUCTS_FP32, dev/emu's reference) or on tensor cores in 3xTF32 (gka_mm with TC:
+// cta_mm_tf32, fp32's accuracy; GKA_PRODUCTS_TF32, the fp32 trainer's): the solve's 30 iterations amplify operand
+// rounding by up to the condition bound 51 (spec 8). The bf16 trainer's register-tile and wgmma kernels further
+// down keep that accuracy with two bf16 pieces per amplified operand. Tiles are padded to multiples of 16 with
+// zeros (dk, dv any size up to 128) and have row strides of the padded size + 4.
 
 #define GKA_CHUNK_THREADS 512   // threads of the per-chunk kernels
 #define GKA_STATE_COLS 32       // state columns per CTA of the state kernel
@@ -819,6 +829,7 @@ gka_chunk_solve_kernel(float* sol, float* f, int compute_f, const float* rhs, co
 // x 1.4e-4 (measured: o passes, dk 3e-2 .. 1.7e-1 fails the lab's 1e-2); x and H0 o 1.8e-3, x 1.2e-5; x, H0 and S
 // o 1.1e-4, x 1.5e-6. The right-hand side in bf16 (measured: dq 2e-2, as the adjoint's dQt lies where A^-1 is
 // small and its rounding does not) is kept fp32. One CTA per SM (173 KB of shared memory).
+// dev/cuda/gka_solve_precision.py simulates these schemes and others (fp16 pieces among them) in float64.
 // The fp32 build keeps gka_chunk_solve_kernel's 3xTF32: bf16 pieces reach fp32's accuracy only with three of every
 // operand, 270 KB of shared memory.
 
