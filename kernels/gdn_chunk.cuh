@@ -234,14 +234,15 @@ __device__ __forceinline__ void gdn_head_G_beta(float* Gs, float* bs, float* bgs
     static_assert(GDN_CHUNK == 64, "one warp, two rows per lane");
     if (threadIdx.x >= 32) { return; }
     const int lane = threadIdx.x, r = 2 * lane;
+    const size_t at0 = (p.row0 + r) * H + p.h, at1 = at0 + H;   // the (row, head) entries of rows r and r + 1
     float g0 = 0.0f, g1 = 0.0f, b0 = 0.0f, b1 = 0.0f;
     if (r < p.L) {
-        g0 = g[((p.row0 + r) * H + p.h) * g_stride];
-        b0 = beta[(p.row0 + r) * H + p.h];
+        g0 = g[at0 * g_stride];
+        b0 = beta[at0];
     }
     if (r + 1 < p.L) {
-        g1 = g[((p.row0 + r + 1) * H + p.h) * g_stride];
-        b1 = beta[(p.row0 + r + 1) * H + p.h];
+        g1 = g[at1 * g_stride];
+        b1 = beta[at1];
     }
     float s = g0 + g1;
     #pragma unroll

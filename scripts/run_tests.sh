@@ -37,6 +37,7 @@ py=/usr/bin/python3
 "$py" -c 'import numpy' 2> /dev/null || py=python3
 run "$py" dev/cuda/gka_chunked_backward_check.py
 run "$py" dev/cuda/pkda_chunk_check.py --negative
+run "$py" dev/cuda/gka_solve_precision.py
 passed=$(grep -c '^PASS' "$log")
 failed=$(grep -c '^FAIL' "$log")
 echo "$passed passed, $failed failed"

@@ -5,12 +5,14 @@ numerics question: the bf16 trainer's solve (kernels/gka.cuh gka_chunk_solve_wgm
 S = (X K^T) (.) M each in two bf16 pieces (hi = bf16(v), lo = bf16(v - hi); a product a.hi b.hi + a.lo b.hi +
 a.hi b.lo), 5.24M multiply-adds per chunk and iteration at D = 128, BT = 64, where one piece each would be 2.10M.
 
-Each scheme names a format and the pieces of x, H0 and S. A piece is v rounded to the format's significand
-(round to nearest even): bf16 8 bits, fp16 11, tf32 11 (what the official kernels' TF32 dots keep). The exponent
-range is not modelled: fp16 needs the solve's rows and H0 scaled by powers of two to stay in range (exact, since
-x(cH) = x(H)/c and the rows are independent systems), which a kernel would do. The keys K are bf16 already, exact
-in every format. Everything else is float64: the states, f, the right-hand sides, the Chebyshev update, and the
-products' sums (the tensor cores' fp32 accumulation, 2^-24, is far below every rounding modelled here).
+Each scheme names a format and the pieces of x against H0, of H0, of x against the keys, and of S. A piece is v
+rounded to the format's significand (round to nearest even): bf16 8 bits, fp16 11 (as many as TF32, what the
+official kernels' dots keep), with no range limit. The keys K are bf16 already, exact in every format. Everything
+else is float64: the states, f, the right-hand sides, the Chebyshev update, and the products' sums (the tensor
+cores' fp32 accumulation, 2^-24, is far below every rounding modelled here). A second study takes IEEE half's real
+range (numpy float16: overflow above 65504, subnormals below 6.1e-5) on wider inputs (beta down to 1e-3, dO times
+1e-6), with each row's system and H0 scaled by powers of two (chunked_solve says how; exact, since the solve is
+linear in b and x(cH) = x(H)/c) and without: scaled must stay within 1e-2, unscaled must not (its control).
 
 What is measured, relative L2 over all (token, head) against the same chunked solve without rounding:
   x   the forward solve's x_t = CHEB(H_t, f_t, q_hat_t)
@@ -23,7 +25,7 @@ uniform [-1, 1] with beta in (0.05, 0.95); alpha in (0.05, 0.95); log decays in 
 middle third; dO uniform [-1, 1]; q, k, v rounded to bf16), T = 256 (four chunks), 2 heads, dk = dv = 128, r = 30.
 The unrounded chunked solve is checked against spec 3.1's per-token CHEB first (float64, within 1e-10).
 
-Run: /usr/bin/python3 dev/cuda/gka_solve_precision.py   (numpy; about 30 seconds on 2 cores)
+Run: /usr/bin/python3 dev/cuda/gka_solve_precision.py   (numpy; about 35 seconds on 2 cores; exit 1 when the range check fails)
 """
 import sys
 import numpy as np
@@ -31,7 +33,6 @@ import numpy as np
 T, H, D, DV, BT, R, A = 256, 2, 128, 128, 64, 30, 0.02
 SCALE = D ** -0.5
 RHO4 = (1 / (1 + 2 * A)) ** 2 / 4
-BITS = {"bf16": 8, "fp16": 11, "tf32": 11}
 
 
 def rnd(v, bits):
@@ -44,16 +45,31 @@ def bf16(v):
     return rnd(v, 8)
 
 
-def pieces(v, n, bits):
-    if bits is None:
+def fp16(v):
+    """v as IEEE half (numpy's float16: 11 significand bits, overflow to inf above 65504, subnormals below 6.1e-5)"""
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16).astype(np.float64)
+
+
+# the scaled rows' bound on |x|: 2^10, 64 times below half's largest 65504 for the iterates' excursions; with a bound
+# of 1 instead, x's small components fall among half's subnormals (2^-24 apart) and dk misses by 6.5e-1 on the wide
+# inputs below
+ROW_EXP = 10
+# format: (rounding, whether the solve scales its rows and H0 by powers of two to keep them in the format's range)
+FORMATS = {"exact": (None, False), "bf16": (bf16, False), "fp16": (lambda v: rnd(v, 11), False),
+           "fp16, range": (fp16, True), "fp16, unscaled": (fp16, False)}
+
+
+def pieces(v, n, round_fn):
+    if round_fn is None:
         return [v]
-    hi = rnd(v, bits)
-    return [hi] if n == 1 else [hi, rnd(v - hi, bits)]
+    hi = round_fn(v)
+    return [hi] if n == 1 else [hi, round_fn(v - hi)]
 
 
-def product(a, b, pa, pb, bits):
+def product(a, b, pa, pb, round_fn):
     """a @ b as the tensor cores see it: a.hi b.hi (+ a.lo b.hi with two pieces of a) (+ a.hi b.lo with two of b)"""
-    A_, B_ = pieces(a, pa, bits), pieces(b, pb, bits)
+    A_, B_ = pieces(a, pa, round_fn), pieces(b, pb, round_fn)
     out = A_[0] @ B_[0]
     if len(A_) == 2:
         out += A_[1] @ B_[0]
@@ -62,16 +78,18 @@ def product(a, b, pa, pb, bits):
     return out
 
 
-def make_inputs(rng):
+def make_inputs(rng, wide=False):
+    """the lab's inputs; wide: beta log-uniform in (1e-3, 0.95), so f down to 1e-6 and |x| up to 5e7, and dO
+    scaled by 1e-6, as small gradients are"""
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-    beta = rng.uniform(0.05, 0.95, (H, T))
+    beta = np.exp(rng.uniform(np.log(1e-3), np.log(0.95), (H, T))) if wide else rng.uniform(0.05, 0.95, (H, T))
     q = bf16(unit(rng.standard_normal((H, T, D))))
     k = bf16((beta + 1e-6)[..., None] * unit(rng.standard_normal((H, T, D))))
     v = bf16((beta + 1e-6)[..., None] * rng.uniform(-1, 1, (H, T, DV)))
     alpha = rng.uniform(0.05, 0.95, (H, T))
     g = rng.uniform(-1, 0, (H, T))
     g[:, T // 3:2 * T // 3] = rng.uniform(-1e-3, 0, (H, 2 * T // 3 - T // 3))
-    dO = rng.uniform(-1, 1, (H, T, DV))
+    dO = rng.uniform(-1, 1, (H, T, DV)) * (1e-6 if wide else 1.0)
     return q, k, v, alpha, g, dO
 
 
@@ -99,8 +117,12 @@ def cheb_token(Hm, f, b):
 
 
 def chunked_solve(k, g, Hs, f, b, scheme):
-    """spec 5.1(c, d): every chunk's rows at once, HY = diag(zeta) X H0 + ((X K^T) (.) M) K with the scheme's operands"""
-    bits, pxh, ph, pxs, ps = scheme
+    """spec 5.1(c, d): every chunk's rows at once, HY = diag(zeta) X H0 + ((X K^T) (.) M) K with the scheme's operands.
+    With scaling, row c's system is solved for 2^e_c x with 2^e_c b, 2^e_c the power of two at or below
+    2^ROW_EXP a f_c / ||b_c|| (so |x| <= ||b|| / (a f) maps to at most 2^ROW_EXP), and H0 is used as 2^-e0 H0
+    (2^e0 at or above max |H0|) with diag(2^e0 zeta): both exact, the solve being linear in b and x(cH) = x(H)/c"""
+    fmt, pxh, ph, pxs, ps = scheme
+    round_fn, scaled = FORMATS[fmt]
     x_all = np.zeros((T, D))
     for n in range(T // BT):
         sl = slice(n * BT, (n + 1) * BT)
@@ -110,15 +132,23 @@ def chunked_solve(k, g, Hs, f, b, scheme):
         zeta = np.exp(gl)
         M = np.tril(np.exp(gl[:, None] - gl[None, :]))
         fc, bc = f[sl], b[sl]
+        row_scale, h0_scale = np.ones(BT), 1.0
+        if scaled:
+            bn = np.linalg.norm(bc, axis=1)
+            row_scale = np.where(bn > 0, 2.0 ** (ROW_EXP + np.floor(np.log2(A * fc / np.where(bn > 0, bn, 1)))), 1.0)
+            bc = bc * row_scale[:, None]
+            if np.abs(H0).max() > 0:
+                h0_scale = 2.0 ** np.ceil(np.log2(np.abs(H0).max()))
+                H0, zeta = H0 / h0_scale, zeta * h0_scale
         tau = (2 / (fc * (1 + 2 * A)))[:, None]
         xp, x, om = np.zeros_like(bc), tau * bc, 2.0
         for _ in range(R):
             om = 1 / (1 - RHO4 * om)
-            S = product(x, K.T, pxs, 1, bits) * M
-            HY = zeta[:, None] * product(x, H0, pxh, ph, bits) + product(S, K, ps, 1, bits)
+            S = product(x, K.T, pxs, 1, round_fn) * M
+            HY = zeta[:, None] * product(x, H0, pxh, ph, round_fn) + product(S, K, ps, 1, round_fn)
             y = tau * om * (HY + A * fc[:, None] * x - bc) + (om - 1) * xp
             xp, x = x, om * x - y
-        x_all[sl] = x
+        x_all[sl] = x / row_scale[:, None]
     return x_all
 
 
@@ -154,43 +184,61 @@ SCHEMES = [   # (format, pieces of x in X H0, of H0, of x in X K^T, of S)
     ("fp16", 1, 1, 1, 1), ("fp16", 2, 1, 2, 1), ("fp16", 1, 1, 1, 2), ("fp16", 2, 1, 1, 2), ("fp16", 1, 1, 2, 2),
     ("fp16", 2, 1, 2, 2), ("fp16", 2, 2, 2, 2),
 ]
+# the range study: IEEE half with the rows and H0 scaled, and without (which must fail on the wide inputs)
+SCALED, UNSCALED = ("fp16, range", 1, 1, 2, 2), ("fp16, unscaled", 1, 1, 2, 2)
+RANGE_SCHEMES = [("bf16", 2, 2, 2, 2), ("fp16", 1, 1, 2, 2), SCALED, UNSCALED, ("fp16", 2, 1, 2, 2),
+                 ("fp16, range", 2, 1, 2, 2)]
 
 
-def main():
-    rng = np.random.default_rng(7)
-    q, k, v, alpha, g, dO = make_inputs(rng)
-    ref, sims = [], {s: [] for s in SCHEMES}
+def study(inputs, schemes):
+    """each scheme's relative L2 errors of x, z, o and dk over both heads"""
+    q, k, v, alpha, g, dO = inputs
+    ref, sims = [], {s: [] for s in schemes}
     for h in range(H):
         Hs, Us = states(k[h], v[h], g[h])
         f = np.linalg.norm(Hs, axis=(1, 2))
-        exact = (None, 1, 1, 1, 1)
-        x = chunked_solve(k[h], g[h], Hs, f, q[h], exact)
+        x = chunked_solve(k[h], g[h], Hs, f, q[h], ("exact", 1, 1, 1, 1))
         for t in (0, 63, 64, 100, T - 1):   # the chunked form against spec 3.1, token by token
             want = cheb_token(Hs[t], f[t], q[h][t])
             err = np.linalg.norm(x[t] - want) / np.linalg.norm(want)
             if err > 1e-10:
-                print(f"FAIL: the unrounded chunked solve differs from spec 3.1's CHEB at token {t}: {err:.2e}")
-                return 1
-        dqt = SCALE * np.einsum("tkv,tv->tk", Us, dO[h])
-        rhs = alpha[h][:, None] * dqt
-        z = chunked_solve(k[h], g[h], Hs, f, rhs, exact)
+                sys.exit(f"FAIL: the unrounded chunked solve differs from spec 3.1's CHEB at token {t}: {err:.2e}")
+        rhs = alpha[h][:, None] * SCALE * np.einsum("tkv,tv->tk", Us, dO[h])   # alpha_t dqt_t
+        z = chunked_solve(k[h], g[h], Hs, f, rhs, ("exact", 1, 1, 1, 1))
         o = lambda xx: SCALE * np.einsum("tkv,tk->tv", Us, q[h] + alpha[h][:, None] * (xx - q[h]))
-        ref.append((x, z, o(x), dk_from(k[h], v[h], q[h], alpha[h], g[h], dO[h], Hs, Us, f, x, z)))
-        for s in SCHEMES:
-            xs = chunked_solve(k[h], g[h], Hs, f, q[h], (BITS[s[0]],) + s[1:])
-            zs = chunked_solve(k[h], g[h], Hs, f, rhs, (BITS[s[0]],) + s[1:])
-            sims[s].append((xs, zs, o(xs), dk_from(k[h], v[h], q[h], alpha[h], g[h], dO[h], Hs, Us, f, xs, zs)))
-    print(f"gka solve operand formats, simulated in float64: T={T}, {H} heads, dk=dv={D}, BT={BT}, r={R}, a={A}")
-    print("relative L2 against the unrounded chunked solve; MACs per chunk-iteration (millions) at D=128, BT=64")
+        dk = lambda xx, zz: dk_from(k[h], v[h], q[h], alpha[h], g[h], dO[h], Hs, Us, f, xx, zz)
+        ref.append((x, z, o(x), dk(x, z)))
+        for s in schemes:
+            with np.errstate(invalid="ignore", over="ignore"):
+                xs, zs = chunked_solve(k[h], g[h], Hs, f, q[h], s), chunked_solve(k[h], g[h], Hs, f, rhs, s)
+                sims[s].append((xs, zs, o(xs), dk(xs, zs)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return {s: [rel(np.concatenate([sims[s][h][i] for h in range(H)]),
+                        np.concatenate([ref[h][i] for h in range(H)])) for i in range(4)] for s in schemes}
+
+
+def table(errs):
+    base = macs(("bf16", 2, 2, 2, 2))
     print("| format | pieces: x in X H0, H0, x in X K^T, S | MACs | vs the trainer's | x | z | o | dk |")
     print("|---|---|---|---|---|---|---|---|")
-    base = macs(("bf16", 2, 2, 2, 2))
-    for s in SCHEMES:
-        errs = [rel(np.concatenate([sims[s][h][i] for h in range(H)]), np.concatenate([ref[h][i] for h in range(H)]))
-                for i in range(4)]
+    for s, e in errs.items():
         print(f"| {s[0]} | {s[1]}, {s[2]}, {s[3]}, {s[4]} | {macs(s):.2f} | {macs(s) / base:.2f} | "
-              + " | ".join(f"{e:.1e}" for e in errs) + " |")
-    return 0
+              + " | ".join(f"{v:.1e}" for v in e) + " |")
+
+
+def main():
+    print(f"gka solve operand formats, simulated in float64: T={T}, {H} heads, dk=dv={D}, BT={BT}, r={R}, a={A}")
+    print("relative L2 against the unrounded chunked solve; MACs per chunk-iteration (millions) at D=128, BT=64")
+    print("the lab's inputs:")
+    table(study(make_inputs(np.random.default_rng(7)), SCHEMES))
+    print("wide inputs (beta down to 1e-3, dO times 1e-6), IEEE half's range:")
+    errs = study(make_inputs(np.random.default_rng(7), wide=True), RANGE_SCHEMES)
+    table(errs)
+    scaled, unscaled = errs[SCALED], errs[UNSCALED]
+    ok = max(scaled) <= 1e-2 and not (max(unscaled) <= 1e-2)   # NaN compares false: it counts as failed
+    print(("PASS" if ok else "FAIL") + f": scaled IEEE half within 1e-2 (worst {max(scaled):.1e}); unscaled"
+          f" {'misses it (the range control is caught)' if not (max(unscaled) <= 1e-2) else 'within it (control NOT caught)'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

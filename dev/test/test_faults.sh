@@ -88,7 +88,8 @@ fi
 # ---- 4. two runs on one -o: the second refuses, the first loses nothing
 "${RUN[@]}" -o "$tmp/two" > /dev/null 2>&1 &
 first=$!
-for _ in $(seq 1 100); do [ -s "$tmp/two/.lock" ] && break; sleep 0.05; done
+# wait for the first run to take the lock (up to 30 s: a loaded machine can be slow to start it)
+for _ in $(seq 1 600); do [ -s "$tmp/two/.lock" ] && break; sleep 0.05; done
 "${RUN[@]}" -o "$tmp/two" -y 1 > /dev/null 2> "$tmp/two_err"
 rc=$?
 wait "$first"
