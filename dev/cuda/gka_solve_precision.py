@@ -10,9 +10,10 @@ rounded to the format's significand (round to nearest even): bf16 8 bits, fp16 1
 official kernels' dots keep), with no range limit. The keys K are bf16 already, exact in every format. Everything
 else is float64: the states, f, the right-hand sides, the Chebyshev update, and the products' sums (the tensor
 cores' fp32 accumulation, 2^-24, is far below every rounding modelled here). A second study takes IEEE half's real
-range (numpy float16: overflow above 65504, subnormals below 6.1e-5) on wider inputs (beta down to 1e-3, dO times
-1e-6), with each row's system and H0 scaled by powers of two (chunked_solve says how; exact, since the solve is
-linear in b and x(cH) = x(H)/c) and without: scaled must stay within 1e-2, unscaled must not (its control).
+range (numpy float16: overflow above 65504, subnormals below 6.1e-5; the keys converted too, unscaled) on wider
+inputs (beta down to 1e-3, dO times 1e-6), with each row's system and H0 scaled by powers of two (chunked_solve
+says how; exact, since the solve is linear in b and x(cH) = x(H)/c) and without: scaled must stay within 1e-2,
+unscaled must not (its control).
 
 What is measured, relative L2 over all (token, head) against the same chunked solve without rounding:
   x   the forward solve's x_t = CHEB(H_t, f_t, q_hat_t)
@@ -131,6 +132,8 @@ def chunked_solve(k, g, Hs, f, b, scheme):
         gl = np.cumsum(g[sl])
         zeta = np.exp(gl)
         M = np.tril(np.exp(gl[:, None] - gl[None, :]))
+        if round_fn is not None:
+            K = round_fn(K)   # exact in bf16 and unlimited fp16; in half, keys below 6.1e-5 lose bits (subnormals)
         fc, bc = f[sl], b[sl]
         row_scale, h0_scale = np.ones(BT), 1.0
         if scaled:
