@@ -354,8 +354,9 @@ PY
 expect_error "a version-1 state file is refused" "state_00000002.bin" "version 1" -- ./train_kla "${RUN[@]}" -o "$tmp/v1" -y 1
 
 # the ETA counts validation: with validation at every step costing many training steps (-m 150 forward batches
-# against one forward+backward), the ETA printed after step 1 is within 2x of the time the run then takes; the
-# step time alone (the old ETA) would be far below, which the same check catches (negative control)
+# against one forward+backward), the ETA printed after step 1 is within 3x of the time the run then takes (a
+# machine whose load changes during the run moves it: 2x was missed under a parallel build); the step time alone
+# (the old ETA) would be far below, which the same check catches (negative control)
 start_ns=$(date +%s%N)
 ./train_kla "${SMALL[@]}" -x 4 -v 1 -m 150 | while IFS= read -r line; do echo "$(date +%s%N) $line"; done > "$tmp/eta"
 end_ns=$(date +%s%N)
@@ -363,7 +364,7 @@ read -r eta_s left_s steps_s <<< "$(awk -v end="$end_ns" '/ step    1\/4 \| loss
     split($0, f, "eta "); m = f[2]; sub(/s$/, "", m); split(m, ms, "m");
     for (i = 1; i <= NF; i++) if ($(i + 1) == "ms") step_ms = $i;
     print ms[1] * 60 + ms[2], (end - $1) / 1e9, step_ms * 3 / 1000 }' "$tmp/eta")"
-if awk -v e="$eta_s" -v l="$left_s" -v s="$steps_s" 'BEGIN { exit !(e >= l / 2 - 1 && e <= 2 * l + 1 && s < l / 2 - 1) }'; then
+if awk -v e="$eta_s" -v l="$left_s" -v s="$steps_s" 'BEGIN { exit !(e >= l / 3 - 1 && e <= 3 * l + 1 && s < l / 3 - 1) }'; then
     pass "ETA after step 1 ${eta_s}s vs ${left_s}s taken (steps alone: ${steps_s}s)"
 else
     fail "ETA with validation" "ETA ${eta_s}s, the run then took ${left_s}s, the steps alone ${steps_s}s"
