@@ -848,15 +848,36 @@ static size_t gka_h0_tiles_elems(int B, int T, int H) { return (size_t)B * H * g
 #define GKA_SOLVE_NTH (GKA_SOLVE_DK / 8 / GKA_SOLVE_WPR)       // n-tiles of a warp's part of HY and x
 #define GKA_SOLVE_NTS (GKA_CHECKPOINT / 8 / GKA_SOLVE_WPR)     // n-tiles of its part of S
 
-// two adjacent elements v0, v1 as two bf16 pieces, the words (hi, lo): hi = bf16(v), lo = bf16(v - hi)
-__device__ __forceinline__ uint2 gka_pieces2(float v0, float v1) {
-    const uint32_t h = pack_bf16(v0, v1);
-    const __nv_bfloat162 hb = *reinterpret_cast<const __nv_bfloat162*>(&h);
-    return make_uint2(h, pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb)));
+// two adjacent elements as one word of two 16-bit elements: bf16, or with F16 IEEE half (the fp16 solve's tiles,
+// gka_chunk_solve_wgmma_kernel<true>, hold half bits in GkaTile's bf16 storage), and back
+template <bool F16> __device__ __forceinline__ uint32_t gka_pack2(float v0, float v1) {
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(v0, v1);
+        return *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+        return pack_bf16(v0, v1);
+    }
+}
+template <bool F16> __device__ __forceinline__ float2 gka_unpack2(uint32_t w) {
+    if constexpr (F16) {
+        return __half22float2(*reinterpret_cast<const __half2*>(&w));
+    } else {
+        return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+    }
+}
+template <bool F16> __device__ __forceinline__ float gka_elem(const __nv_bfloat16* p) {
+    if constexpr (F16) { return __half2float(*reinterpret_cast<const __half*>(p)); } else { return __bfloat162float(*p); }
+}
+// two adjacent elements v0, v1 as two pieces, the words (hi, lo): hi = bf16(v), lo = bf16(v - hi) (F16: half)
+template <bool F16 = false> __device__ __forceinline__ uint2 gka_pieces2(float v0, float v1) {
+    const uint32_t h = gka_pack2<F16>(v0, v1);
+    const float2 hf = gka_unpack2<F16>(h);
+    return make_uint2(h, gka_pack2<F16>(v0 - hf.x, v1 - hf.y));
 }
 // the same stored at hi[0 .. 1] and lo[0 .. 1]; returns the two words
+template <bool F16 = false>
 __device__ __forceinline__ uint2 gka_store2_pieces(__nv_bfloat16* hi, __nv_bfloat16* lo, float v0, float v1) {
-    const uint2 w = gka_pieces2(v0, v1);
+    const uint2 w = gka_pieces2<F16>(v0, v1);
     *reinterpret_cast<uint32_t*>(hi) = w.x;
     *reinterpret_cast<uint32_t*>(lo) = w.y;
     return w;
@@ -1368,7 +1389,17 @@ gka_chunk_solve_mma_kernel(float* sol, float* f, int compute_f, const float* rhs
 // (ncu, H200), one CTA per SM waiting on its global loads with nothing else to run.
 #define GKA_H0T_THREADS 256
 
+// The fp16 solve (F16) keeps half's range: its tiles hold 2^-e H0, 2^e the power of two at or above ||H0||_F (so
+// every entry is at most 1), and its X H0 products are scaled back by 2^e (gka_h0_scale_back, from sq: the same
+// value in both kernels). The norm is summed first, in a pass of its own.
+__device__ __forceinline__ float gka_h0_scale_back(float h0f2) {
+    int e = 0;
+    frexpf(sqrtf(h0f2), &e);   // sqrt = m 2^e, m in [0.5, 1)
+    return h0f2 > 0.0f ? ldexpf(1.0f, e) : 1.0f;
+}
+
 // grid: one CTA per chunk (b*H + h) * NT + n, Hck's order
+template <bool F16>
 __global__ void __launch_bounds__(GKA_H0T_THREADS)
 gka_h0_tiles_kernel(__nv_bfloat16* tiles, float* sq, const float* Hck, int dk) {
     __shared__ float red[GKA_H0T_THREADS / 32];
@@ -1376,7 +1407,12 @@ gka_h0_tiles_kernel(__nv_bfloat16* tiles, float* sq, const float* Hck, int dk) {
     const float* H0 = Hck + (size_t)blockIdx.x * dk * dk;
     __nv_bfloat16* hi = tiles + (size_t)blockIdx.x * GKA_H0T_ELEMS;
     __nv_bfloat16* lo = hi + D * D;
-    float acc = 0.0f;
+    float acc = 0.0f, total = 0.0f, scale = 1.0f;
+    if constexpr (F16) {
+        for (int idx = threadIdx.x; idx < dk * dk; idx += blockDim.x) { acc += H0[idx] * H0[idx]; }
+        total = gka_block_sum(acc, red);
+        scale = 1.0f / gka_h0_scale_back(total);
+    }
     // n fastest: a warp reads 32 consecutive columns of a row of H0 and writes four core-matrix rows of 128 bytes
     for (int idx = threadIdx.x; idx < D * D / 8; idx += blockDim.x) {
         const int n = idx % D, k0 = idx / D * 8;
@@ -1384,20 +1420,25 @@ gka_h0_tiles_kernel(__nv_bfloat16* tiles, float* sq, const float* Hck, int dk) {
         #pragma unroll
         for (int e = 0; e < 8; e++) {
             v[e] = n < dk && k0 + e < dk ? H0[(size_t)(k0 + e) * dk + n] : 0.0f;
-            acc += v[e] * v[e];
+            if constexpr (F16) { v[e] *= scale; } else { acc += v[e] * v[e]; }
         }
         uint2 w[4];
         #pragma unroll
-        for (int e = 0; e < 4; e++) { w[e] = gka_pieces2(v[2 * e], v[2 * e + 1]); }
+        for (int e = 0; e < 4; e++) { w[e] = gka_pieces2<F16>(v[2 * e], v[2 * e + 1]); }
         *reinterpret_cast<uint4*>(hi + wgmma_tile_off(n, k0, D)) = make_uint4(w[0].x, w[1].x, w[2].x, w[3].x);
         *reinterpret_cast<uint4*>(lo + wgmma_tile_off(n, k0, D)) = make_uint4(w[0].y, w[1].y, w[2].y, w[3].y);
     }
-    const float total = gka_block_sum(acc, red);
+    if constexpr (!F16) { total = gka_block_sum(acc, red); }
     if (threadIdx.x == 0) { sq[blockIdx.x] = total; }
 }
 
-static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int chunks, int dk, cudaStream_t stream) {
-    gka_h0_tiles_kernel<<<chunks, GKA_H0T_THREADS, 0, stream>>>(tiles, sq, Hck, dk);
+static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int chunks, int dk, bool f16,
+                         cudaStream_t stream) {
+    if (f16) {
+        gka_h0_tiles_kernel<true><<<chunks, GKA_H0T_THREADS, 0, stream>>>(tiles, sq, Hck, dk);
+    } else {
+        gka_h0_tiles_kernel<false><<<chunks, GKA_H0T_THREADS, 0, stream>>>(tiles, sq, Hck, dk);
+    }
     cudaCheckLaunch();
 }
 
@@ -1434,6 +1475,7 @@ static void gka_h0_tiles(__nv_bfloat16* tiles, float* sq, const float* Hck, int 
 struct GkaSolveWgSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
     GkaTile H0, K, Kt, X, S;   // [128][128] (two pieces), [BT][128], [128][BT], [BT][128] (two), [BT][BT] (two)
     float2* b;      // [2 GKA_WG_NTH fragment element pairs][GKA_WG_THREADS]
+    float* bnorm;   // [GKA_WG_GROUPS][BT]: the warpgroups' parts of ||b_c||^2 (the fp16 solve's row scales)
     double* om;     // [iters]
     __host__ __device__ GkaSolveWgSmem(size_t base, int iters, size_t* bytes) {
         const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
@@ -1445,6 +1487,7 @@ struct GkaSolveWgSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
         X = gka_take_tile(c, (size_t)BT * D, true);
         S = gka_take_tile(c, (size_t)BT * BT, true);
         b = c.take<float2>((size_t)2 * GKA_WG_NTH * GKA_WG_THREADS);
+        bnorm = c.take<float>((size_t)GKA_WG_GROUPS * BT);
         om = c.take<double>(iters);
         if (bytes) { *bytes = c.off; }
     }
@@ -1459,7 +1502,7 @@ static size_t gka_chunk_solve_wgmma_smem(int iters) {
 // acc (+)= A B[n0 .. n0 + N) over the k-steps kc0 .. kc0 + NKC - 1 (16 columns each) of K-major tiles A [64][KD]
 // and B [*][KD] in their pieces: A.hi B.hi, then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from
 // zero
-template <int N, int KD, bool A_LO, bool B_LO, int NKC = KD / 16>
+template <int N, int KD, bool A_LO, bool B_LO, int NKC = KD / 16, bool F16 = false>
 __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const GkaTile& Bm, int n0, int accumulate,
                                           int kc0 = 0) {
     const uint64_t ah = wgmma_desc(A.hi, 0, 16 * kc0, KD), bh = wgmma_desc(Bm.hi, n0, 16 * kc0, KD);
@@ -1468,24 +1511,24 @@ __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const Gk
     #pragma unroll
     for (int kc = 0; kc < NKC; kc++) {
         const uint64_t ahk = wgmma_desc_advance(ah, 16 * kc), bhk = wgmma_desc_advance(bh, 16 * kc);
-        wgmma_m64k16<N>(acc, ahk, bhk, accumulate || kc > 0);
-        if (A_LO) { wgmma_m64k16<N>(acc, wgmma_desc_advance(al, 16 * kc), bhk, 1); }
-        if (B_LO) { wgmma_m64k16<N>(acc, ahk, wgmma_desc_advance(bl, 16 * kc), 1); }
+        wgmma_m64k16<N, F16>(acc, ahk, bhk, accumulate || kc > 0);
+        if (A_LO) { wgmma_m64k16<N, F16>(acc, wgmma_desc_advance(al, 16 * kc), bhk, 1); }
+        if (B_LO) { wgmma_m64k16<N, F16>(acc, ahk, wgmma_desc_advance(bl, 16 * kc), 1); }
     }
 }
 
 // the same with A in two pieces from registers: a[j][piece] the A fragments of k-step kc0 + j (the accumulator
 // fragments of this warpgroup's columns, packed as gka_pieces2 does), B [*][KD] in B_LO pieces
-template <int N, int NKC, int KD, bool B_LO>
+template <int N, int NKC, int KD, bool B_LO, bool F16 = false>
 __device__ __forceinline__ void gka_wgmma_ra(float* acc, const uint32_t (*a)[2][4], int kc0, const GkaTile& Bm,
                                              int n0, int accumulate) {
     const uint64_t bh = wgmma_desc(Bm.hi, n0, 16 * kc0, KD), bl = B_LO ? wgmma_desc(Bm.lo, n0, 16 * kc0, KD) : 0;
     #pragma unroll
     for (int j = 0; j < NKC; j++) {
         const uint64_t bhk = wgmma_desc_advance(bh, 16 * j);
-        wgmma_m64k16_rs<N>(acc, a[j][0], bhk, accumulate || j > 0);
-        wgmma_m64k16_rs<N>(acc, a[j][1], bhk, 1);
-        if (B_LO) { wgmma_m64k16_rs<N>(acc, a[j][0], wgmma_desc_advance(bl, 16 * j), 1); }
+        wgmma_m64k16_rs<N, F16>(acc, a[j][0], bhk, accumulate || j > 0);
+        wgmma_m64k16_rs<N, F16>(acc, a[j][1], bhk, 1);
+        if (B_LO) { wgmma_m64k16_rs<N, F16>(acc, a[j][0], wgmma_desc_advance(bl, 16 * j), 1); }
     }
 }
 
@@ -1498,6 +1541,25 @@ __device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2
     a[t / 2][1][2 * (t % 2) + 1] = wb.y;
 }
 
+// The fp16 solve (F16; dev/cuda/gka_core.cu version 10): the same products in IEEE half, 11 significand bits at
+// bf16's rate, so H0 needs one piece (dev/cuda/gka_solve_precision.py's scheme 2, 1, 2, 2: x and S in two pieces,
+// H0 and the keys in one; 4.19M multiply-adds per chunk-iteration against 5.24M). Half's range is kept by exact
+// power-of-two scales: H0 by gka_h0_tiles_kernel<true> (scaled back in diag(zeta)); each row's system, b and so x,
+// by gka_f16_row_scale, so that |x| <= ||b|| / (a f) maps to at most 2^GKA_F16_ROW_EXP (x is scaled back as it is
+// stored); the keys are converted as they are. H0's second piece serves f's quad_c only (the forward).
+#define GKA_F16_ROW_EXP 10
+__device__ __forceinline__ float gka_f16_row_scale(const GkaSolveWgSmem& sm, int c, float ridge) {
+    float n2 = 0.0f;
+    #pragma unroll
+    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += sm.bnorm[g * GKA_CHECKPOINT + c]; }
+    const float r = ridge * sm.fr[c] / sqrtf(n2);   // the bound's inverse; b = 0 or f = 0: no scale
+    if (!(r > 0.0f) || isinf(r)) { return 1.0f; }
+    int e = 0;
+    frexpf(r, &e);                                  // r = m 2^e, m in [0.5, 1): 2^(e - 1) <= r
+    return ldexpf(1.0f, GKA_F16_ROW_EXP + e - 1);
+}
+
+template <bool F16>
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
 gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
                              const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
@@ -1517,7 +1579,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     // columns) copied as they are, in flight while the rest loads
     const size_t ck = (size_t)bh * NT + n;
     const __nv_bfloat16* h0t = h0.tiles + ck * GKA_H0T_ELEMS;
-    for (int i = tid; i < GKA_H0T_ELEMS / 8; i += GKA_WG_THREADS) {
+    const int h0_groups = F16 && !compute_f ? D * D / 8 : GKA_H0T_ELEMS / 8;   // the fp16 adjoint: one piece
+    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
         cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
     }
     const floatX* kq = qkv + row0 * DE + H * dk + hh * dk;
@@ -1529,14 +1592,41 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     cp_async_commit();
     float2* bl = sm.b + tid;
     gka_load_b_frags<GKA_WG_NTH>(bl, GKA_WG_THREADS, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
+    if constexpr (F16) {   // the warpgroup's parts of ||b||^2 for rows ca, cb (read after the barriers below)
+        float na = 0.0f, nb = 0.0f;
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            const float2 va = bl[2 * t * GKA_WG_THREADS], vb = bl[(2 * t + 1) * GKA_WG_THREADS];
+            na += va.x * va.x + va.y * va.y;
+            nb += vb.x * vb.x + vb.y * vb.y;
+        }
+        na += __shfl_xor_sync(0xffffffffu, na, 1);
+        na += __shfl_xor_sync(0xffffffffu, na, 2);
+        nb += __shfl_xor_sync(0xffffffffu, nb, 1);
+        nb += __shfl_xor_sync(0xffffffffu, nb, 2);
+        if (t4 == 0) {
+            sm.bnorm[grp * BT + ca] = na;
+            sm.bnorm[grp * BT + cb] = nb;
+        }
+    }
     gka_omegas(sm.om, iters, ridge, 32);   // by warp 1, while warp 0's thread 0 sums the decays
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     cp_async_wait<0>();
     __syncthreads();
-    // Kt [d][c] from K
+    // Kt [d][c] from K (F16: both converted to half, exact above 6.1e-5; each thread its own groups)
     for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
         const int c = i % BT, j0 = i / BT * 8;
-        const uint4 v = *reinterpret_cast<const uint4*>(sm.K.hi + wgmma_tile_off(c, j0, D));
+        __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
+        uint4 v = *reinterpret_cast<const uint4*>(kp);
+        if constexpr (F16) {
+            uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+            #pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float2 kf = gka_unpack2<false>(w[q]);
+                w[q] = gka_pack2<true>(kf.x, kf.y);
+            }
+            *reinterpret_cast<uint4*>(kp) = v;
+        }
         const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
         #pragma unroll
         for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
@@ -1544,24 +1634,40 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     fence_proxy_async();   // the tiles, for the tensor cores
     __syncthreads();
     const float h0f2 = h0.sq[ck];
+    const float h0_back = F16 ? gka_h0_scale_back(h0f2) : 1.0f;   // the tiles' 2^-e of H0, undone
     float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
     if (compute_f) {
         // quad_c = k_c^T H0 k_c from K H0; (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4
         // term), 0 above, from K K^T: this warpgroup's columns of each
         wgmma_fence();
-        gka_wgmma<GKA_WG_NH, 128, false, true>(hy, sm.K, sm.H0, hc0, 0);
-        gka_wgmma<GKA_WG_NS, 128, false, false>(s, sm.K, sm.K, sc0, 0);
+        gka_wgmma<GKA_WG_NH, 128, false, true, 8, F16>(hy, sm.K, sm.H0, hc0, 0);
+        gka_wgmma<GKA_WG_NS, 128, false, false, 8, F16>(s, sm.K, sm.K, sc0, 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
         wgmma_hold<4 * GKA_WG_NTS>(s);
+        if constexpr (F16) {
+            #pragma unroll
+            for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
+        }
         gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
-            return __bfloat162float(sm.K.hi[wgmma_tile_off(c, j, D)]);
+            return gka_elem<F16>(sm.K.hi + wgmma_tile_off(c, j, D));
         });
     }
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
-    const float zeta_a = sm.zeta[ca], zeta_b = sm.zeta[cb];
+    const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
+    const float rs_a = F16 ? gka_f16_row_scale(sm, ca, ridge) : 1.0f, rs_b = F16 ? gka_f16_row_scale(sm, cb, ridge) : 1.0f;
+    if constexpr (F16) {   // the rows' systems scaled: this thread's elements of b
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2& v = bl[(2 * t + h) * GKA_WG_THREADS];
+                v = make_float2(v.x * (h ? rs_b : rs_a), v.y * (h ? rs_b : rs_a));
+            }
+        }
+    }
     float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
     gka_cheb_start<GKA_WG_NTH>(x, dx, bl, GKA_WG_THREADS, ra.tau, rb.tau);
     float2 b_frags[2 * GKA_WG_NTH];   // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200)
@@ -1586,11 +1692,11 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     for (int it = 0; it < iters; it++) {
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
-            gka_frag_words(xa, t, gka_pieces2(x[t][0], x[t][1]), gka_pieces2(x[t][2], x[t][3]));
+            gka_frag_words(xa, t, gka_pieces2<F16>(x[t][0], x[t][1]), gka_pieces2<F16>(x[t][2], x[t][3]));
         }
         wgmma_fence();
-        gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false>(s, xa, kx_own, sm.K, sc0, 0);
-        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, true>(hy, xa, kx_own, sm.H0, hc0, 0);
+        gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false, F16>(s, xa, kx_own, sm.K, sc0, 0);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, !F16, F16>(hy, xa, kx_own, sm.H0, hc0, 0);
         wgmma_commit();
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {   // the pieces into Xs while those run
@@ -1604,9 +1710,9 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         fence_proxy_async();
         __syncthreads();   // Xs written by every warp
         wgmma_fence();
-        gka_wgmma<GKA_WG_NS, D, true, false, GKA_WG_NTH / 2>(s, sm.X, sm.K, sc0, 1, kx_other);
+        gka_wgmma<GKA_WG_NS, D, true, false, GKA_WG_NTH / 2, F16>(s, sm.X, sm.K, sc0, 1, kx_other);
         wgmma_commit();
-        gka_wgmma<GKA_WG_NH, D, true, true, GKA_WG_NTH / 2>(hy, sm.X, sm.H0, hc0, 1, kx_other);
+        gka_wgmma<GKA_WG_NH, D, true, !F16, GKA_WG_NTH / 2, F16>(hy, sm.X, sm.H0, hc0, 1, kx_other);
         wgmma_commit();
         wgmma_wait<1>();   // the own k-steps and S's other ones
         wgmma_hold<4 * GKA_WG_NTS>(s);
@@ -1617,7 +1723,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int o = so + 64 * t + 8 * BT * h, e = 4 * t + 2 * h;
-                w[h] = gka_store2_pieces(sm.S.hi + o, sm.S.lo + o, s[e] * mk[e], s[e + 1] * mk[e + 1]);
+                w[h] = gka_store2_pieces<F16>(sm.S.hi + o, sm.S.lo + o, s[e] * mk[e], s[e + 1] * mk[e + 1]);
             }
             gka_frag_words(sa, t, w[0], w[1]);
         }
@@ -1632,17 +1738,24 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             hy[4 * t + 3] *= zeta_b;
         }
         wgmma_fence();
-        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTS / 2, BT, false>(hy, sa, ks_own, sm.Kt, hc0, 1);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTS / 2, BT, false, F16>(hy, sa, ks_own, sm.Kt, hc0, 1);
         wgmma_commit();
         __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
         wgmma_fence();
-        gka_wgmma<GKA_WG_NH, BT, true, false, GKA_WG_NTS / 2>(hy, sm.S, sm.Kt, hc0, 1, ks_other);
+        gka_wgmma<GKA_WG_NH, BT, true, false, GKA_WG_NTS / 2, F16>(hy, sm.S, sm.Kt, hc0, 1, ks_other);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
         wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
         gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
+    }
+    if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { x[t][i] *= 1.0f / (i < 2 ? rs_a : rs_b); }
+        }
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
@@ -2762,10 +2875,11 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6), or pass 3b too (gka_chunk_du_mma_kernel;
 // version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a), or the
 // chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
-// gka_chunk_adjoint_terms_mma_kernel; version 9). The register tiles are the bf16 build's
+// gka_chunk_adjoint_terms_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
+// (gka_chunk_solve_wgmma_kernel<true>; version 10, not yet timed). The register tiles are the bf16 build's
 // (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
-                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES };
+                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
@@ -2786,7 +2900,7 @@ template <typename Kernel> struct GkaLaunch {
 #define GKA_MMA_BF16_ONLY "gka on the GPU: the register-tile kernels (GKA_PRODUCTS_MMA and after) are the bf16 build's"
 #if defined(ENABLE_FP32)
 #define GKA_MMA_LAUNCH(...) die(GKA_MMA_BF16_ONLY)
-static void gka_h0_tiles(__nv_bfloat16*, float*, const float*, int, int, cudaStream_t) {
+static void gka_h0_tiles(__nv_bfloat16*, float*, const float*, int, int, bool, cudaStream_t) {
     die("gka on the GPU: the wgmma solve's H0 tiles are the bf16 build's");
 }
 #else
@@ -2807,7 +2921,11 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
         static int in_image = -1;   // asked once: whether the device code running is sm_90a's (kernels/mma.cuh)
         if (in_image < 0) { cudaCheck(cudaMemcpyFromSymbol(&in_image, wgmma_image, sizeof(int))); }
         if (!in_image) { die("gka: the bf16 solve runs on wgmma, which needs device code built for sm_90a (make's GPU_COMPUTE_CAPABILITY=90)"); }
-        GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
+        if (products >= GKA_PRODUCTS_F16_SOLVE) {
+            GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<true>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
+        } else {
+            GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<false>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
+        }
     }
     gka_kernel_smem((const void*)l.kernel, l.smem, dk, dv);
     return l;
@@ -2915,7 +3033,7 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     cudaCheckLaunch();
     if (products >= GKA_PRODUCTS_WGMMA) {
         if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
-        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, stream);
+        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, products >= GKA_PRODUCTS_F16_SOLVE, stream);
     }
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
                                                                         GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,

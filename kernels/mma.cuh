@@ -19,6 +19,7 @@ ldmatrix phase reads into distinct bank groups.
 
 #include <stdint.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -122,7 +123,9 @@ __host__ __device__ __forceinline__ int wgmma_tile_off(int r, int k, int kd) {
 // next 8 rows); no swizzle
 // (the address passes through an empty volatile asm, so that the compiler makes each descriptor where it is used
 // instead of holding every k-step's in registers across a loop)
-__device__ __forceinline__ uint64_t wgmma_desc(const __nv_bfloat16* p, int r0, int k0, int kd) {
+template <typename E>   // a 16-bit element: __nv_bfloat16 or __half
+__device__ __forceinline__ uint64_t wgmma_desc(const E* p, int r0, int k0, int kd) {
+    static_assert(sizeof(E) == 2, "wgmma_desc: 16-bit elements");
     uint32_t base = smem_addr(p);
     asm volatile("" : "+r"(base));
     const uint64_t a = base + 2 * wgmma_tile_off(r0, k0, kd);
@@ -131,65 +134,80 @@ __device__ __forceinline__ uint64_t wgmma_desc(const __nv_bfloat16* p, int r0, i
 // the descriptor d moved k columns along k (k a multiple of 8): 16 k bytes further, which is k in its start address
 // field (16-byte units); the field does not carry into the next (shared addresses are below 256 KB)
 __device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t d, int k) { return d + (uint64_t)k; }
-// D (+)= A B (accumulate 0: D = A B) for N = 32 and 64; wgmma_m64k16<N> picks one
+// D (+)= A B (accumulate 0: D = A B) for N = 32 and 64, inputs bf16 or, with F16, fp16 (IEEE half: 11 significand
+// bits at the same rate, a smaller range); wgmma_m64k16<N, F16> picks one. The two input types differ only in the
+// instruction's type suffix (TYPES).
+#define WGMMA_SS32(TYPES)                                                                                           \
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                         \
+              "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                               \
+              "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
+              "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                                    \
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
+                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
+                "+f"(d[15])                                                                                         \
+              : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define WGMMA_SS64(TYPES)                                                                                           \
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
+              "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " {"                                               \
+              "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
+              "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
+              "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                                    \
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
+                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
+                "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),        \
+                "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),        \
+                "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                               \
+              : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    WGMMA_ASM(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    if constexpr (F16) { WGMMA_SS32(".f16.f16"); } else { WGMMA_SS32(".bf16.bf16"); }
 }
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n64k16(float d[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    WGMMA_ASM(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    if constexpr (F16) { WGMMA_SS64(".f16.f16"); } else { WGMMA_SS64(".bf16.bf16"); }
 }
-template <int N> __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+template <int N, bool F16 = false>
+__device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     static_assert(N == 32 || N == 64, "wgmma_m64k16: N is 32 or 64");
-    if (N == 32) { wgmma_m64n32k16(d, desc_a, desc_b, accumulate); }
-    if (N == 64) { wgmma_m64n64k16(d, desc_a, desc_b, accumulate); }
+    if (N == 32) { wgmma_m64n32k16<F16>(d, desc_a, desc_b, accumulate); }
+    if (N == 64) { wgmma_m64n64k16<F16>(d, desc_a, desc_b, accumulate); }
 }
 // the same with A from registers: warp w of the warpgroup gives rows 16 w .. 16 w + 15 of A as mma.sync's A fragment
 // a[4] (the header); the registers must keep their values until a wgmma_wait covers the operation (wgmma_hold_a)
+#define WGMMA_RS32(TYPES)                                                                                           \
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                         \
+              "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                               \
+              "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
+              "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                      \
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
+                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
+                "+f"(d[15])                                                                                         \
+              : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+#define WGMMA_RS64(TYPES)                                                                                           \
+    WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                         \
+              "wgmma.mma_async.sync.aligned.m64n64k16.f32" TYPES " {"                                               \
+              "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
+              "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
+              "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                      \
+              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
+                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
+                "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),        \
+                "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),        \
+                "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                               \
+              : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16_rs(float d[16], const uint32_t a[4], uint64_t desc_b, int accumulate) {
-    WGMMA_ASM(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    if constexpr (F16) { WGMMA_RS32(".f16.f16"); } else { WGMMA_RS32(".bf16.bf16"); }
 }
+template <bool F16>
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float d[32], const uint32_t a[4], uint64_t desc_b, int accumulate) {
-    WGMMA_ASM(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+    if constexpr (F16) { WGMMA_RS64(".f16.f16"); } else { WGMMA_RS64(".bf16.bf16"); }
 }
-template <int N>
+template <int N, bool F16 = false>
 __device__ __forceinline__ void wgmma_m64k16_rs(float* d, const uint32_t a[4], uint64_t desc_b, int accumulate) {
     static_assert(N == 32 || N == 64, "wgmma_m64k16_rs: N is 32 or 64");
-    if (N == 32) { wgmma_m64n32k16_rs(d, a, desc_b, accumulate); }
-    if (N == 64) { wgmma_m64n64k16_rs(d, a, desc_b, accumulate); }
+    if (N == 32) { wgmma_m64n32k16_rs<F16>(d, a, desc_b, accumulate); }
+    if (N == 64) { wgmma_m64n64k16_rs<F16>(d, a, desc_b, accumulate); }
 }
 // orders this thread's register and shared-memory accesses before the next wgmma_m64n*k16
 __device__ __forceinline__ void wgmma_fence() {

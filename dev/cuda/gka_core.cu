@@ -179,6 +179,18 @@ instructions (was 590M): N = 32 takes twice the warpgroup MMAs, each reading its
 for 1 KB of B (by count 456 KB of operand reads per iteration, against about 180 KB with x and S as register
 operands), and each stream still waits for its own products.
 
+version 10 (bf16 build only, sm_90a; not yet timed on a GPU) is version 9 with both solves in fp16
+(gka_chunk_solve_wgmma_kernel<true>): IEEE half keeps 11 significand bits at bf16's tensor-core rate, so H0 is
+used in one piece (x and S still in two; dev/cuda/gka_solve_precision.py's scheme 2, 1, 2, 2: 4.19M multiply-adds
+per chunk-iteration against 5.24M), with exact power-of-two scales that keep half's range: H0's tiles hold 2^-e H0
+(2^e >= ||H0||_F), undone in diag(zeta), and each row's system is scaled so that |x| <= ||b|| / (a f) maps to at
+most 2^10, undone as x is stored. The simulation predicts solve errors of a few 1e-4 (x 7.2e-5, z 3.8e-4, o 3.1e-4,
+dk 3.8e-4 at dk = 128) against the bf16 pieces' 1e-6 .. 1e-4; dev/emu/gka_mma.cu measures it against the CUDA-core
+products (dk = 16: dq 1.2e-4, dg 6.3e-4; on inputs as wide as half's range allows, dg 1.6e-3). The ridge check
+(r = 400 against the exact solve) holds it to 2e-3: its fixed point is the system's with H0 rounded to half (the
+simulation's worst token 7.7e-4 at dk = 128, the bf16 pieces' 1.7e-5). Expected at the tensor work's measured
+share of a solve: about 0.26 ms less per solve.
+
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
 z = CHEB(H_t, f_t, alpha dqt) with the same r, the bp_lambda term w = 2a (x.z)/f, dg = gamma (<DH, H_{t-1}> +
@@ -220,7 +232,9 @@ static const double TOLERANCE = 1e-4;
 static const double TOLERANCE = 1e-2;
 #endif
 #include "lab_common.cuh"   // after TOLERANCE
-static const double RIDGE_TOLERANCE = 1e-4;   // r = 400 against the exact ridge solve, both builds (see above)
+// r = 400 against the exact ridge solve, both builds (see above); version 10's fixed point is that of the system with
+// H0 rounded to half (the simulation's worst token: 7.7e-4 at dk = 128), 2e-3, which r = 10's ~0.09 still misses
+static double ridge_tolerance();
 static const float RIDGE = 0.02f;             // a (the layer's default)
 
 
@@ -664,11 +678,12 @@ static void release(CoreDevice& d) {
 }
 
 static int version = 2;   // the version checked and timed (main's argument)
+static double ridge_tolerance() { return version >= 10 ? 2e-3 : 1e-4; }
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
            : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : version == 8 ? GKA_PRODUCTS_WGMMA
-           : GKA_PRODUCTS_MMA_STATES;
+           : version == 9 ? GKA_PRODUCTS_MMA_STATES : GKA_PRODUCTS_F16_SOLVE;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -715,14 +730,14 @@ static void validate(int B, int T, int H, int dk, int dv, int iters) {
 // spec 9.1 on the GPU: r = 400 reproduces the exact ridge solve; the negative control r = 10 must not
 static void validate_ridge(int B, int T, int H, int dk, int dv) {
     printf("ridge B=%d T=%d H=%d dk=%d dv=%d: x against the exact (H_t + a f_t I)^-1 q_hat_t, tolerance %.0e "
-           "(largest per-token relative error)\n", B, T, H, dk, dv, RIDGE_TOLERANCE);
+           "(largest per-token relative error)\n", B, T, H, dk, dv, ridge_tolerance());
     CoreInputs in = make_inputs(B, T, H, dk, dv);
     CoreDevice d = upload(in);
     const std::vector<double> X = exact_ridge(in);
     const size_t n = (size_t)B * T * H * dk;
     run_forward(in, d, 400);
     const double e400 = max_token_error(download_f32(d.x, n), X, dk);
-    const int ok = e400 <= RIDGE_TOLERANCE;
+    const int ok = e400 <= ridge_tolerance();
     printf("  %-24s max rel %.3e  %s\n", "r=400", e400, ok ? "PASS" : "FAIL");
     if (!ok) { failures++; }
     run_forward(in, d, 30);
@@ -730,7 +745,7 @@ static void validate_ridge(int B, int T, int H, int dk, int dv) {
            max_token_error(download_f32(d.x, n), X, dk));
     run_forward(in, d, 10);
     const double e10 = max_token_error(download_f32(d.x, n), X, dk);
-    const int caught = !(e10 <= RIDGE_TOLERANCE);
+    const int caught = !(e10 <= ridge_tolerance());
     printf("  %-24s max rel %.3e  %s\n", "negative control r=10", e10,
            caught ? "misses the bound: control caught  PASS" : "within the bound: control NOT caught  FAIL");
     if (!caught) { failures++; }
@@ -771,9 +786,9 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 int main(int argc, char** argv) {
     // default: what this build's trainer runs (9 in bf16, 4 in fp32)
     version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_STATES ? 9 : 4;
-    if (version < 1 || version > 9) { die("usage: %s [version 1 to 9; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
+    if (version < 1 || version > 10) { die("usage: %s [version 1 to 10; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 to 9 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 10 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);

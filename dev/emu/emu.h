@@ -12,6 +12,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 #include <barrier>
 #include <thread>
@@ -124,7 +125,7 @@ static void emu_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
         c[i] += sum;
     }
 }
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 with A and B in shared memory (kernels/mma.cuh): here a
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (or .f16.f16) with A and B in shared memory (kernels/mma.cuh): here a
 // descriptor is the operand's host address with its stride byte offset SBO >> 4 in the top 16 bits, the leading
 // byte offset being the 128 of kernels/mma.cuh's K-major tiles. Element (r, k) of an operand lies at start + (r / 8)
 // SBO + (k / 8) 128 + (r % 8) 16 + (k % 8) 2 bytes (PTX's core matrices without swizzle). Each thread of the
@@ -133,25 +134,32 @@ static void emu_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t 
 static uint64_t emu_wgmma_desc(const void* start, int sbo) {
     return (uint64_t)(uintptr_t)start | ((uint64_t)(sbo >> 4) << 48);
 }
-static float emu_wgmma_elem(uint64_t desc, int r, int k) {
+// a 16-bit element as float: bf16, or IEEE half (f16)
+static float emu_b16_float(uint32_t bits16, bool f16) {
+    if (!f16) { return emu_bf16_float(bits16); }
+    __half_raw raw;
+    raw.x = (unsigned short)bits16;
+    return __half2float(__half(raw));
+}
+static float emu_wgmma_elem(uint64_t desc, int r, int k, bool f16) {
     const char* start = (const char*)(uintptr_t)(desc & ((1ull << 48) - 1));
     const size_t sbo = (size_t)(desc >> 48) << 4;
-    return emu_bf16_float(emu_b16(start + (r / 8) * sbo + (k / 8) * 128 + (r % 8) * 16, k % 8));
+    return emu_b16_float(emu_b16(start + (r / 8) * sbo + (k / 8) * 128 + (r % 8) * 16, k % 8), f16);
 }
-static void emu_wgmma(float* d, int N, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+static void emu_wgmma(float* d, int N, uint64_t desc_a, uint64_t desc_b, int accumulate, bool f16) {
     const int t = emu_threadIdx.x % 128, w = t / 32, g = t % 32 / 4, t4 = t % 4;
     for (int nt = 0; nt < N / 8; nt++) {
         for (int i = 0; i < 4; i++) {
             const int r = 16 * w + g + 8 * (i / 2), n = 8 * nt + 2 * t4 + i % 2;
             float sum = 0.0f;
-            for (int k = 0; k < 16; k++) { sum += emu_wgmma_elem(desc_a, r, k) * emu_wgmma_elem(desc_b, n, k); }
+            for (int k = 0; k < 16; k++) { sum += emu_wgmma_elem(desc_a, r, k, f16) * emu_wgmma_elem(desc_b, n, k, f16); }
             d[4 * nt + i] = (accumulate ? d[4 * nt + i] : 0.0f) + sum;
         }
     }
 }
 // the same with A from registers (wgmma_m64n*k16_rs): warp w's lanes hold rows 16 w .. 16 w + 15 of A as mma.sync's
 // A fragments, exchanged within the warp as emu_mma_bf16 does; the lane's elements of D from its rows g, g + 8
-static void emu_wgmma_rs(float* d, int N, const uint32_t a[4], uint64_t desc_b, int accumulate) {
+static void emu_wgmma_rs(float* d, int N, const uint32_t a[4], uint64_t desc_b, int accumulate, bool f16) {
     EmuWarp& W = emu_warp();
     const int lane = emu_threadIdx.x % 32, g = lane / 4, t4 = lane % 4, buf = W.calls[lane]++ % 2;
     uint32_t (*frag)[6] = W.frag[buf];
@@ -161,17 +169,17 @@ static void emu_wgmma_rs(float* d, int N, const uint32_t a[4], uint64_t desc_b, 
     for (int lt = 0; lt < 4; lt++) {
         const uint32_t* f = frag[4 * g + lt];
         for (int h = 0; h < 2; h++) {
-            A[0][2 * lt + h] = emu_bf16_float((f[0] >> (16 * h)) & 0xffff);
-            A[1][2 * lt + h] = emu_bf16_float((f[1] >> (16 * h)) & 0xffff);
-            A[0][2 * lt + 8 + h] = emu_bf16_float((f[2] >> (16 * h)) & 0xffff);
-            A[1][2 * lt + 8 + h] = emu_bf16_float((f[3] >> (16 * h)) & 0xffff);
+            A[0][2 * lt + h] = emu_b16_float((f[0] >> (16 * h)) & 0xffff, f16);
+            A[1][2 * lt + h] = emu_b16_float((f[1] >> (16 * h)) & 0xffff, f16);
+            A[0][2 * lt + 8 + h] = emu_b16_float((f[2] >> (16 * h)) & 0xffff, f16);
+            A[1][2 * lt + 8 + h] = emu_b16_float((f[3] >> (16 * h)) & 0xffff, f16);
         }
     }
     for (int nt = 0; nt < N / 8; nt++) {
         for (int i = 0; i < 4; i++) {
             const int n = 8 * nt + 2 * t4 + i % 2;
             float sum = 0.0f;
-            for (int k = 0; k < 16; k++) { sum += A[i / 2][k] * emu_wgmma_elem(desc_b, n, k); }
+            for (int k = 0; k < 16; k++) { sum += A[i / 2][k] * emu_wgmma_elem(desc_b, n, k, f16); }
             d[4 * nt + i] = (accumulate ? d[4 * nt + i] : 0.0f) + sum;
         }
     }

@@ -28,16 +28,19 @@ for root, _, files in os.walk(src):
                 calls = {'named_barrier_sync': 'emu_named_barrier(id, threads);', 'ldsm_x4': 'emu_ldsm_x4(r, p, false);',
                          'ldsm_x4_trans': 'emu_ldsm_x4(r, p, true);', 'mma_bf16': 'emu_mma_bf16(c, a, b0, b1);',
                          'cp_async16': 'emu_cp_async16(dst, src, src_bytes);', 'cp_async_commit': '', 'cp_async_wait': '',
-                         'wgmma_m64n32k16': 'emu_wgmma(d, 32, desc_a, desc_b, accumulate);',
-                         'wgmma_m64n64k16': 'emu_wgmma(d, 64, desc_a, desc_b, accumulate);',
-                         'wgmma_m64n32k16_rs': 'emu_wgmma_rs(d, 32, a, desc_b, accumulate);',
-                         'wgmma_m64n64k16_rs': 'emu_wgmma_rs(d, 64, a, desc_b, accumulate);',
                          'wgmma_fence': '', 'fence_proxy_async': '', 'wgmma_commit': '', 'wgmma_wait': '', 'wgmma_hold1': ''}
                 for fname, call in calls.items():
                     m = re.search(r'void ' + fname + r'\([^)]*\) \{\n\s*(?:asm volatile|WGMMA_ASM)\((?:.|\n)*?\);\n', s)
                     assert m, fname
                     head = s[m.start():s.index('{', m.start()) + 1]
                     s = s[:m.start()] + head + '\n    ' + call + '\n' + s[m.end():]
+                # the wgmma products: bf16 or fp16 (F16) inputs, the body one asm statement per type
+                for fname, call in {'wgmma_m64n32k16': 'emu_wgmma(d, 32, desc_a, desc_b, accumulate, F16);',
+                                    'wgmma_m64n64k16': 'emu_wgmma(d, 64, desc_a, desc_b, accumulate, F16);',
+                                    'wgmma_m64n32k16_rs': 'emu_wgmma_rs(d, 32, a, desc_b, accumulate, F16);',
+                                    'wgmma_m64n64k16_rs': 'emu_wgmma_rs(d, 64, a, desc_b, accumulate, F16);'}.items():
+                    a = s.index('void ' + fname + '('); b = s.index('\n}\n', a)
+                    s = s[:s.index('{', a) + 1] + '\n    ' + call + s[b:]
                 s = s.replace('(uint32_t)__cvta_generic_to_shared(p)', '0')
                 # wgmma: the emulator is an sm_90a image, and a descriptor carries the tile's host address
                 s = s.replace('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)', '#if 1')
