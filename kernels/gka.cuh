@@ -1008,6 +1008,12 @@ __device__ void gka_load_b_frags(float2* bl, int stride, const float* rhs, const
     }
 }
 
+// the sum over the four lanes (t4 = 0 .. 3) that hold a fragment row's columns, in every one of them
+__device__ __forceinline__ float gka_row_lanes_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // this warp's parts of quad_c = k_c^T H0 k_c and of f's Gram term sum_{j <= c} (1 or 2) M[c][j] (k_c.k_j)^2 (weight
 // 2 for j < c, 1 for j = c: the |k_c|^4 term) for its rows, from its fragments kh of K H0 (columns hc0 .., NTH
 // n-tiles) and gm of K K^T (columns sc0 .., NTS n-tiles), key(c, j) = k_c[j]; into quad, gram [c][part]
@@ -1032,10 +1038,8 @@ __device__ void gka_quad_gram_part(GkaSolveRows& r, int parts, int part, const f
                 if (j <= c) { w += (j < c ? 2.0f : 1.0f) * __expf(r.gl[c] - r.gl[j]) * v * v; }
             }
         }
-        q += __shfl_xor_sync(0xffffffffu, q, 1);
-        q += __shfl_xor_sync(0xffffffffu, q, 2);
-        w += __shfl_xor_sync(0xffffffffu, w, 1);
-        w += __shfl_xor_sync(0xffffffffu, w, 2);
+        q = gka_row_lanes_sum(q);
+        w = gka_row_lanes_sum(w);
         if (t4 == 0) {
             r.quad[parts * c + part] = q;
             r.gram[parts * c + part] = w;
@@ -1600,10 +1604,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             na += va.x * va.x + va.y * va.y;
             nb += vb.x * vb.x + vb.y * vb.y;
         }
-        na += __shfl_xor_sync(0xffffffffu, na, 1);
-        na += __shfl_xor_sync(0xffffffffu, na, 2);
-        nb += __shfl_xor_sync(0xffffffffu, nb, 1);
-        nb += __shfl_xor_sync(0xffffffffu, nb, 2);
+        na = gka_row_lanes_sum(na);
+        nb = gka_row_lanes_sum(nb);
         if (t4 == 0) {
             sm.bnorm[grp * BT + ca] = na;
             sm.bnorm[grp * BT + cb] = nb;
