@@ -136,15 +136,20 @@ __device__ __forceinline__ uint64_t wgmma_desc(const E* p, int r0, int k0, int k
 __device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t d, int k) { return d + (uint64_t)k; }
 // D (+)= A B (accumulate 0: D = A B) for N = 32 and 64, inputs bf16 or, with F16, fp16 (IEEE half: 11 significand
 // bits at the same rate, a smaller range); wgmma_m64k16<N, F16> picks one. The two input types differ only in the
-// instruction's type suffix (TYPES).
+// instruction's type suffix (TYPES); WGMMA_D16 and WGMMA_D32 are the accumulator operands d[0 .. 15], d[0 .. 31].
+#define WGMMA_D16                                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define WGMMA_D32                                                                                                  \
+    WGMMA_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),         \
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),     \
+        "+f"(d[31])
 #define WGMMA_SS32(TYPES)                                                                                           \
     WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                         \
               "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                               \
               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
               "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                                    \
-              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
-                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
-                "+f"(d[15])                                                                                         \
+              : WGMMA_D16                                                                                           \
               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 #define WGMMA_SS64(TYPES)                                                                                           \
     WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                         \
@@ -152,11 +157,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t d, int k) { retu
               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                                    \
-              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
-                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
-                "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),        \
-                "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),        \
-                "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                               \
+              : WGMMA_D32                                                                                           \
               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16(float d[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -179,9 +180,7 @@ __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t desc_a, uint64_t
               "wgmma.mma_async.sync.aligned.m64n32k16.f32" TYPES " {"                                               \
               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"                                \
               "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                      \
-              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
-                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
-                "+f"(d[15])                                                                                         \
+              : WGMMA_D16                                                                                           \
               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 #define WGMMA_RS64(TYPES)                                                                                           \
     WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                         \
@@ -189,11 +188,7 @@ __device__ __forceinline__ void wgmma_m64k16(float* d, uint64_t desc_a, uint64_t
               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                              \
               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                      \
               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                      \
-              : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
-                "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),          \
-                "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),        \
-                "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),        \
-                "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                               \
+              : WGMMA_D32                                                                                           \
               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16_rs(float d[16], const uint32_t a[4], uint64_t desc_b, int accumulate) {
