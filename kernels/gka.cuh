@@ -2878,8 +2878,8 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a), or the
 // chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
 // gka_chunk_adjoint_terms_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
-// (gka_chunk_solve_wgmma_kernel<true>; version 10, not yet timed). The register tiles are the bf16 build's
-// (gka_chunk_solve_mma_kernel's header says why).
+// (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x). The register tiles are the bf16
+// build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
                    GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE };
 // what the trainer runs

@@ -179,7 +179,7 @@ instructions (was 590M): N = 32 takes twice the warpgroup MMAs, each reading its
 for 1 KB of B (by count 456 KB of operand reads per iteration, against about 180 KB with x and S as register
 operands), and each stream still waits for its own products.
 
-version 10 (bf16 build only, sm_90a; not yet timed on a GPU) is version 9 with both solves in fp16
+version 10 (bf16 build only, sm_90a) is version 9 with both solves in fp16
 (gka_chunk_solve_wgmma_kernel<true>): IEEE half keeps 11 significand bits at bf16's tensor-core rate, so H0 is
 used in one piece (x and S still in two; dev/cuda/gka_solve_precision.py's scheme 2, 1, 2, 2: 4.19M multiply-adds
 per chunk-iteration against 5.24M), with exact power-of-two scales that keep half's range: H0's tiles hold 2^-e H0
@@ -187,9 +187,13 @@ per chunk-iteration against 5.24M), with exact power-of-two scales that keep hal
 most 2^10, undone as x is stored. The simulation predicts solve errors of a few 1e-4 (x 7.2e-5, z 3.8e-4, o 3.1e-4,
 dk 3.8e-4 at dk = 128) against the bf16 pieces' 1e-6 .. 1e-4; dev/emu/gka_mma.cu measures it against the CUDA-core
 products (dk = 16: dq 1.2e-4, dg 6.3e-4; on inputs as wide as half's range allows, dg 1.6e-3). The ridge check
-(r = 400 against the exact solve) holds it to 2e-3: its fixed point is the system's with H0 rounded to half (the
-simulation's worst token 7.7e-4 at dk = 128, the bf16 pieces' 1.7e-5). Expected at the tensor work's measured
-share of a solve: about 0.26 ms less per solve.
+(r = 400 against the exact solve) holds it to 5e-3: its fixed point is the system's with H0 rounded to half, which
+half's unit roundoff 2^-11 times the condition bound 51 limits to 2.5e-2; measured (H200, 2026-12-03) 9.1e-4 at
+dk = 128 (the simulation's worst token: 7.7e-4; the bf16 pieces' 1.7e-5) and 2.05e-3 at dk = 16, which the
+simulation does not cover. Timed in the same run (H200, B=16 T=2048 H=6 dk=dv=128 r=30): forward 2.685 against
+version 9's 2.869 ms, forward+backward 7.09 against 7.53 ms (-5.8%), for errors 10-40x version 9's (x 2.8e-4
+against 6.0e-6 at dk = 16, dq 2.4e-4 against 7.7e-6, dg up to 9.5e-4 against 2.8e-4), so the trainer keeps the
+bf16 pieces.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -233,7 +237,7 @@ static const double TOLERANCE = 1e-2;
 #endif
 #include "lab_common.cuh"   // after TOLERANCE
 // r = 400 against the exact ridge solve, both builds (see above); version 10's fixed point is that of the system with
-// H0 rounded to half (the simulation's worst token: 7.7e-4 at dk = 128), 2e-3, which r = 10's ~0.09 still misses
+// H0 rounded to half (measured 9.1e-4 at dk = 128, 2.05e-3 at dk = 16), 5e-3, which r = 10's ~0.09 still misses
 static double ridge_tolerance();
 static const float RIDGE = 0.02f;             // a (the layer's default)
 
@@ -678,7 +682,7 @@ static void release(CoreDevice& d) {
 }
 
 static int version = 2;   // the version checked and timed (main's argument)
-static double ridge_tolerance() { return version >= 10 ? 2e-3 : 1e-4; }
+static double ridge_tolerance() { return version >= 10 ? 5e-3 : 1e-4; }
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA

@@ -25,10 +25,12 @@ epilogue is printed as INFO and does not count.
 The reductions (bias, norm weight and embedding gradients, the gradient norm) are also run twice from the same
 state and must agree bit for bit.
 
-Versions. The lab keeps the previous version of AdamW beside the trainer's, checks that the trainer's gives the
-same bits, and times both in the same run:
+Versions. The lab keeps the previous versions of AdamW and the classifier beside the trainer's and times both
+in the same run. AdamW's must give the same bits; both classifiers are checked against the reference:
   adamw_update      version 1: one launch per tensor, one element per thread; version 2 (kernels/adamw.cuh): one
                     launch over every tensor of a plan, four elements per thread loaded before any is updated.
+  fused_classifier  version 1: expf per element in both passes; version 2 (kernels/classifier.cuh): the softmax in
+                    base 2, one fma and one ex2.approx per element, pass 1 over whole packs without bounds checks.
 */
 #include <math.h>
 #include <string.h>
@@ -604,19 +606,109 @@ static void test_encoder(int B, int T, int C, int V, int with_wpe) {
 // ----------------------------------------------------------------------------------------------------------
 // classifier
 
+// (m, s) := the (max, sum of exp(x - max)) of the union of two sets given as (m, s) and (m2, s2).
+// An empty set is (-inf, 0), and contributes nothing (without computing exp(-inf - -inf) = exp(nan)).
+__device__ __forceinline__ void softmax_stats_merge_v1(float& m, float& s, float m2, float s2) {
+    const float m_new = fmaxf(m, m2);
+    const float a = s == 0.0f ? 0.0f : s * expf(m - m_new);
+    const float b = s2 == 0.0f ? 0.0f : s2 * expf(m2 - m_new);
+    m = m_new;
+    s = a + b;
+}
+
+// version 1: grid BT, block CLASSIFIER_BLOCK: one row per block, expf per element in both passes
+__global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_v1_kernel(floatX* logits, float* losses,
+                                                                           const int* targets, float dloss, int V,
+                                                                           int Vp, int write_dlogits) {
+    __shared__ float warp_m[CLASSIFIER_BLOCK / 32], warp_s[CLASSIFIER_BLOCK / 32];
+    const int row = blockIdx.x;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    floatX* z = logits + (size_t)row * Vp;
+    const int target = targets != NULL ? targets[row] : -1;
+    // the target's logit, read before any thread may overwrite it with its gradient (after the barrier below)
+    const float z_target = (threadIdx.x == 0 && target >= 0) ? to_float(z[target]) : 0.0f;
+
+    // pass 1: each thread's running (max, sum) over its 16-byte packs of the first V columns
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x * CLASSIFIER_VEC; i < V; i += CLASSIFIER_BLOCK * CLASSIFIER_VEC) {
+        const ClassifierPack pack = *(const ClassifierPack*)(z + i);
+        float pack_max = -INFINITY;
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            if (i + k < V) { pack_max = fmaxf(pack_max, to_float(pack.v[k])); }
+        }
+        const float m_new = fmaxf(m, pack_max);
+        s *= expf(m - m_new);   // m = -inf on the first pack: s is 0 and exp(-inf) = 0
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            if (i + k < V) { s += expf(to_float(pack.v[k]) - m_new); }
+        }
+        m = m_new;
+    }
+    // combine: within each warp, then the warps' results in warp 0
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        softmax_stats_merge_v1(m, s, m2, s2);
+    }
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = lane < CLASSIFIER_BLOCK / 32 ? warp_m[lane] : -INFINITY;
+        s = lane < CLASSIFIER_BLOCK / 32 ? warp_s[lane] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            softmax_stats_merge_v1(m, s, m2, s2);
+        }
+        if (lane == 0) {
+            warp_m[0] = m;
+            warp_s[0] = s;
+            if (losses != NULL && targets != NULL) { losses[row] = target >= 0 ? logf(s) - (z_target - m) : 0.0f; }
+        }
+    }
+    __syncthreads();
+    if (!write_dlogits) { return; }
+    const float row_max = warp_m[0], inv_sum = 1.0f / warp_s[0];
+
+    // pass 2: dlogits = (p - onehot(target)) * dloss over the first V columns, 0 over the padding
+    for (int i = threadIdx.x * CLASSIFIER_VEC; i < Vp; i += CLASSIFIER_BLOCK * CLASSIFIER_VEC) {
+        ClassifierPack pack = *(const ClassifierPack*)(z + i);
+        for (int k = 0; k < CLASSIFIER_VEC; k++) {
+            const int j = i + k;
+            float d = 0.0f;
+            if (j < V && target >= 0) {
+                const float p = expf(to_float(pack.v[k]) - row_max) * inv_sum;
+                d = (p - (j == target ? 1.0f : 0.0f)) * dloss;
+            }
+            pack.v[k] = from_float<floatX>(d);
+        }
+        *(ClassifierPack*)(z + i) = pack;
+    }
+}
+
+static void fused_classifier_v1(floatX* logits, float* losses, const int* targets, float dloss, int BT, int V, int Vp,
+                                int write_dlogits) {
+    fused_classifier_v1_kernel<<<BT, CLASSIFIER_BLOCK, 0, stream>>>(logits, losses, targets, dloss, V, Vp,
+                                                                    write_dlogits);
+    cudaCheckLaunch();
+}
+
+// both versions against the double-precision reference; every 5th row's target is ignored (negative)
 static void test_classifier(int BT, int V, int Vp) {
     char name[128];
     Vec logits;
     floatX* d_logits = random_x((size_t)BT * Vp, 4.0, logits);
+    const std::vector<unsigned char> logits_bytes = download_bytes(d_logits, (size_t)BT * Vp * sizeof(floatX));
     std::vector<int> targets(BT);
-    for (int i = 0; i < BT; i++) { targets[i] = (int)(0.5 * (rand_uniform() + 1.0) * V) % V; }
+    for (int i = 0; i < BT; i++) { targets[i] = i % 5 == 4 ? -1 : (int)(0.5 * (rand_uniform() + 1.0) * V) % V; }
     int* d_targets = (int*)cuda_malloc_or_die(BT * sizeof(int), "targets");
     cudaCheck(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice));
     float* d_losses = (float*)cuda_malloc_or_die(BT * sizeof(float), "losses");
     const double dloss = 1.0 / BT;
 
-    Vec losses(BT), dlogits((size_t)BT * Vp, 0.0);
+    Vec losses(BT, 0.0), dlogits((size_t)BT * Vp, 0.0);
     for (int r = 0; r < BT; r++) {
+        if (targets[r] < 0) { continue; }
         const double* z = &logits[(size_t)r * Vp];
         double m = -INFINITY, s = 0.0;
         for (int i = 0; i < V; i++) { m = fmax(m, z[i]); }
@@ -626,17 +718,28 @@ static void test_classifier(int BT, int V, int Vp) {
             dlogits[(size_t)r * Vp + i] = (exp(z[i] - m) / s - (i == targets[r] ? 1.0 : 0.0)) * dloss;
         }
     }
-    fused_classifier(d_logits, d_losses, d_targets, (float)dloss, BT, V, Vp, 0, stream);
-    snprintf(name, sizeof(name), "fused_classifier BT=%d V=%d Vp=%d: losses", BT, V, Vp);
-    check(name, download_f(d_losses, BT), losses);
-    snprintf(name, sizeof(name), "fused_classifier BT=%d V=%d Vp=%d: logits kept", BT, V, Vp);
-    check(name, download_x(d_logits, (size_t)BT * Vp), logits);
-    cudaCheck(cudaMemset(d_losses, 0, BT * sizeof(float)));
-    fused_classifier(d_logits, d_losses, d_targets, (float)dloss, BT, V, Vp, 1, stream);
-    snprintf(name, sizeof(name), "fused_classifier BT=%d V=%d Vp=%d: losses (with dlogits)", BT, V, Vp);
-    check(name, download_f(d_losses, BT), losses);
-    snprintf(name, sizeof(name), "fused_classifier BT=%d V=%d Vp=%d: dlogits", BT, V, Vp);
-    check(name, download_x(d_logits, (size_t)BT * Vp), dlogits);
+    for (int version = 1; version <= 2; version++) {
+        auto classifier = [&](int write_dlogits) {
+            if (version == 1) {
+                fused_classifier_v1(d_logits, d_losses, d_targets, (float)dloss, BT, V, Vp, write_dlogits);
+            } else {
+                fused_classifier(d_logits, d_losses, d_targets, (float)dloss, BT, V, Vp, write_dlogits, stream);
+            }
+        };
+        cudaCheck(cudaMemcpy(d_logits, logits_bytes.data(), logits_bytes.size(), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(d_losses, 0xff, BT * sizeof(float)));   // NaN: every loss must be written
+        classifier(0);
+        snprintf(name, sizeof(name), "fused_classifier v%d BT=%d V=%d Vp=%d: losses", version, BT, V, Vp);
+        check(name, download_f(d_losses, BT), losses);
+        snprintf(name, sizeof(name), "fused_classifier v%d BT=%d V=%d Vp=%d: logits kept", version, BT, V, Vp);
+        check(name, download_x(d_logits, (size_t)BT * Vp), logits);
+        cudaCheck(cudaMemset(d_losses, 0xff, BT * sizeof(float)));
+        classifier(1);
+        snprintf(name, sizeof(name), "fused_classifier v%d BT=%d V=%d Vp=%d: losses (with dlogits)", version, BT, V, Vp);
+        check(name, download_f(d_losses, BT), losses);
+        snprintf(name, sizeof(name), "fused_classifier v%d BT=%d V=%d Vp=%d: dlogits", version, BT, V, Vp);
+        check(name, download_x(d_logits, (size_t)BT * Vp), dlogits);
+    }
 
     cudaCheck(cudaFree(d_logits));
     cudaCheck(cudaFree(d_targets));
@@ -895,12 +998,14 @@ static void time_classifier(void) {
     int* d_targets = (int*)cuda_malloc_or_die(BT * sizeof(int), "targets");
     cudaCheck(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice));
     float* losses = (float*)cuda_malloc_or_die(BT * sizeof(float), "losses");
-    const float ms = time_ms([&] { fused_classifier(logits, losses, d_targets, 1.0f / BT, BT, V, Vp, 1, stream); }, 10);
+    const float ms1 = time_ms([&] { fused_classifier_v1(logits, losses, d_targets, 1.0f / BT, BT, V, Vp, 1); }, 10);
+    const float ms2 = time_ms([&] { fused_classifier(logits, losses, d_targets, 1.0f / BT, BT, V, Vp, 1, stream); }, 10);
     // the kernel reads each row twice (the second read mostly from L2) and writes it once; counted here: one read
     // and one write of the logits, the traffic to memory that cannot be avoided
     const double bytes = 2.0 * BT * Vp * sizeof(floatX);
-    printf("timing fused_classifier BT=%d V=%d Vp=%d: %.3f ms, %.0f GB/s (one read + one write of the logits)\n", BT,
-           V, Vp, ms, bytes / (ms * 1e-3) / 1e9);
+    printf("timing fused_classifier BT=%d V=%d Vp=%d: version 1 %.3f ms (%.0f GB/s), version 2 %.3f ms (%.0f GB/s) "
+           "(one read + one write of the logits)\n", BT, V, Vp, ms1, bytes / (ms1 * 1e-3) / 1e9, ms2,
+           bytes / (ms2 * 1e-3) / 1e9);
     cudaCheck(cudaFree(logits));
     cudaCheck(cudaFree(d_targets));
     cudaCheck(cudaFree(losses));
@@ -987,6 +1092,7 @@ int main(void) {
     test_matmul_backward_gelu(256, 192, 320, GELU_SEPARATE);
     test_matmul_backward_gelu(100, 72, 40, GELU_FUSED);
     test_classifier(64, 1000, 1024);
+    test_classifier(16, 1003, 1024);
     test_classifier(8, 50257, 50304);
     test_classifier(4, 100000, 100096);
     test_adamw();
