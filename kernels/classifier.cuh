@@ -12,9 +12,8 @@ and its whole dlogits row 0.
 
 One block of CLASSIFIER_BLOCK threads per row, which is read exactly twice: once for the running max and sum
 (an "online" softmax: when the max grows, the sum so far is rescaled by exp(old max - new max); in base 2, see
-fused_classifier_kernel), and once to
-write the gradient. Loads and stores are 16 bytes wide (8 bf16 or 4 floats), which needs Vp to be a multiple
-of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max, sum) pairs are combined in a fixed tree
+fused_classifier_kernel), and once to write the gradient. Loads and stores are 16 bytes wide (8 bf16 or 4
+floats), which needs Vp to be a multiple of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max, sum) pairs are combined in a fixed tree
 (warp shuffles, then the warps' results in one warp), so the result is the same on every run.
 
 argmax_rows: the index of each row's largest logit among the first V columns, the first one where several are
