@@ -40,6 +40,7 @@ reproducible.
 #include "common.cuh"
 #include "column_sum.cuh"
 #include "chunk_tiles.cuh"
+#include <type_traits>
 #include "mma.cuh"
 
 #define GKA_TOKEN_WARPS 8        // warps per block of the per-(row, head) kernels
@@ -1522,8 +1523,9 @@ __device__ __forceinline__ void gka_wgmma(float* acc, const GkaTile& A, const Gk
 }
 
 // the same with A in two pieces from registers: a[j][piece] the A fragments of k-step kc0 + j (the accumulator
-// fragments of this warpgroup's columns, packed as gka_pieces2 does), B [*][KD] in B_LO pieces
-template <int N, int NKC, int KD, bool B_LO, bool F16 = false>
+// fragments of this warpgroup's columns, packed as gka_pieces2 does), B [*][KD] in B_LO pieces; A_LO false: A's
+// first piece alone
+template <int N, int NKC, int KD, bool B_LO, bool F16 = false, bool A_LO = true>
 __device__ __forceinline__ void gka_wgmma_ra(float* acc, const uint32_t (*a)[2][4], int kc0, const GkaTile& Bm,
                                              int n0, int accumulate) {
     const uint64_t bh = wgmma_desc(Bm.hi, n0, 16 * kc0, KD), bl = B_LO ? wgmma_desc(Bm.lo, n0, 16 * kc0, KD) : 0;
@@ -1531,7 +1533,7 @@ __device__ __forceinline__ void gka_wgmma_ra(float* acc, const uint32_t (*a)[2][
     for (int j = 0; j < NKC; j++) {
         const uint64_t bhk = wgmma_desc_advance(bh, 16 * j);
         wgmma_m64k16_rs<N, F16>(acc, a[j][0], bhk, accumulate || j > 0);
-        wgmma_m64k16_rs<N, F16>(acc, a[j][1], bhk, 1);
+        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a[j][1], bhk, 1); }
         if (B_LO) { wgmma_m64k16_rs<N, F16>(acc, a[j][0], wgmma_desc_advance(bl, 16 * j), 1); }
     }
 }
@@ -1563,7 +1565,15 @@ __device__ __forceinline__ float gka_f16_row_scale(const GkaSolveWgSmem& sm, int
     return ldexpf(1.0f, GKA_F16_ROW_EXP + e - 1);
 }
 
-template <bool F16>
+// The mixed solve (MIXED; dev/cuda/gka_core.cu version 11, bf16): the first GKA_MIXED_CHEAP_ITERS iterations (when
+// at least as many follow; none at r < 30) take X H0 with x and H0 in one piece each (1 of its 3 products; X K^T
+// and S K keep both pieces), the rest all of the trainer's pieces. The later iterations damp what the early ones got
+// wrong (roughly by R^n over n iterations, spec 3.1's rate R = 0.754) and keep the trainer's fixed point; at r = 30,
+// dev/cuda/gka_solve_precision.py's mixed table: 0.80 of the multiply-adds, o 1.3e-4 and dk 1.9e-4 against the
+// trainer's 9.9e-5 and 1.1e-4; on one H200 (the lab, B=16 T=2048 H=6 dk=dv=128): forward 2.675 against 2.873 ms,
+// forward+backward 7.15 against 7.54 ms.
+#define GKA_MIXED_CHEAP_ITERS 15
+template <bool F16, bool MIXED = false>
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
 gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
                              const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
@@ -1691,14 +1701,16 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     uint32_t sa[GKA_WG_NTS / 2][2][4];   // the masked S's pieces, the same
     const int kx_own = GKA_WG_NTH / 2 * grp, kx_other = GKA_WG_NTH / 2 - kx_own;   // k-steps of X (of 8)
     const int ks_own = GKA_WG_NTS / 2 * grp, ks_other = GKA_WG_NTS / 2 - ks_own;   // k-steps of S (of 4)
-    for (int it = 0; it < iters; it++) {
+    // one iteration; H0_LO: X H0 with the second pieces of x and of H0 (all but the mixed solve's first iterations)
+    auto iteration = [&](int it, auto h0_lo) {
+        using H0Lo = decltype(h0_lo);
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
             gka_frag_words(xa, t, gka_pieces2<F16>(x[t][0], x[t][1]), gka_pieces2<F16>(x[t][2], x[t][3]));
         }
         wgmma_fence();
         gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false, F16>(s, xa, kx_own, sm.K, sc0, 0);
-        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, !F16, F16>(hy, xa, kx_own, sm.H0, hc0, 0);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, !F16 && H0Lo::value, F16, H0Lo::value>(hy, xa, kx_own, sm.H0, hc0, 0);
         wgmma_commit();
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {   // the pieces into Xs while those run
@@ -1714,7 +1726,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_fence();
         gka_wgmma<GKA_WG_NS, D, true, false, GKA_WG_NTH / 2, F16>(s, sm.X, sm.K, sc0, 1, kx_other);
         wgmma_commit();
-        gka_wgmma<GKA_WG_NH, D, true, !F16, GKA_WG_NTH / 2, F16>(hy, sm.X, sm.H0, hc0, 1, kx_other);
+        gka_wgmma<GKA_WG_NH, D, H0Lo::value, !F16 && H0Lo::value, GKA_WG_NTH / 2, F16>(hy, sm.X, sm.H0, hc0, 1, kx_other);
         wgmma_commit();
         wgmma_wait<1>();   // the own k-steps and S's other ones
         wgmma_hold<4 * GKA_WG_NTS>(s);
@@ -1751,7 +1763,13 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
         gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
+    };
+    // the mixed solve's first iterations, when at least as many follow in every piece
+    const int cheap_iters = MIXED ? max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS)) : 0;
+    if constexpr (MIXED) {
+        for (int it = 0; it < cheap_iters; it++) { iteration(it, std::false_type{}); }
     }
+    for (int it = cheap_iters; it < iters; it++) { iteration(it, std::true_type{}); }
     if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
@@ -2878,10 +2896,11 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a), or the
 // chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
 // gka_chunk_adjoint_terms_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
-// (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x). The register tiles are the bf16
-// build's (gka_chunk_solve_mma_kernel's header says why).
+// (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x), or the bf16 solves with X H0 in
+// one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11). The register
+// tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
-                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE };
+                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
@@ -2923,8 +2942,11 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
         static int in_image = -1;   // asked once: whether the device code running is sm_90a's (kernels/mma.cuh)
         if (in_image < 0) { cudaCheck(cudaMemcpyFromSymbol(&in_image, wgmma_image, sizeof(int))); }
         if (!in_image) { die("gka: the bf16 solve runs on wgmma, which needs device code built for sm_90a (make's GPU_COMPUTE_CAPABILITY=90)"); }
-        if (products >= GKA_PRODUCTS_F16_SOLVE) {
+        if (products == GKA_PRODUCTS_F16_SOLVE) {
             GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<true>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
+        } else if (products == GKA_PRODUCTS_MIXED_SOLVE) {
+            GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, true>), GKA_WG_THREADS,
+                           gka_chunk_solve_wgmma_smem(iters));
         } else {
             GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<false>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
         }
@@ -3035,7 +3057,7 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     cudaCheckLaunch();
     if (products >= GKA_PRODUCTS_WGMMA) {
         if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
-        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, products >= GKA_PRODUCTS_F16_SOLVE, stream);
+        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, products == GKA_PRODUCTS_F16_SOLVE, stream);
     }
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
                                                                         GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,

@@ -27,7 +27,11 @@ predicts): every fp32 output within 3e-3. Measured (T = 100, dk, dv = 16, 24): o
 solves on the same wide inputs: dq 1.6e-5, dk 5.5e-4, dv 9.0e-4, dalpha 3.0e-4, dg 2.8e-4; above their 5e-4 there,
 so the wide run is the fp16 one's alone). Negative controls of dev/emu/run.sh: the second fp16 piece of x and S
 left out (o 7.7e-3, dk 9.0e-3), and the row scales left out on the wide inputs (x overflows half: NaN): caught.
-Run through dev/emu/run.sh. Usage: gka_mma [T dk dv [f16 [wide]]] (default 150 16 24). Exit status 1 when an output
+With mixed, the solves are the mixed ones (gka_chunk_solve_wgmma_kernel<false, true>, dev/cuda/gka_core.cu
+version 11: X H0 in one bf16 piece over the first 15 of the 30 iterations), held to the trainer's 5e-4. Measured
+(T = 100, dk, dv = 16, 24): o 4.6e-4, x 3.3e-6, dq 1.6e-5, dk 1.3e-4, dv 1.3e-4, dalpha 1.9e-4, dg 1.4e-4. Its
+negative control in dev/emu/run.sh, X H0 in one piece over all 30 iterations (dk 1.4e-3, dg 4.0e-3): caught.
+Run through dev/emu/run.sh. Usage: gka_mma [T dk dv [f16 [wide] | mixed]] (default 150 16 24). Exit status 1 when an output
 misses its tolerance or holds a NaN.
 */
 #include "emu.h"
@@ -48,13 +52,15 @@ struct CoreOut { std::vector<float> o, x, f, dqkv, dal, dg; };
 int main(int argc, char** argv) {
     const int B = 1, T = argc > 1 ? atoi(argv[1]) : 150, H = 2, dk = argc > 2 ? atoi(argv[2]) : 16, dv = argc > 3 ? atoi(argv[3]) : 24;
     const bool f16 = argc > 4 && strcmp(argv[4], "f16") == 0;    // the fp16 solves (version 10) instead
+    const bool mixed = argc > 4 && strcmp(argv[4], "mixed") == 0;  // the mixed solves (version 11) instead
     const bool wide = argc > 5 && strcmp(argv[5], "wide") == 0;  // gka_inputs.h's wide inputs
     const int iters = 30, NT = gka_chunks(T), DE = 2 * H * dk + H * dv;
     const float ridge = 0.02f;
     GkaInputs in = gka_emu_inputs(B, T, H, dk, dv, wide);
     CoreOut out[2];   // [0]: CUDA-core fp32 products, [1]: register tiles
     for (int v = 0; v < 2; v++) {
-        const GkaProducts products = v ? (f16 ? GKA_PRODUCTS_F16_SOLVE : GKA_PRODUCTS) : GKA_PRODUCTS_FP32;
+        const GkaProducts products = !v ? GKA_PRODUCTS_FP32 : f16 ? GKA_PRODUCTS_F16_SOLVE
+                                     : mixed ? GKA_PRODUCTS_MIXED_SOLVE : GKA_PRODUCTS;
         std::vector<floatX> o((size_t)B * T * H * dv);
         std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk),
             Uck((size_t)B * H * NT * dk * dv), h0sq((size_t)B * H * NT);

@@ -11,10 +11,12 @@
 #   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma; readout, dQt, pass 3 and the
 #     chunk-state terms of the forward and of pass 2 on mma.sync) against the CUDA-core fp32 products, bf16 build,
 #     T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every ldmatrix and mma is a barrier of the warp's 32
-#     threads), then with the fp16 solves (version 10), also on wide inputs (half's range); negative controls: the
+#     threads), then with the fp16 solves (version 10), also on wide inputs (half's range), and with the mixed solves
+#     (version 11); negative controls: the
 #     second bf16 piece of x and S left out of the solve's register-operand products (and the fp16 one's), pass 3a's
 #     diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand in one bf16 piece,
-#     the fp16 solve's row scales left out on the wide inputs, must fail;
+#     the fp16 solve's row scales left out on the wide inputs, the mixed solve's X H0 in one piece throughout, must
+#     fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
@@ -61,7 +63,7 @@ for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
-        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide") ;;
+        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed") ;;
         gdn_mma) runs=("150 24 40" "100 136 24" "70 128 40") ;;
         *) runs=("${shapes[@]}") ;;
     esac
@@ -86,12 +88,14 @@ negative() {
 }
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
-negative gka.cuh 's/^        wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1);$//' \
+negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
     "the second bf16 piece of x and S in the wgmma solve's register-operand products" gka_mma "100 16 24"
-negative gka.cuh 's/^        wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1);$//' \
+negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
     "the second fp16 piece of x and S in the fp16 wgmma solve's register-operand products" gka_mma "100 16 24 f16"
 negative gka.cuh 's/    return ldexpf(1.0f, GKA_F16_ROW_EXP + e - 1);/    return 1.0f;/' \
     "the fp16 solve's row scales (wide inputs)" gka_mma "100 16 24 f16 wide"
+negative gka.cuh 's/max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS))/iters/' \
+    "the mixed solve's later iterations in every piece (X H0 in one piece throughout)" gka_mma "100 16 24 mixed"
 negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);$//' \
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \
