@@ -13,8 +13,9 @@ and its whole dlogits row 0.
 One block of CLASSIFIER_BLOCK threads per row, which is read exactly twice: once for the running max and sum
 (an "online" softmax: when the max grows, the sum so far is rescaled by exp(old max - new max); in base 2, see
 fused_classifier_kernel), and once to write the gradient. Loads and stores are 16 bytes wide (8 bf16 or 4
-floats), which needs Vp to be a multiple of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max, sum) pairs are combined in a fixed tree
-(warp shuffles, then the warps' results in one warp), so the result is the same on every run.
+floats), which needs Vp to be a multiple of 8 (bf16) or 4 (fp32): Vp is a multiple of 128. The per-thread (max,
+sum) pairs are combined in a fixed tree (warp shuffles, then the warps' results in one warp), so the result is the
+same on every run.
 
 argmax_rows: the index of each row's largest logit among the first V columns, the first one where several are
 equal (tasks.h's task_count_correct on the CPU picks the same), for the synthetic tasks' accuracy. One block of
@@ -54,8 +55,8 @@ __device__ __forceinline__ float classifier_exp2(float x) {
 // The softmax is taken in base 2, e^(z - max) = 2^(z log2(e) - max log2(e)), so that each element costs one fma
 // and one ex2 of the special-function unit (expf costs a range reduction of several instructions around the
 // same ex2); these per-element instructions, not memory traffic, bound the kernel: 1.53 ms with expf, 0.95 ms so
-// (dev/cuda/trunk.cu's two versions, BT = 16384 rows of 50304 bf16, one H200). m below is the row's running max of z, scaled by log2(e): rounding is monotone, so the max of the
-// scaled logits is the scaled max.
+// (dev/cuda/trunk.cu's two versions, BT = 16384 rows of 50304 bf16, one H200). m below is the row's running max
+// of z, scaled by log2(e): rounding is monotone, so the max of the scaled logits is the scaled max.
 __global__ void __launch_bounds__(CLASSIFIER_BLOCK) fused_classifier_kernel(floatX* logits, float* losses,
                                                                            const int* targets, float dloss, int V,
                                                                            int Vp, int write_dlogits) {

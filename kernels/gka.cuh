@@ -1701,7 +1701,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     uint32_t sa[GKA_WG_NTS / 2][2][4];   // the masked S's pieces, the same
     const int kx_own = GKA_WG_NTH / 2 * grp, kx_other = GKA_WG_NTH / 2 - kx_own;   // k-steps of X (of 8)
     const int ks_own = GKA_WG_NTS / 2 * grp, ks_other = GKA_WG_NTS / 2 - ks_own;   // k-steps of S (of 4)
-    // one iteration; H0_LO: X H0 with the second pieces of x and of H0 (all but the mixed solve's first iterations)
+    // one iteration; h0_lo (std::true_type): X H0 with the second pieces of x and H0 (all but the mixed solve's first)
     auto iteration = [&](int it, auto h0_lo) {
         using H0Lo = decltype(h0_lo);
         #pragma unroll
