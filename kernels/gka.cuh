@@ -1554,15 +1554,25 @@ __device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2
 // by gka_f16_row_scale, so that |x| <= ||b|| / (a f) maps to at most 2^GKA_F16_ROW_EXP (x is scaled back as it is
 // stored); the keys are converted as they are. H0's second piece serves f's quad_c only (the forward).
 #define GKA_F16_ROW_EXP 10
-__device__ __forceinline__ float gka_f16_row_scale(const GkaSolveWgSmem& sm, int c, float ridge) {
+#define GKA_LEAN_B_EXP 14   // the lean solve's b (half, in shared memory): rows scaled to a norm below 2^14 (half's
+                            // largest value is 65504)
+template <bool CAP_B>       // CAP_B: the lean solve's (b in half), the scale capped so that ||b|| stays below 2^14
+__device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr, int c, float ridge) {
     float n2 = 0.0f;
     #pragma unroll
-    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += sm.bnorm[g * GKA_CHECKPOINT + c]; }
-    const float r = ridge * sm.fr[c] / sqrtf(n2);   // the bound's inverse; b = 0 or f = 0: no scale
-    if (!(r > 0.0f) || isinf(r)) { return 1.0f; }
+    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
+    const float nb = sqrtf(n2), r = ridge * fr / nb;   // the bound's inverse; b = 0 or f = 0: no scale
+    float scale = 1.0f;
     int e = 0;
-    frexpf(r, &e);                                  // r = m 2^e, m in [0.5, 1): 2^(e - 1) <= r
-    return ldexpf(1.0f, GKA_F16_ROW_EXP + e - 1);
+    if (r > 0.0f && !isinf(r)) {
+        frexpf(r, &e);                                  // r = m 2^e, m in [0.5, 1): 2^(e - 1) <= r
+        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));
+    }
+    if (CAP_B && nb > 0.0f) {
+        frexpf(nb, &e);                                 // ||b|| < 2^e
+        scale = fminf(scale, ldexpf(1.0f, GKA_LEAN_B_EXP - e));
+    }
+    return scale;
 }
 
 // The mixed solve (MIXED; dev/cuda/gka_core.cu version 11, bf16): the first GKA_MIXED_CHEAP_ITERS iterations (when
@@ -1669,7 +1679,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
-    const float rs_a = F16 ? gka_f16_row_scale(sm, ca, ridge) : 1.0f, rs_b = F16 ? gka_f16_row_scale(sm, cb, ridge) : 1.0f;
+    const float rs_a = F16 ? gka_f16_row_scale<false>(sm.bnorm, sm.fr[ca], ca, ridge) : 1.0f;
+    const float rs_b = F16 ? gka_f16_row_scale<false>(sm.bnorm, sm.fr[cb], cb, ridge) : 1.0f;
     if constexpr (F16) {   // the rows' systems scaled: this thread's elements of b
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
@@ -1776,6 +1787,217 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             #pragma unroll
             for (int i = 0; i < 4; i++) { x[t][i] *= 1.0f / (i < 2 ? rs_a : rs_b); }
         }
+    }
+    gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
+    if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+// ---- the lean solve (dev/cuda/gka_core.cu version 12, bf16 build, sm_90a): the fp16 solve with every operand in one
+// piece (dev/cuda/gka_solve_precision.py's fp16 scheme 1, 1, 1, 1: 2.10M multiply-adds per chunk-iteration, 0.40 of the
+// trainer's; half's 11 significand bits are TF32's, so this is the precision class of the official kernels' one TF32
+// dot per product), laid out so that two CTAs share an SM. The wgmma solve above holds x, x's step, b, HY, S and the
+// mask of its chunk in registers (214 of them per thread) and 183 KB of shared memory, one chunk per SM, whose
+// iteration is a chain (products, a barrier, products, the update) that leaves the tensor cores idle half the time
+// (ncu: tensor pipe 50%, 0.5 eligible warps per scheduler). Here a CTA keeps only x, its step and one accumulator at a
+// time in registers (at most 128 with __launch_bounds__(.., 2)); b waits in shared memory as half, scaled with its row
+// (the forward's q_hat is bf16 and exact in half at any scale that keeps it in range; the adjoint's alpha dQt rounds to
+// 2^-12 there), and the mask is made again from the log decays in every iteration. Shared memory, 108 KB (110,976 bytes
+// at r = 30): H0 (one piece, scaled as the fp16 solve's), K, Kt, and a region that holds H0's second piece while the
+// forward makes quad_c, then X, S and b. An iteration: x into Xs, a barrier; S = X K^T and HY = X H0 queued together; S
+// (.) M into Ss; HY = diag(zeta) HY; a barrier; HY += S K; the update.
+#define GKA_LEAN_LDB (GKA_SOLVE_DK + 8)   // half row stride of the b tile (padded: a warp's pairs hit 32 banks)
+
+struct GkaSolveLeanSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
+    GkaTile H0, K, Kt, X, S;   // one piece each: [128][128], [BT][128], [128][BT], [BT][128], [BT][BT]
+    __half* b;                 // [BT][GKA_LEAN_LDB], this thread's elements of b (each read by its writer only)
+    float* bnorm;              // [GKA_WG_GROUPS][BT]: the warpgroups' parts of ||b_c||^2
+    double* om;                // [iters]
+    __host__ __device__ GkaSolveLeanSmem(size_t base, int iters, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
+        SmemCarver c(base);
+        take_rows(c, GKA_WG_GROUPS);
+        H0 = gka_take_tile(c, (size_t)D * D, false);
+        K = gka_take_tile(c, (size_t)BT * D, false);
+        Kt = gka_take_tile(c, (size_t)D * BT, false);
+        X = gka_take_tile(c, (size_t)BT * D, false);   // X, S and b follow each other: H0.lo's region (below)
+        S = gka_take_tile(c, (size_t)BT * BT, false);
+        b = c.take<__half>((size_t)BT * GKA_LEAN_LDB);
+        H0.lo = X.hi;   // the forward's setup only (quad_c), before the first x is stored
+        bnorm = c.take<float>((size_t)GKA_WG_GROUPS * BT);
+        om = c.take<double>(iters);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+static_assert((GKA_CHECKPOINT * GKA_SOLVE_DK + GKA_CHECKPOINT * GKA_CHECKPOINT + GKA_CHECKPOINT * GKA_LEAN_LDB)
+                  >= GKA_SOLVE_DK * GKA_SOLVE_DK, "the lean solve: H0's second piece fits in the region of X, S, b");
+
+static size_t gka_chunk_solve_lean_smem(int iters) {
+    size_t bytes = 0;
+    GkaSolveLeanSmem sm(0, iters, &bytes);
+    return bytes;
+}
+
+__global__ void __launch_bounds__(GKA_WG_THREADS, 2)
+gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
+                            const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
+                            float ridge) {
+    extern __shared__ __align__(128) unsigned char gka_smem_solve_lean[];
+    GkaSolveLeanSmem sm((size_t)gka_smem_solve_lean, iters, NULL);
+    const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
+    const int tid = threadIdx.x, grp = __shfl_sync(0xffffffffu, tid / 128, 0), lane = tid % 32, gq = lane >> 2;
+    const int t4 = lane & 3, ca = 16 * (tid % 128 / 32) + gq, cb = ca + 8;
+    const int hc0 = GKA_WG_NH * grp, sc0 = GKA_WG_NS * grp;
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+    const size_t ck = (size_t)bh * NT + n;
+    const __nv_bfloat16* h0t = h0.tiles + ck * GKA_H0T_ELEMS;
+    const int h0_groups = compute_f ? GKA_H0T_ELEMS / 8 : D * D / 8;   // the forward's quad_c: both pieces
+    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
+        cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
+    }
+    const floatX* kq = qkv + row0 * DE + H * dk + hh * dk;
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+        const int c = i % BT, j0 = i / BT * 8;
+        const bool in = c < L && j0 < dk;
+        cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
+    }
+    cp_async_commit();
+    float2 bl[2 * GKA_WG_NTH];   // b in registers until its rows' scales are known
+    gka_load_b_frags<GKA_WG_NTH>(bl, 1, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
+    {
+        float na = 0.0f, nb = 0.0f;
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            na += bl[2 * t].x * bl[2 * t].x + bl[2 * t].y * bl[2 * t].y;
+            nb += bl[2 * t + 1].x * bl[2 * t + 1].x + bl[2 * t + 1].y * bl[2 * t + 1].y;
+        }
+        na = gka_row_lanes_sum(na);
+        nb = gka_row_lanes_sum(nb);
+        if (t4 == 0) {
+            sm.bnorm[grp * BT + ca] = na;
+            sm.bnorm[grp * BT + cb] = nb;
+        }
+    }
+    gka_omegas(sm.om, iters, ridge, 32);
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {   // K to half in place, and Kt
+        const int c = i % BT, j0 = i / BT * 8;
+        __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
+        uint4 v = *reinterpret_cast<const uint4*>(kp);
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float2 kf = gka_unpack2<false>(w[q]);
+            w[q] = gka_pack2<true>(kf.x, kf.y);
+        }
+        *reinterpret_cast<uint4*>(kp) = v;
+        const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
+    }
+    fence_proxy_async();
+    __syncthreads();
+    const float h0f2 = h0.sq[ck];
+    const float h0_back = gka_h0_scale_back(h0f2);
+    float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
+    if (compute_f) {   // quad_c and the Gram part, as the wgmma solve's (H0 in both pieces)
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NH, 128, false, true, 8, true>(hy, sm.K, sm.H0, hc0, 0);
+        gka_wgmma<GKA_WG_NS, 128, false, false, 8, true>(s, sm.K, sm.K, sc0, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        wgmma_hold<4 * GKA_WG_NTS>(s);
+        #pragma unroll
+        for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
+        gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
+            return gka_elem<true>(sm.K.hi + wgmma_tile_off(c, j, D));
+        });
+    }
+    gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);   // its barriers end H0.lo's use
+    const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
+    const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
+    // the rows' systems scaled (the scales made again after the iterations: fewer registers across them); b into
+    // its tile
+    const float rs_a = gka_f16_row_scale<true>(sm.bnorm, sm.fr[ca], ca, ridge);
+    const float rs_b = gka_f16_row_scale<true>(sm.bnorm, sm.fr[cb], cb, ridge);
+    const int bo = ca * GKA_LEAN_LDB + hc0 + 2 * t4;   // this thread's element (ca, hc0 + 2 t4); + 8 t, + 8 rows
+    #pragma unroll
+    for (int t = 0; t < GKA_WG_NTH; t++) {
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2& v = bl[2 * t + h];
+            v = make_float2(v.x * (h ? rs_b : rs_a), v.y * (h ? rs_b : rs_a));
+            *reinterpret_cast<__half2*>(sm.b + bo + 8 * t + 8 * GKA_LEAN_LDB * h) = __floats2half2_rn(v.x, v.y);
+        }
+    }
+    float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
+    gka_cheb_start<GKA_WG_NTH>(x, dx, bl, 1, ra.tau, rb.tau);
+    const int xo = wgmma_tile_off(ca, hc0 + 2 * t4, D), so = wgmma_tile_off(ca, sc0 + 2 * t4, BT);
+    const GkaMaskLower mask{sm.gl};
+    for (int it = 0; it < iters; it++) {
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {   // x into Xs (half, one piece)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                *reinterpret_cast<uint32_t*>(sm.X.hi + xo + 64 * t + 8 * D * h) = gka_pack2<true>(x[t][2 * h],
+                                                                                                 x[t][2 * h + 1]);
+            }
+        }
+        fence_proxy_async();
+        __syncthreads();   // Xs written by every warp; Ss read by every warpgroup's S K before
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NS, D, false, false, D / 16, true>(s, sm.X, sm.K, sc0, 0);
+        wgmma_commit();
+        gka_wgmma<GKA_WG_NH, D, false, false, D / 16, true>(hy, sm.X, sm.H0, hc0, 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        wgmma_hold<4 * GKA_WG_NTS>(s);
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTS; t++) {   // S (.) M into Ss while X H0 runs
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int e = 4 * t + 2 * h, c = h ? cb : ca, j = sc0 + 8 * t + 2 * t4;
+                *reinterpret_cast<uint32_t*>(sm.S.hi + so + 64 * t + 8 * BT * h) =
+                    gka_pack2<true>(s[e] * mask(c, j), s[e + 1] * mask(c, j + 1));
+            }
+        }
+        fence_proxy_async();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            hy[4 * t] *= zeta_a;
+            hy[4 * t + 1] *= zeta_a;
+            hy[4 * t + 2] *= zeta_b;
+            hy[4 * t + 3] *= zeta_b;
+        }
+        __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
+        wgmma_fence();
+        gka_wgmma<GKA_WG_NH, BT, false, false, BT / 16, true>(hy, sm.S, sm.Kt, hc0, 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_WG_NTH>(hy);
+        float2 bq[2 * GKA_WG_NTH];
+        #pragma unroll
+        for (int t = 0; t < GKA_WG_NTH; t++) {
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const __half2* bp = reinterpret_cast<const __half2*>(sm.b + bo + 8 * t + 8 * GKA_LEAN_LDB * h);
+                bq[2 * t + h] = __half22float2(*bp);
+            }
+        }
+        const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
+        gka_cheb_step<GKA_WG_NTH>(x, dx, hy, bq, 1, ra, rb, om, om1);
+    }
+    const float us_a = 1.0f / gka_f16_row_scale<true>(sm.bnorm, sm.fr[ca], ca, ridge);
+    const float us_b = 1.0f / gka_f16_row_scale<true>(sm.bnorm, sm.fr[cb], cb, ridge);
+    #pragma unroll
+    for (int t = 0; t < GKA_WG_NTH; t++) {   // the rows' scales undone (powers of two: exact)
+        #pragma unroll
+        for (int i = 0; i < 4; i++) { x[t][i] *= i < 2 ? us_a : us_b; }
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
@@ -2900,7 +3122,8 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11). The register
 // tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
-                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE };
+                   GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE,
+                   GKA_PRODUCTS_LEAN_SOLVE };
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
@@ -2944,6 +3167,8 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
         if (!in_image) { die("gka: the bf16 solve runs on wgmma, which needs device code built for sm_90a (make's GPU_COMPUTE_CAPABILITY=90)"); }
         if (products == GKA_PRODUCTS_F16_SOLVE) {
             GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<true>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
+        } else if (products == GKA_PRODUCTS_LEAN_SOLVE) {
+            GKA_MMA_LAUNCH(gka_chunk_solve_lean_kernel, GKA_WG_THREADS, gka_chunk_solve_lean_smem(iters));
         } else if (products == GKA_PRODUCTS_MIXED_SOLVE) {
             GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, true>), GKA_WG_THREADS,
                            gka_chunk_solve_wgmma_smem(iters));
@@ -3057,7 +3282,8 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     cudaCheckLaunch();
     if (products >= GKA_PRODUCTS_WGMMA) {
         if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
-        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, products == GKA_PRODUCTS_F16_SOLVE, stream);
+        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk,
+                     products == GKA_PRODUCTS_F16_SOLVE || products == GKA_PRODUCTS_LEAN_SOLVE, stream);
     }
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
                                                                         GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,

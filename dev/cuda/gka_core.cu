@@ -207,6 +207,22 @@ Measured (H200, 2026-12-03, against float64, version 9 in brackets): at dk = 16 
 7.517-7.542 ms (-5%), as fast as version 10 at a third to a half of its errors. Not the trainer's default either:
 5% is not issue 11's 28%.
 
+version 12 (bf16 build only, sm_90a) is version 9 with both solves lean (kernels/gka.cuh's
+gka_chunk_solve_lean_kernel): every operand of the three products in one fp16 piece (dev/cuda/gka_solve_precision.py's
+fp16 1, 1, 1, 1: 2.10M multiply-adds per chunk-iteration, 0.40 of version 9's; half's 11 significand bits are TF32's,
+the official kernels' precision class), laid out for two CTAs per SM (128 registers per thread, 108 KB of shared
+memory: b waits in shared memory as half, the decay mask is made again in every iteration, H0's second piece
+borrows the region of X, S and b for the forward's quad_c), so that one chunk's products run while the other's
+update and barriers do: the question it asks is how much of version 9's time is the chain of one chunk per SM.
+Its errors are the official kernels' kind: the CPU emulator (dev/emu/gka_mma.cu lean, against the CUDA-core fp32
+products) measures o 8.2e-3, x 3.2e-4, dq 1.8e-3, dk 1.1e-2, dv 7.7e-3, dalpha 1.1e-2, dg 1.3e-3 at dk, dv = 16, 24
+(version 9 there: o 4.4e-4, x 2.8e-6, dk 1.3e-4, dalpha 1.7e-4) and o 1.2e-2, dv 1.1e-2, dalpha 1.9e-2 at dk = dv
+= 128, 30-100x version 9's, against the simulation's o 8.6e-3 and dk 7.3e-3 for the solve alone. So this file holds
+it to 3e-2 (TOLERANCE below) and the ridge check to 1e-2: its fixed point is that of the system with H0, x and S
+rounded to half, bounded by half's unit roundoff times the condition bound 51 (2.5e-2), typically far less (version
+10, with x and S in two pieces, measured 9.1e-4 and 2.05e-3); r = 10's ~0.09 still misses it. Not yet run on a GPU
+(no device could be started in the session that wrote it): neither its GPU checks nor its speed are measured.
+
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
 z = CHEB(H_t, f_t, alpha dqt) with the same r, the bp_lambda term w = 2a (x.z)/f, dg = gamma (<DH, H_{t-1}> +
@@ -243,13 +259,14 @@ Exit status 1 if any check fails.
 #include "../../kernels/gka.cuh"
 
 #if defined(ENABLE_FP32)
-static const double TOLERANCE = 1e-4;
+static double TOLERANCE = 1e-4;
 #else
-static const double TOLERANCE = 1e-2;
+static double TOLERANCE = 1e-2;   // version 12: 3e-2 (main; the header says why)
 #endif
 #include "lab_common.cuh"   // after TOLERANCE
 // r = 400 against the exact ridge solve, both builds (see above); version 10's fixed point is that of the system with
-// H0 rounded to half (measured 9.1e-4 at dk = 128, 2.05e-3 at dk = 16), 5e-3, which r = 10's ~0.09 still misses
+// H0 rounded to half (measured 9.1e-4 at dk = 128, 2.05e-3 at dk = 16), 5e-3, version 12's with H0, x and S rounded
+// to half, 1e-2; r = 10's ~0.09 misses both
 static double ridge_tolerance();
 static const float RIDGE = 0.02f;             // a (the layer's default)
 
@@ -694,12 +711,13 @@ static void release(CoreDevice& d) {
 }
 
 static int version = 2;   // the version checked and timed (main's argument)
-static double ridge_tolerance() { return version == 10 ? 5e-3 : 1e-4; }
+static double ridge_tolerance() { return version == 10 ? 5e-3 : version == 12 ? 1e-2 : 1e-4; }
 
 static GkaProducts version_products() {
     return version == 2 ? GKA_PRODUCTS_FP32 : version <= 4 ? GKA_PRODUCTS_TF32 : version == 5 ? GKA_PRODUCTS_MMA
            : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : version == 8 ? GKA_PRODUCTS_WGMMA
-           : version == 9 ? GKA_PRODUCTS_MMA_STATES : version == 10 ? GKA_PRODUCTS_F16_SOLVE : GKA_PRODUCTS_MIXED_SOLVE;
+           : version == 9 ? GKA_PRODUCTS_MMA_STATES : version == 10 ? GKA_PRODUCTS_F16_SOLVE
+           : version == 11 ? GKA_PRODUCTS_MIXED_SOLVE : GKA_PRODUCTS_LEAN_SOLVE;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -802,10 +820,11 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 int main(int argc, char** argv) {
     // default: what this build's trainer runs (9 in bf16, 4 in fp32)
     version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_STATES ? 9 : 4;
-    if (version < 1 || version > 11) { die("usage: %s [version 1 to 11; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
+    if (version < 1 || version > 12) { die("usage: %s [version 1 to 12; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 to 11 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 12 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
+    if (version == 12) { TOLERANCE = 3e-2; }
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);
         CoreDevice d = upload(in);

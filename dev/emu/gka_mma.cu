@@ -40,6 +40,11 @@ misses its tolerance or holds a NaN.
 #define cudaCheckLaunch() do {} while (0)
 #include "kernels/gka.cuh"
 #include "gka_inputs.h"
+// the lean solves' bound (version 12: every operand in one fp16 piece, TF32's significand, the official kernels'
+// precision class): dev/cuda/gka_solve_precision.py's fp16 1, 1, 1, 1 row has o 8.6e-3 and dk 7.3e-3 from the
+// solve alone at dk = 128; measured here dk 1.1e-2 and dalpha 1.1e-2 (T = 100, dk, dv = 16, 24), and up to 1.9e-2
+// (dalpha) at dk = dv = 128; 3e-2 holds them, the control (S without its decay mask: future keys) misses it by far
+#define LEAN_TOL 3e-2
 
 static std::vector<float> to_floats(const std::vector<floatX>& v) {
     std::vector<float> out(v.size());
@@ -53,6 +58,7 @@ int main(int argc, char** argv) {
     const int B = 1, T = argc > 1 ? atoi(argv[1]) : 150, H = 2, dk = argc > 2 ? atoi(argv[2]) : 16, dv = argc > 3 ? atoi(argv[3]) : 24;
     const bool f16 = argc > 4 && strcmp(argv[4], "f16") == 0;    // the fp16 solves (version 10) instead
     const bool mixed = argc > 4 && strcmp(argv[4], "mixed") == 0;  // the mixed solves (version 11) instead
+    const bool lean = argc > 4 && strcmp(argv[4], "lean") == 0;    // the lean solves (version 12) instead
     const bool wide = argc > 5 && strcmp(argv[5], "wide") == 0;  // gka_inputs.h's wide inputs
     const int iters = 30, NT = gka_chunks(T), DE = 2 * H * dk + H * dv;
     const float ridge = 0.02f;
@@ -60,7 +66,7 @@ int main(int argc, char** argv) {
     CoreOut out[2];   // [0]: CUDA-core fp32 products, [1]: register tiles
     for (int v = 0; v < 2; v++) {
         const GkaProducts products = !v ? GKA_PRODUCTS_FP32 : f16 ? GKA_PRODUCTS_F16_SOLVE
-                                     : mixed ? GKA_PRODUCTS_MIXED_SOLVE : GKA_PRODUCTS;
+                                     : mixed ? GKA_PRODUCTS_MIXED_SOLVE : lean ? GKA_PRODUCTS_LEAN_SOLVE : GKA_PRODUCTS;
         std::vector<floatX> o((size_t)B * T * H * dv);
         std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk),
             Uck((size_t)B * H * NT * dk * dv), h0sq((size_t)B * H * NT);
@@ -81,13 +87,14 @@ int main(int argc, char** argv) {
                             rel(m.dqkv, r.dqkv, H * dk, DE, H * dk, rows), rel(m.dqkv, r.dqkv, 2 * H * dk, DE, H * dv, rows),
                             rel(m.dal, r.dal, 0, 1, 1, rows * H), rel(m.dg, r.dg, 0, 1, 1, rows * H)};
     printf("T=%d H=%d dk=%d dv=%d%s: register tiles%s against CUDA-core fp32 products, relative L2\n ", T, H, dk, dv,
-           wide ? " (wide inputs)" : "", f16 ? " (the solves in fp16)" : "");
+           wide ? " (wide inputs)" : "", f16 ? " (the solves in fp16)" : lean ? " (the lean solves)" : mixed ? " (the mixed solves)" : "");
     int ok = 1;
     for (int i = 0; i < 8; i++) {
         printf(" %s %.3e", names[i], errs[i]);
-        ok &= errs[i] <= (i == 0 ? 4e-3 : f16 ? 3e-3 : 5e-4);   // a NaN fails the comparison too
+        ok &= errs[i] <= (lean ? LEAN_TOL : i == 0 ? 4e-3 : f16 ? 3e-3 : 5e-4);   // a NaN fails the comparison too
     }
-    printf("\n%s register-tile solve%s and products = CUDA-core products within %s (o 4e-3) (T=%d dk=%d dv=%d)\n",
-           ok ? "PASS" : "FAIL", f16 ? " (fp16)" : "", f16 ? "3e-3" : "5e-4", T, dk, dv);
+    printf("\n%s register-tile solve%s and products = CUDA-core products within %s%s (T=%d dk=%d dv=%d)\n",
+           ok ? "PASS" : "FAIL", f16 ? " (fp16)" : lean ? " (lean)" : mixed ? " (mixed)" : "",
+           f16 ? "3e-3" : lean ? "3e-2" : "5e-4", lean ? "" : " (o 4e-3)", T, dk, dv);
     return ok ? 0 : 1;
 }

@@ -63,7 +63,7 @@ for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
-        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed") ;;
+        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed" "100 16 24 lean") ;;
         gdn_mma) runs=("150 24 40" "100 136 24" "70 128 40") ;;
         *) runs=("${shapes[@]}") ;;
     esac
@@ -92,10 +92,12 @@ negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\
     "the second bf16 piece of x and S in the wgmma solve's register-operand products" gka_mma "100 16 24"
 negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
     "the second fp16 piece of x and S in the fp16 wgmma solve's register-operand products" gka_mma "100 16 24 f16"
-negative gka.cuh 's/    return ldexpf(1.0f, GKA_F16_ROW_EXP + e - 1);/    return 1.0f;/' \
+negative gka.cuh 's/        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));/        scale = 1.0f;/' \
     "the fp16 solve's row scales (wide inputs)" gka_mma "100 16 24 f16 wide"
 negative gka.cuh 's/max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS))/iters/' \
     "the mixed solve's later iterations in every piece (X H0 in one piece throughout)" gka_mma "100 16 24 mixed"
+negative gka.cuh 's/gka_pack2<true>(s\[e\] \* mask(c, j), s\[e + 1\] \* mask(c, j + 1))/gka_pack2<true>(s[e], s[e + 1])/' \
+    "the decay mask M on the lean solve's S (S (.) M)" gka_mma "100 16 24 lean"
 negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsum, r0, hc0, lane);$//' \
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \
