@@ -1575,6 +1575,90 @@ __device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr,
     return scale;
 }
 
+// The wgmma solves' setup (the wgmma solve's and the lean one's). Their copies, in flight while the rest loads:
+// h0_groups 16-byte groups of H0's tiles (gka_h0_tiles_kernel's image: both pieces, 64 KB, or the first) and the
+// keys K [c][d] (bf16, zero past L rows and dk columns) as they are, c fastest (4-way bank conflicts below, not 16)
+template <typename Smem>
+__device__ __forceinline__ void gka_wg_copy_h0_keys(Smem& sm, const __nv_bfloat16* h0t, int h0_groups,
+                                                    const floatX* kq, int L, int dk, int DE, int tid) {
+    const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
+    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
+        cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
+    }
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+        const int c = i % BT, j0 = i / BT * 8;
+        const bool in = c < L && j0 < dk;
+        cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// the warpgroup's parts of ||b||^2 for rows ca, cb (this thread's elements of b at bl[i * stride]; read after the
+// barriers that follow)
+__device__ __forceinline__ void gka_wg_b_norm_parts(float* bnorm, const float2* bl, int stride, int grp, int ca,
+                                                    int cb, int t4) {
+    float na = 0.0f, nb = 0.0f;
+    #pragma unroll
+    for (int t = 0; t < GKA_WG_NTH; t++) {
+        const float2 va = bl[2 * t * stride], vb = bl[(2 * t + 1) * stride];
+        na += va.x * va.x + va.y * va.y;
+        nb += vb.x * vb.x + vb.y * vb.y;
+    }
+    na = gka_row_lanes_sum(na);
+    nb = gka_row_lanes_sum(nb);
+    if (t4 == 0) {
+        bnorm[grp * GKA_CHECKPOINT + ca] = na;
+        bnorm[grp * GKA_CHECKPOINT + cb] = nb;
+    }
+}
+
+// Kt [d][c] from K, after the copies have landed (F16: both converted to half, exact above 6.1e-5; each thread its
+// own groups), fenced for the tensor cores
+template <bool F16, typename Smem>
+__device__ __forceinline__ void gka_wg_keys_transpose(Smem& sm, int tid) {
+    const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
+    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+        const int c = i % BT, j0 = i / BT * 8;
+        __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
+        uint4 v = *reinterpret_cast<const uint4*>(kp);
+        if constexpr (F16) {
+            uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+            #pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float2 kf = gka_unpack2<false>(w[q]);
+                w[q] = gka_pack2<true>(kf.x, kf.y);
+            }
+            *reinterpret_cast<uint4*>(kp) = v;
+        }
+        const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
+    }
+    fence_proxy_async();
+}
+
+// The forward's f: quad_c = k_c^T H0 k_c from K H0 (both pieces of H0; F16: its tiles' scale undone by h0_back);
+// (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4 term), 0 above, from K K^T: this
+// warpgroup's columns of each, into the rows' parts. hy and s are the solve's accumulators, free here.
+template <bool F16, typename Smem>
+__device__ __forceinline__ void gka_wg_quad_gram(Smem& sm, float* hy, float* s, float h0_back, int grp, int ca,
+                                                 int hc0, int sc0, int t4) {
+    wgmma_fence();
+    gka_wgmma<GKA_WG_NH, 128, false, true, 8, F16>(hy, sm.K, sm.H0, hc0, 0);
+    gka_wgmma<GKA_WG_NS, 128, false, false, 8, F16>(s, sm.K, sm.K, sc0, 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<4 * GKA_WG_NTH>(hy);
+    wgmma_hold<4 * GKA_WG_NTS>(s);
+    if constexpr (F16) {
+        #pragma unroll
+        for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
+    }
+    gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
+        return gka_elem<F16>(sm.K.hi + wgmma_tile_off(c, j, GKA_SOLVE_DK));
+    });
+}
+
 // The mixed solve (MIXED; dev/cuda/gka_core.cu version 11, bf16): the first GKA_MIXED_CHEAP_ITERS iterations (when
 // at least as many follow; none at r < 30) take X H0 with x and H0 in one piece each (1 of its 3 products; X K^T
 // and S K keep both pieces), the rest all of the trainer's pieces. The later iterations damp what the early ones got
@@ -1599,83 +1683,23 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     const int hc0 = GKA_WG_NH * grp, sc0 = GKA_WG_NS * grp;             // its warpgroup's first columns of HY, S
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
-    // H0's two pieces (gka_h0_tiles_kernel's image, 64 KB) and the keys K [c][d] (bf16, zero past L rows and dk
-    // columns) copied as they are, in flight while the rest loads
     const size_t ck = (size_t)bh * NT + n;
-    const __nv_bfloat16* h0t = h0.tiles + ck * GKA_H0T_ELEMS;
     const int h0_groups = F16 && !compute_f ? D * D / 8 : GKA_H0T_ELEMS / 8;   // the fp16 adjoint: one piece
-    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
-        cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
-    }
-    const floatX* kq = qkv + row0 * DE + H * dk + hh * dk;
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {   // c fastest (below: 4-way bank conflicts, not 16)
-        const int c = i % BT, j0 = i / BT * 8;
-        const bool in = c < L && j0 < dk;
-        cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
-    }
-    cp_async_commit();
+    gka_wg_copy_h0_keys(sm, h0.tiles + ck * GKA_H0T_ELEMS, h0_groups, qkv + row0 * DE + H * dk + hh * dk, L, dk, DE,
+                        tid);
     float2* bl = sm.b + tid;
     gka_load_b_frags<GKA_WG_NTH>(bl, GKA_WG_THREADS, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
-    if constexpr (F16) {   // the warpgroup's parts of ||b||^2 for rows ca, cb (read after the barriers below)
-        float na = 0.0f, nb = 0.0f;
-        #pragma unroll
-        for (int t = 0; t < GKA_WG_NTH; t++) {
-            const float2 va = bl[2 * t * GKA_WG_THREADS], vb = bl[(2 * t + 1) * GKA_WG_THREADS];
-            na += va.x * va.x + va.y * va.y;
-            nb += vb.x * vb.x + vb.y * vb.y;
-        }
-        na = gka_row_lanes_sum(na);
-        nb = gka_row_lanes_sum(nb);
-        if (t4 == 0) {
-            sm.bnorm[grp * BT + ca] = na;
-            sm.bnorm[grp * BT + cb] = nb;
-        }
-    }
+    if constexpr (F16) { gka_wg_b_norm_parts(sm.bnorm, bl, GKA_WG_THREADS, grp, ca, cb, t4); }
     gka_omegas(sm.om, iters, ridge, 32);   // by warp 1, while warp 0's thread 0 sums the decays
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     cp_async_wait<0>();
     __syncthreads();
-    // Kt [d][c] from K (F16: both converted to half, exact above 6.1e-5; each thread its own groups)
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
-        const int c = i % BT, j0 = i / BT * 8;
-        __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
-        uint4 v = *reinterpret_cast<const uint4*>(kp);
-        if constexpr (F16) {
-            uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-            #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float2 kf = gka_unpack2<false>(w[q]);
-                w[q] = gka_pack2<true>(kf.x, kf.y);
-            }
-            *reinterpret_cast<uint4*>(kp) = v;
-        }
-        const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
-    }
-    fence_proxy_async();   // the tiles, for the tensor cores
+    gka_wg_keys_transpose<F16>(sm, tid);
     __syncthreads();
     const float h0f2 = h0.sq[ck];
     const float h0_back = F16 ? gka_h0_scale_back(h0f2) : 1.0f;   // the tiles' 2^-e of H0, undone
     float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
-    if (compute_f) {
-        // quad_c = k_c^T H0 k_c from K H0; (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4
-        // term), 0 above, from K K^T: this warpgroup's columns of each
-        wgmma_fence();
-        gka_wgmma<GKA_WG_NH, 128, false, true, 8, F16>(hy, sm.K, sm.H0, hc0, 0);
-        gka_wgmma<GKA_WG_NS, 128, false, false, 8, F16>(s, sm.K, sm.K, sc0, 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold<4 * GKA_WG_NTH>(hy);
-        wgmma_hold<4 * GKA_WG_NTS>(s);
-        if constexpr (F16) {
-            #pragma unroll
-            for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
-        }
-        gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
-            return gka_elem<F16>(sm.K.hi + wgmma_tile_off(c, j, D));
-        });
-    }
+    if (compute_f) { gka_wg_quad_gram<F16>(sm, hy, s, h0_back, grp, ca, hc0, sc0, t4); }
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
@@ -1850,72 +1874,22 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
     const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
     const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
     const size_t ck = (size_t)bh * NT + n;
-    const __nv_bfloat16* h0t = h0.tiles + ck * GKA_H0T_ELEMS;
     const int h0_groups = compute_f ? GKA_H0T_ELEMS / 8 : D * D / 8;   // the forward's quad_c: both pieces
-    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
-        cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
-    }
-    const floatX* kq = qkv + row0 * DE + H * dk + hh * dk;
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
-        const int c = i % BT, j0 = i / BT * 8;
-        const bool in = c < L && j0 < dk;
-        cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
-    }
-    cp_async_commit();
+    gka_wg_copy_h0_keys(sm, h0.tiles + ck * GKA_H0T_ELEMS, h0_groups, qkv + row0 * DE + H * dk + hh * dk, L, dk, DE,
+                        tid);
     float2 bl[2 * GKA_WG_NTH];   // b in registers until its rows' scales are known
     gka_load_b_frags<GKA_WG_NTH>(bl, 1, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, hc0, t4);
-    {
-        float na = 0.0f, nb = 0.0f;
-        #pragma unroll
-        for (int t = 0; t < GKA_WG_NTH; t++) {
-            na += bl[2 * t].x * bl[2 * t].x + bl[2 * t].y * bl[2 * t].y;
-            nb += bl[2 * t + 1].x * bl[2 * t + 1].x + bl[2 * t + 1].y * bl[2 * t + 1].y;
-        }
-        na = gka_row_lanes_sum(na);
-        nb = gka_row_lanes_sum(nb);
-        if (t4 == 0) {
-            sm.bnorm[grp * BT + ca] = na;
-            sm.bnorm[grp * BT + cb] = nb;
-        }
-    }
+    gka_wg_b_norm_parts(sm.bnorm, bl, 1, grp, ca, cb, t4);
     gka_omegas(sm.om, iters, ridge, 32);
     gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
     cp_async_wait<0>();
     __syncthreads();
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {   // K to half in place, and Kt
-        const int c = i % BT, j0 = i / BT * 8;
-        __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
-        uint4 v = *reinterpret_cast<const uint4*>(kp);
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-        #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float2 kf = gka_unpack2<false>(w[q]);
-            w[q] = gka_pack2<true>(kf.x, kf.y);
-        }
-        *reinterpret_cast<uint4*>(kp) = v;
-        const __nv_bfloat16* k8 = reinterpret_cast<const __nv_bfloat16*>(&v);
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { sm.Kt.hi[wgmma_tile_off(j0 + e, c, BT)] = k8[e]; }
-    }
-    fence_proxy_async();
+    gka_wg_keys_transpose<true>(sm, tid);   // K to half in place, and Kt
     __syncthreads();
     const float h0f2 = h0.sq[ck];
     const float h0_back = gka_h0_scale_back(h0f2);
     float hy[4 * GKA_WG_NTH], s[4 * GKA_WG_NTS];
-    if (compute_f) {   // quad_c and the Gram part, as the wgmma solve's (H0 in both pieces)
-        wgmma_fence();
-        gka_wgmma<GKA_WG_NH, 128, false, true, 8, true>(hy, sm.K, sm.H0, hc0, 0);
-        gka_wgmma<GKA_WG_NS, 128, false, false, 8, true>(s, sm.K, sm.K, sc0, 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_hold<4 * GKA_WG_NTH>(hy);
-        wgmma_hold<4 * GKA_WG_NTS>(s);
-        #pragma unroll
-        for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
-        gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
-            return gka_elem<true>(sm.K.hi + wgmma_tile_off(c, j, D));
-        });
-    }
+    if (compute_f) { gka_wg_quad_gram<true>(sm, hy, s, h0_back, grp, ca, hc0, sc0, t4); }   // H0 in both pieces
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);   // its barriers end H0.lo's use
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
