@@ -1554,25 +1554,33 @@ __device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2
 // by gka_f16_row_scale, so that |x| <= ||b|| / (a f) maps to at most 2^GKA_F16_ROW_EXP (x is scaled back as it is
 // stored); the keys are converted as they are. H0's second piece serves f's quad_c only (the forward).
 #define GKA_F16_ROW_EXP 10
-#define GKA_LEAN_B_EXP 14   // the lean solve's b (half, in shared memory): rows scaled to a norm below 2^14 (half's
-                            // largest value is 65504)
-template <bool CAP_B>       // CAP_B: the lean solve's (b in half), the scale capped so that ||b|| stays below 2^14
 __device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr, int c, float ridge) {
     float n2 = 0.0f;
     #pragma unroll
     for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
-    const float nb = sqrtf(n2), r = ridge * fr / nb;   // the bound's inverse; b = 0 or f = 0: no scale
+    const float r = ridge * fr / sqrtf(n2);   // the bound's inverse; b = 0 or f = 0: no scale
     float scale = 1.0f;
-    int e = 0;
     if (r > 0.0f && !isinf(r)) {
+        int e;
         frexpf(r, &e);                                  // r = m 2^e, m in [0.5, 1): 2^(e - 1) <= r
         scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));
     }
-    if (CAP_B && nb > 0.0f) {
-        frexpf(nb, &e);                                 // ||b|| < 2^e
-        scale = fminf(scale, ldexpf(1.0f, GKA_LEAN_B_EXP - e));
-    }
     return scale;
+}
+
+// The lean solve's b waits in shared memory as half, each row at a power of two of its own: stored 2^-e' b with
+// ||2^-e' b|| in [2^13, 2^14) (half's largest value is 65504), undone as it is read. The row scale alone would leave
+// ||b|| at 2^GKA_F16_ROW_EXP a f, which for a row of tiny f (beta ~ 1e-3) lies among half's subnormals (the emulator's
+// wide inputs: dk 1.8e-1 off). Returns 2^e' for row c, whose system is scaled by rs.
+#define GKA_LEAN_B_EXP 14
+__device__ __forceinline__ float gka_lean_b_unscale(const float* bnorm, int c, float rs) {
+    float n2 = 0.0f;
+    #pragma unroll
+    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
+    const float nb = sqrtf(n2) * rs;
+    int e = GKA_LEAN_B_EXP;   // b = 0: any scale
+    if (nb > 0.0f && !isinf(nb)) { frexpf(nb, &e); }   // ||b|| < 2^e
+    return ldexpf(1.0f, max(-100, min(e - GKA_LEAN_B_EXP, 100)));
 }
 
 // The wgmma solves' setup (the wgmma solve's and the lean one's). Their copies, in flight while the rest loads:
@@ -1703,8 +1711,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     gka_solve_rows_finish<GKA_WG_GROUPS>(sm, compute_f, f, e0, H, L, h0f2, ridge);
     const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
     const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
-    const float rs_a = F16 ? gka_f16_row_scale<false>(sm.bnorm, sm.fr[ca], ca, ridge) : 1.0f;
-    const float rs_b = F16 ? gka_f16_row_scale<false>(sm.bnorm, sm.fr[cb], cb, ridge) : 1.0f;
+    const float rs_a = F16 ? gka_f16_row_scale(sm.bnorm, sm.fr[ca], ca, ridge) : 1.0f;
+    const float rs_b = F16 ? gka_f16_row_scale(sm.bnorm, sm.fr[cb], cb, ridge) : 1.0f;
     if constexpr (F16) {   // the rows' systems scaled: this thread's elements of b
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
@@ -1823,8 +1831,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
 // mask of its chunk in registers (214 of them per thread) and 183 KB of shared memory, one chunk per SM, whose
 // iteration is a chain (products, a barrier, products, the update) that leaves the tensor cores idle half the time
 // (ncu: tensor pipe 50%, 0.5 eligible warps per scheduler). Here a CTA keeps only x, its step and one accumulator at a
-// time in registers (at most 128 with __launch_bounds__(.., 2)); b waits in shared memory as half, scaled with its row
-// (the forward's q_hat is bf16 and exact in half at any scale that keeps it in range; the adjoint's alpha dQt rounds to
+// time in registers (at most 128 with __launch_bounds__(.., 2)); b waits in shared memory as half, at a power of two of
+// its row's own (gka_lean_b_unscale; the forward's q_hat is bf16 and exact in half at any scale that keeps it in range; the adjoint's alpha dQt rounds to
 // 2^-12 there), and the mask is made again from the log decays in every iteration. Shared memory, 108 KB (110,976 bytes
 // at r = 30): H0 (one piece, scaled as the fp16 solve's), K, Kt, and a region that holds H0's second piece while the
 // forward makes quad_c, then X, S and b. An iteration: x into Xs, a barrier; S = X K^T and HY = X H0 queued together; S
@@ -1895,8 +1903,9 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
     const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
     // the rows' systems scaled (the scales made again after the iterations: fewer registers across them); b into
     // its tile
-    const float rs_a = gka_f16_row_scale<true>(sm.bnorm, sm.fr[ca], ca, ridge);
-    const float rs_b = gka_f16_row_scale<true>(sm.bnorm, sm.fr[cb], cb, ridge);
+    const float rs_a = gka_f16_row_scale(sm.bnorm, sm.fr[ca], ca, ridge);
+    const float rs_b = gka_f16_row_scale(sm.bnorm, sm.fr[cb], cb, ridge);
+    const float bu_a = gka_lean_b_unscale(sm.bnorm, ca, rs_a), bu_b = gka_lean_b_unscale(sm.bnorm, cb, rs_b);
     const int bo = ca * GKA_LEAN_LDB + hc0 + 2 * t4;   // this thread's element (ca, hc0 + 2 t4); + 8 t, + 8 rows
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTH; t++) {
@@ -1904,7 +1913,9 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
         for (int h = 0; h < 2; h++) {
             float2& v = bl[2 * t + h];
             v = make_float2(v.x * (h ? rs_b : rs_a), v.y * (h ? rs_b : rs_a));
-            *reinterpret_cast<__half2*>(sm.b + bo + 8 * t + 8 * GKA_LEAN_LDB * h) = __floats2half2_rn(v.x, v.y);
+            const float st = 1.0f / (h ? bu_b : bu_a);   // a power of two: exact
+            *reinterpret_cast<__half2*>(sm.b + bo + 8 * t + 8 * GKA_LEAN_LDB * h) = __floats2half2_rn(v.x * st,
+                                                                                                      v.y * st);
         }
     }
     float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
@@ -1960,14 +1971,15 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const __half2* bp = reinterpret_cast<const __half2*>(sm.b + bo + 8 * t + 8 * GKA_LEAN_LDB * h);
-                bq[2 * t + h] = __half22float2(*bp);
+                const float2 v = __half22float2(*bp);
+                bq[2 * t + h] = make_float2(v.x * (h ? bu_b : bu_a), v.y * (h ? bu_b : bu_a));
             }
         }
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
         gka_cheb_step<GKA_WG_NTH>(x, dx, hy, bq, 1, ra, rb, om, om1);
     }
-    const float us_a = 1.0f / gka_f16_row_scale<true>(sm.bnorm, sm.fr[ca], ca, ridge);
-    const float us_b = 1.0f / gka_f16_row_scale<true>(sm.bnorm, sm.fr[cb], cb, ridge);
+    const float us_a = 1.0f / gka_f16_row_scale(sm.bnorm, sm.fr[ca], ca, ridge);
+    const float us_b = 1.0f / gka_f16_row_scale(sm.bnorm, sm.fr[cb], cb, ridge);
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTH; t++) {   // the rows' scales undone (powers of two: exact)
         #pragma unroll

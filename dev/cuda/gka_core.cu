@@ -211,7 +211,7 @@ version 12 (bf16 build only, sm_90a) is version 9 with both solves lean (kernels
 gka_chunk_solve_lean_kernel): every operand of the three products in one fp16 piece (dev/cuda/gka_solve_precision.py's
 fp16 1, 1, 1, 1: 2.10M multiply-adds per chunk-iteration, 0.40 of version 9's; half's 11 significand bits are TF32's,
 the official kernels' precision class), laid out for two CTAs per SM (128 registers per thread, 108 KB of shared
-memory: b waits in shared memory as half, the decay mask is made again in every iteration, H0's second piece
+memory: b waits in shared memory as half, at a power of two of each row's own, the decay mask is made again in every iteration, H0's second piece
 borrows the region of X, S and b for the forward's quad_c), so that one chunk's products run while the other's
 update and barriers do: the question it asks is how much of version 9's time is the chain of one chunk per SM.
 Its errors are the official kernels' kind: the CPU emulator (dev/emu/gka_mma.cu lean, against the CUDA-core fp32
@@ -220,8 +220,13 @@ products) measures o 8.2e-3, x 3.2e-4, dq 1.8e-3, dk 1.1e-2, dv 7.7e-3, dalpha 1
 = 128, 30-100x version 9's, against the simulation's o 8.6e-3 and dk 7.3e-3 for the solve alone. So this file holds
 it to 3e-2 (TOLERANCE below) and the ridge check to 1e-2: its fixed point is that of the system with H0, x and S
 rounded to half, bounded by half's unit roundoff times the condition bound 51 (2.5e-2), typically far less (version
-10, with x and S in two pieces, measured 9.1e-4 and 2.05e-3); r = 10's ~0.09 still misses it. Not yet run on a GPU
-(no device could be started in the session that wrote it): neither its GPU checks nor its speed are measured.
+10, with x and S in two pieces, measured 9.1e-4 and 2.05e-3); r = 10's ~0.09 still misses it. On the emulator's
+wide inputs (beta down to 1e-3, dO times 1e-6) it misses 3e-2: o 2.7e-2, x 4.3e-4, dk 1.6e-1, dv 8.0e-2, dalpha
+3.6e-2 (version 10 there: o 9.3e-4, dk 5.6e-4), after b's storage at a power of two of its own per row took x from
+1.6e-3 to 4.3e-4 (the row scale alone had left the b of rows of tiny f among half's subnormals): one piece of x
+and S is the condition bound's 2.5e-2 on such inputs, so this is a probe of speed, not a candidate default. Not yet
+run on a GPU (no device could be started in the sessions since it was written): neither its GPU checks nor its
+speed are measured.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve

@@ -31,7 +31,9 @@ With mixed, the solves are the mixed ones (gka_chunk_solve_wgmma_kernel<false, t
 version 11: X H0 in one bf16 piece over the first 15 of the 30 iterations), held to the trainer's 5e-4. Measured
 (T = 100, dk, dv = 16, 24): o 4.6e-4, x 3.3e-6, dq 1.6e-5, dk 1.3e-4, dv 1.3e-4, dalpha 1.9e-4, dg 1.4e-4. Its
 negative control in dev/emu/run.sh, X H0 in one piece over all 30 iterations (dk 1.4e-3, dg 4.0e-3): caught.
-Run through dev/emu/run.sh. Usage: gka_mma [T dk dv [f16 [wide] | mixed]] (default 150 16 24). Exit status 1 when an output
+With lean on the wide inputs (not in dev/emu/run.sh) the lean solves miss 3e-2: o 2.7e-2, x 4.3e-4, dk 1.6e-1,
+dv 8.0e-2, dalpha 3.6e-2 (dev/cuda/gka_core.cu's version 12 says why).
+Run through dev/emu/run.sh. Usage: gka_mma [T dk dv [f16 [wide] | mixed | lean [wide]]] (default 150 16 24). Exit status 1 when an output
 misses its tolerance or holds a NaN.
 */
 #include "emu.h"
