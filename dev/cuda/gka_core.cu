@@ -224,9 +224,13 @@ rounded to half, bounded by half's unit roundoff times the condition bound 51 (2
 wide inputs (beta down to 1e-3, dO times 1e-6) it misses 3e-2: o 2.7e-2, x 4.3e-4, dk 1.6e-1, dv 8.0e-2, dalpha
 3.6e-2 (version 10 there: o 9.3e-4, dk 5.6e-4), after b's storage at a power of two of its own per row took x from
 1.6e-3 to 4.3e-4 (the row scale alone had left the b of rows of tiny f among half's subnormals): one piece of x
-and S is the condition bound's 2.5e-2 on such inputs, so this is a probe of speed, not a candidate default. Not yet
-run on a GPU (no device could be started in the sessions since it was written): neither its GPU checks nor its
-speed are measured.
+and S is the condition bound's 2.5e-2 on such inputs, so this is a probe of speed, not a candidate default.
+Measured on an H100 (2026-12-07, the only device that came; no H200 figure yet), version 9 in the same run: every
+check passes (dk = 16: o 4.4e-3, x 5.8e-4, dk 9.6e-3, dalpha 5.9e-3; ridge r = 400 2.0e-3 at dk = 16, 9.1e-4 at
+128); two CTAs per SM as planned; the lean solve 1.63-1.67 ms under ncu (SM throughput 39%, achieved occupancy
+24%); forward 2.483 against 3.006 ms (-17%), forward+backward 6.783 against 7.907 ms (-14%). So 0.40 of the
+multiply-adds at twice the CTAs per SM buys a sixth: the solve is bound by its serial chain more than by tensor
+work, and a solve within issue 11's 1.34 ms needs a shorter chain per iteration, not fewer operand pieces.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
