@@ -1554,11 +1554,16 @@ __device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2
 // by gka_f16_row_scale, so that |x| <= ||b|| / (a f) maps to at most 2^GKA_F16_ROW_EXP (x is scaled back as it is
 // stored); the keys are converted as they are. H0's second piece serves f's quad_c only (the forward).
 #define GKA_F16_ROW_EXP 10
-__device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr, int c, float ridge) {
+// ||b_c||^2 from the warpgroups' parts (gka_wg_b_norm_parts)
+__device__ __forceinline__ float gka_wg_b_norm2(const float* bnorm, int c) {
     float n2 = 0.0f;
     #pragma unroll
     for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
-    const float r = ridge * fr / sqrtf(n2);   // the bound's inverse; b = 0 or f = 0: no scale
+    return n2;
+}
+
+__device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr, int c, float ridge) {
+    const float r = ridge * fr / sqrtf(gka_wg_b_norm2(bnorm, c));   // the bound's inverse; b = 0 or f = 0: no scale
     float scale = 1.0f;
     if (r > 0.0f && !isinf(r)) {
         int e;
@@ -1574,10 +1579,7 @@ __device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr,
 // wide inputs: dk 1.8e-1 off). Returns 2^e' for row c, whose system is scaled by rs.
 #define GKA_LEAN_B_EXP 14
 __device__ __forceinline__ float gka_lean_b_unscale(const float* bnorm, int c, float rs) {
-    float n2 = 0.0f;
-    #pragma unroll
-    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
-    const float nb = sqrtf(n2) * rs;
+    const float nb = sqrtf(gka_wg_b_norm2(bnorm, c)) * rs;
     int e = GKA_LEAN_B_EXP;   // b = 0: any scale
     if (nb > 0.0f && !isinf(nb)) { frexpf(nb, &e); }   // ||b|| < 2^e
     return ldexpf(1.0f, max(-100, min(e - GKA_LEAN_B_EXP, 100)));
@@ -1832,8 +1834,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
 // iteration is a chain (products, a barrier, products, the update) that leaves the tensor cores idle half the time
 // (ncu: tensor pipe 50%, 0.5 eligible warps per scheduler). Here a CTA keeps only x, its step and one accumulator at a
 // time in registers (at most 128 with __launch_bounds__(.., 2)); b waits in shared memory as half, at a power of two of
-// its row's own (gka_lean_b_unscale; the forward's q_hat is bf16 and exact in half at any scale that keeps it in range; the adjoint's alpha dQt rounds to
-// 2^-12 there), and the mask is made again from the log decays in every iteration. Shared memory, 108 KB (110,976 bytes
+// its row's own (gka_lean_b_unscale; the forward's q_hat is bf16 and exact in half at any scale that keeps it in
+// range; the adjoint's alpha dQt rounds to 2^-12 there), and the mask is made again from the log decays in every iteration. Shared memory, 108 KB (110,976 bytes
 // at r = 30): H0 (one piece, scaled as the fp16 solve's), K, Kt, and a region that holds H0's second piece while the
 // forward makes quad_c, then X, S and b. An iteration: x into Xs, a barrier; S = X K^T and HY = X H0 queued together; S
 // (.) M into Ss; HY = diag(zeta) HY; a barrier; HY += S K; the update.
