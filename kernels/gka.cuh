@@ -982,6 +982,11 @@ struct GkaSolveRows {
     }
 };
 
+// alpha of the chunk's row c, the adjoint's b's row factor (0 past the sequence's end, and for the forward)
+__device__ __forceinline__ float gka_b_alpha(const float* rhs, const float* alpha, size_t e0, int H, int L, int c) {
+    return rhs && c < L ? alpha[e0 + (size_t)c * H] : 0.0f;
+}
+
 // b (q_hat for the forward, rhs == NULL; alpha rhs for the adjoint) in pairs at bl[(2 t + h) stride], h = 0 for
 // row ca, 1 for ca + 8 (shared memory in the threads' own order: no barrier guards it)
 template <int NT>
@@ -991,7 +996,7 @@ __device__ void gka_load_b_frags(float2* bl, int stride, const float* rhs, const
     for (int h = 0; h < 2; h++) {
         const int c = ca + 8 * h;
         const size_t e = e0 + (size_t)c * H;
-        const float al = rhs && c < L ? alpha[e] : 0.0f;
+        const float al = gka_b_alpha(rhs, alpha, e0, H, L, c);
         #pragma unroll
         for (int t = 0; t < NT; t++) {
             const int j = c0 + 8 * t + 2 * t4;   // even, and dk a multiple of 8: j < dk holds both columns
@@ -1111,6 +1116,17 @@ __device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*dx)[4], con
             dx[t][i] = om1 * dx[t][i] - (i < 2 ? c1a : c1b) * (hy[4 * t + i] + lam * x[t][i] - bv);
             x[t][i] += dx[t][i];
         }
+    }
+}
+
+// the accumulator fragments acc (NT n-tiles) with row ca's elements times va, row ca + 8's times vb
+template <int NT> __device__ __forceinline__ void gka_frags_scale_rows(float* acc, float va, float vb) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        acc[4 * t] *= va;
+        acc[4 * t + 1] *= va;
+        acc[4 * t + 2] *= vb;
+        acc[4 * t + 3] *= vb;
     }
 }
 
@@ -1498,11 +1514,13 @@ struct GkaSolveWgSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
     }
 };
 
-static size_t gka_chunk_solve_wgmma_smem(int iters) {
+// the bytes of a solve's shared-memory plan (Smem carved from 0)
+template <typename Smem> static size_t gka_solve_smem_bytes(int iters) {
     size_t bytes = 0;
-    GkaSolveWgSmem sm(0, iters, &bytes);
+    Smem sm(0, iters, &bytes);
     return bytes;
 }
+static size_t gka_chunk_solve_wgmma_smem(int iters) { return gka_solve_smem_bytes<GkaSolveWgSmem>(iters); }
 
 // acc (+)= A B[n0 .. n0 + N) over the k-steps kc0 .. kc0 + NKC - 1 (16 columns each) of K-major tiles A [64][KD]
 // and B [*][KD] in their pieces: A.hi B.hi, then A.lo B.hi (A_LO), then A.hi B.lo (B_LO); accumulate 0 starts from
@@ -1554,16 +1572,17 @@ __device__ __forceinline__ void gka_frag_words(uint32_t (*a)[2][4], int t, uint2
 // by gka_f16_row_scale, so that |x| <= ||b|| / (a f) maps to at most 2^GKA_F16_ROW_EXP (x is scaled back as it is
 // stored); the keys are converted as they are. H0's second piece serves f's quad_c only (the forward).
 #define GKA_F16_ROW_EXP 10
-// ||b_c||^2 from the warpgroups' parts (gka_wg_b_norm_parts)
-__device__ __forceinline__ float gka_wg_b_norm2(const float* bnorm, int c) {
+// ||b_c||^2 from the G warpgroups' parts (gka_wg_b_norm_parts)
+template <int G = GKA_WG_GROUPS> __device__ __forceinline__ float gka_wg_b_norm2(const float* bnorm, int c) {
     float n2 = 0.0f;
     #pragma unroll
-    for (int g = 0; g < GKA_WG_GROUPS; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
+    for (int g = 0; g < G; g++) { n2 += bnorm[g * GKA_CHECKPOINT + c]; }
     return n2;
 }
 
+template <int G = GKA_WG_GROUPS>
 __device__ __forceinline__ float gka_f16_row_scale(const float* bnorm, float fr, int c, float ridge) {
-    const float r = ridge * fr / sqrtf(gka_wg_b_norm2(bnorm, c));   // the bound's inverse; b = 0 or f = 0: no scale
+    const float r = ridge * fr / sqrtf(gka_wg_b_norm2<G>(bnorm, c));   // the bound's inverse; b = 0 or f = 0: no scale
     float scale = 1.0f;
     if (r > 0.0f && !isinf(r)) {
         int e;
@@ -1587,15 +1606,16 @@ __device__ __forceinline__ float gka_lean_b_unscale(const float* bnorm, int c, f
 
 // The wgmma solves' setup (the wgmma solve's and the lean one's). Their copies, in flight while the rest loads:
 // h0_groups 16-byte groups of H0's tiles (gka_h0_tiles_kernel's image: both pieces, 64 KB, or the first) and the
-// keys K [c][d] (bf16, zero past L rows and dk columns) as they are, c fastest (4-way bank conflicts below, not 16)
-template <typename Smem>
+// keys K [c][d] (bf16, zero past L rows and dk columns) as they are, c fastest (4-way bank conflicts below, not 16);
+// by the CTA's THREADS threads
+template <int THREADS = GKA_WG_THREADS, typename Smem>
 __device__ __forceinline__ void gka_wg_copy_h0_keys(Smem& sm, const __nv_bfloat16* h0t, int h0_groups,
                                                     const floatX* kq, int L, int dk, int DE, int tid) {
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
-    for (int i = tid; i < h0_groups; i += GKA_WG_THREADS) {
+    for (int i = tid; i < h0_groups; i += THREADS) {
         cp_async16(i < D * D / 8 ? sm.H0.hi + 8 * i : sm.H0.lo + 8 * (i - D * D / 8), h0t + 8 * i, 16);
     }
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+    for (int i = tid; i < BT * D / 8; i += THREADS) {
         const int c = i % BT, j0 = i / BT * 8;
         const bool in = c < L && j0 < dk;
         cp_async16(sm.K.hi + wgmma_tile_off(c, j0, D), in ? kq + (size_t)c * DE + j0 : kq, in ? 16 : 0);
@@ -1603,13 +1623,14 @@ __device__ __forceinline__ void gka_wg_copy_h0_keys(Smem& sm, const __nv_bfloat1
     cp_async_commit();
 }
 
-// the warpgroup's parts of ||b||^2 for rows ca, cb (this thread's elements of b at bl[i * stride]; read after the
-// barriers that follow)
+// the warpgroup's parts of ||b||^2 for rows ca, cb (this thread's elements of b at bl[i * stride], NT n-tiles; read
+// after the barriers that follow)
+template <int NT = GKA_WG_NTH>
 __device__ __forceinline__ void gka_wg_b_norm_parts(float* bnorm, const float2* bl, int stride, int grp, int ca,
                                                     int cb, int t4) {
     float na = 0.0f, nb = 0.0f;
     #pragma unroll
-    for (int t = 0; t < GKA_WG_NTH; t++) {
+    for (int t = 0; t < NT; t++) {
         const float2 va = bl[2 * t * stride], vb = bl[(2 * t + 1) * stride];
         na += va.x * va.x + va.y * va.y;
         nb += vb.x * vb.x + vb.y * vb.y;
@@ -1623,11 +1644,11 @@ __device__ __forceinline__ void gka_wg_b_norm_parts(float* bnorm, const float2* 
 }
 
 // Kt [d][c] from K, after the copies have landed (F16: both converted to half, exact above 6.1e-5; each thread its
-// own groups), fenced for the tensor cores
-template <bool F16, typename Smem>
+// own groups of the CTA's THREADS), fenced for the tensor cores
+template <bool F16, int THREADS = GKA_WG_THREADS, typename Smem>
 __device__ __forceinline__ void gka_wg_keys_transpose(Smem& sm, int tid) {
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
-    for (int i = tid; i < BT * D / 8; i += GKA_WG_THREADS) {
+    for (int i = tid; i < BT * D / 8; i += THREADS) {
         const int c = i % BT, j0 = i / BT * 8;
         __nv_bfloat16* kp = sm.K.hi + wgmma_tile_off(c, j0, D);
         uint4 v = *reinterpret_cast<const uint4*>(kp);
@@ -1649,22 +1670,27 @@ __device__ __forceinline__ void gka_wg_keys_transpose(Smem& sm, int tid) {
 
 // The forward's f: quad_c = k_c^T H0 k_c from K H0 (both pieces of H0; F16: its tiles' scale undone by h0_back);
 // (k_c.k_j)^2 M[c][j] weighted 2 for j < c, 1 for j = c (the |k_c|^4 term), 0 above, from K K^T: this
-// warpgroup's columns of each, into the rows' parts. hy and s are the solve's accumulators, free here.
-template <bool F16, typename Smem>
+// warpgroup's columns of each (G warpgroups: 128 / G and 64 / G of them, in products of at most 64 columns), into
+// the rows' parts. hy and s are the solve's accumulators, free here.
+template <bool F16, int G = GKA_WG_GROUPS, typename Smem>
 __device__ __forceinline__ void gka_wg_quad_gram(Smem& sm, float* hy, float* s, float h0_back, int grp, int ca,
                                                  int hc0, int sc0, int t4) {
+    constexpr int NH = GKA_SOLVE_DK / G, NS = GKA_CHECKPOINT / G, NPH = NH < 64 ? NH : 64;
     wgmma_fence();
-    gka_wgmma<GKA_WG_NH, 128, false, true, 8, F16>(hy, sm.K, sm.H0, hc0, 0);
-    gka_wgmma<GKA_WG_NS, 128, false, false, 8, F16>(s, sm.K, sm.K, sc0, 0);
+    #pragma unroll
+    for (int q = 0; q < NH / NPH; q++) {
+        gka_wgmma<NPH, 128, false, true, 8, F16>(hy + NPH / 2 * q, sm.K, sm.H0, hc0 + NPH * q, 0);
+    }
+    gka_wgmma<NS, 128, false, false, 8, F16>(s, sm.K, sm.K, sc0, 0);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_hold<4 * GKA_WG_NTH>(hy);
-    wgmma_hold<4 * GKA_WG_NTS>(s);
+    wgmma_hold<NH / 2>(hy);
+    wgmma_hold<NS / 2>(s);
     if constexpr (F16) {
         #pragma unroll
-        for (int i = 0; i < 4 * GKA_WG_NTH; i++) { hy[i] *= h0_back; }
+        for (int i = 0; i < NH / 2; i++) { hy[i] *= h0_back; }
     }
-    gka_quad_gram_part<GKA_WG_NTH, GKA_WG_NTS>(sm, GKA_WG_GROUPS, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
+    gka_quad_gram_part<NH / 8, NS / 8>(sm, G, grp, hy, s, ca, hc0, sc0, t4, [&](int c, int j) {
         return gka_elem<F16>(sm.K.hi + wgmma_tile_off(c, j, GKA_SOLVE_DK));
     });
 }
@@ -1789,13 +1815,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         fence_proxy_async();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
-        #pragma unroll
-        for (int t = 0; t < GKA_WG_NTH; t++) {
-            hy[4 * t] *= zeta_a;
-            hy[4 * t + 1] *= zeta_a;
-            hy[4 * t + 2] *= zeta_b;
-            hy[4 * t + 3] *= zeta_b;
-        }
+        gka_frags_scale_rows<GKA_WG_NTH>(hy, zeta_a, zeta_b);   // HY = diag(zeta) HY
         wgmma_fence();
         gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTS / 2, BT, false, F16>(hy, sa, ks_own, sm.Kt, hc0, 1);
         wgmma_commit();
@@ -1865,11 +1885,7 @@ struct GkaSolveLeanSmem : GkaSolveRows {   // quad, gram parts: the warpgroups
 static_assert((GKA_CHECKPOINT * GKA_SOLVE_DK + GKA_CHECKPOINT * GKA_CHECKPOINT + GKA_CHECKPOINT * GKA_LEAN_LDB)
                   >= GKA_SOLVE_DK * GKA_SOLVE_DK, "the lean solve: H0's second piece fits in the region of X, S, b");
 
-static size_t gka_chunk_solve_lean_smem(int iters) {
-    size_t bytes = 0;
-    GkaSolveLeanSmem sm(0, iters, &bytes);
-    return bytes;
-}
+static size_t gka_chunk_solve_lean_smem(int iters) { return gka_solve_smem_bytes<GkaSolveLeanSmem>(iters); }
 
 __global__ void __launch_bounds__(GKA_WG_THREADS, 2)
 gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
@@ -1954,13 +1970,7 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
         fence_proxy_async();
         wgmma_wait<0>();
         wgmma_hold<4 * GKA_WG_NTH>(hy);
-        #pragma unroll
-        for (int t = 0; t < GKA_WG_NTH; t++) {
-            hy[4 * t] *= zeta_a;
-            hy[4 * t + 1] *= zeta_a;
-            hy[4 * t + 2] *= zeta_b;
-            hy[4 * t + 3] *= zeta_b;
-        }
+        gka_frags_scale_rows<GKA_WG_NTH>(hy, zeta_a, zeta_b);   // HY = diag(zeta) HY
         __syncthreads();   // Ss written by every warp, Xs read by every warpgroup's products
         wgmma_fence();
         gka_wgmma<GKA_WG_NH, BT, false, false, BT / 16, true>(hy, sm.S, sm.Kt, hc0, 1);
@@ -1988,6 +1998,202 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
         for (int i = 0; i < 4; i++) { x[t][i] *= i < 2 ? us_a : us_b; }
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
+    if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
+}
+
+// ---- the solo solve (dev/cuda/gka_core.cu version 13, bf16 build, sm_90a): a warpgroup alone on its chunk, two
+// chunks per SM. The wgmma solve above splits a chunk's columns between two warpgroups, which must meet twice per
+// iteration (x's other columns through Xs, then S's through Ss) and so run one chain (products, barrier, products,
+// barrier, update) with nothing beside it: ncu measured its tensor pipe half idle. Here one warpgroup owns all 128
+// columns of its 64 rows, so x and S are register operands of every k-step (gka_wgmma_ra) and an iteration has no
+// barrier at all: S = X K^T, then HY = X H0 queued behind it; S (.) M into pieces while X H0 runs; HY = diag(zeta) HY;
+// HY += S K; the update. A CTA is the one warpgroup (GKA_SOLO_THREADS), and two fit an SM (__launch_bounds__(.., 2):
+// 255 registers a thread, 111 KB of shared memory each), so that one chunk's products run while the other's
+// elementwise work does. The same operand pieces as the wgmma solve (F16: as its fp16 solve), with two
+// differences that the register file asks for: x lives only as its two pieces, the A fragments (x_k + dx rounded to
+// them in every iteration: 16 of fp32's 24 significand bits, 22 with F16; the emulator measures x as accurate as the
+// wgmma solve's), and b is read again from global memory (L2) in every update instead of kept (with b's loads in
+// the update, 64 more registers would be live); the decay mask is made again in every iteration (the lean solve's
+// way), and the steps dx of x's first GKA_SOLO_DXS n-tiles wait in shared memory (ptxas spilled 500 bytes without).
+// Shared memory: H0 (two pieces: 64 KB; with F16 the second serves the forward's quad_c only), K, Kt, those steps.
+#define GKA_SOLO_THREADS 128
+#define GKA_SOLO_NTH (GKA_SOLVE_DK / 8)     // n-tiles of x and HY per thread
+#define GKA_SOLO_NTS (GKA_CHECKPOINT / 8)   // of S
+#define GKA_SOLO_DXS 6                      // x's first n-tiles whose steps dx wait in shared memory (registers)
+
+struct GkaSolveSoloSmem : GkaSolveRows {   // quad, gram: one part
+    GkaTile H0, K, Kt;   // [128][128] (two pieces), [BT][128], [128][BT]
+    float* bnorm;        // [BT] ||b_c||^2 (the fp16 solve's row scales)
+    float* dxs;          // [GKA_SOLO_DXS][4][GKA_SOLO_THREADS]: those steps, each thread's own
+    double* om;          // [iters]
+    __host__ __device__ GkaSolveSoloSmem(size_t base, int iters, size_t* bytes) {
+        const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK;
+        SmemCarver c(base);
+        take_rows(c, 1);
+        H0 = gka_take_tile(c, (size_t)D * D, true);
+        K = gka_take_tile(c, (size_t)BT * D, false);
+        Kt = gka_take_tile(c, (size_t)D * BT, false);
+        bnorm = c.take<float>(BT);
+        dxs = c.take<float>((size_t)GKA_SOLO_DXS * 4 * GKA_SOLO_THREADS);
+        om = c.take<double>(iters);
+        if (bytes) { *bytes = c.off; }
+    }
+};
+
+static size_t gka_chunk_solve_solo_smem(int iters) { return gka_solve_smem_bytes<GkaSolveSoloSmem>(iters); }
+
+// n-tile t of x from its pieces in the A fragments (the inverse of gka_frag_words): x4[0 .. 1] of row ca, x4[2 .. 3]
+// of row cb
+template <bool F16>
+__device__ __forceinline__ void gka_frag_x(float x4[4], const uint32_t (*a)[2][4], int t) {
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float2 hi = gka_unpack2<F16>(a[t / 2][0][2 * (t % 2) + h]);
+        const float2 lo = gka_unpack2<F16>(a[t / 2][1][2 * (t % 2) + h]);
+        x4[2 * h] = hi.x + lo.x;
+        x4[2 * h + 1] = hi.y + lo.y;
+    }
+}
+
+template <bool F16>
+__global__ void __launch_bounds__(GKA_SOLO_THREADS, 2)
+gka_chunk_solve_solo_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
+                                  const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv,
+                                  int iters, float ridge) {
+    extern __shared__ __align__(128) unsigned char gka_smem_solve_solo[];
+    GkaSolveSoloSmem sm((size_t)gka_smem_solve_solo, iters, NULL);
+    const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
+    const int tid = threadIdx.x, lane = tid % 32, gq = lane >> 2, t4 = lane & 3;
+    const int ca = 16 * __shfl_sync(0xffffffffu, tid / 32, 0) + gq, cb = ca + 8;   // this lane's rows ca, cb
+    const int NT = gka_chunks(T), L = min(BT, T - n * BT), DE = 2 * H * dk + H * dv;
+    const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+    const size_t ck = (size_t)bh * NT + n;
+    const int h0_groups = F16 && !compute_f ? D * D / 8 : GKA_H0T_ELEMS / 8;   // the fp16 adjoint: one piece
+    gka_wg_copy_h0_keys<GKA_SOLO_THREADS>(sm, h0.tiles + ck * GKA_H0T_ELEMS, h0_groups,
+                                          qkv + row0 * DE + H * dk + hh * dk, L, dk, DE, tid);
+    float2 bl[2 * GKA_SOLO_NTH];   // b, for x's start and the row scales
+    gka_load_b_frags<GKA_SOLO_NTH>(bl, 1, rhs, alpha, qkv, row0, e0, H, hh, dk, DE, L, ca, 0, t4);
+    if constexpr (F16) { gka_wg_b_norm_parts<GKA_SOLO_NTH>(sm.bnorm, bl, 1, 0, ca, cb, t4); }
+    gka_omegas(sm.om, iters, ridge, 32);   // by warp 1, while warp 0's thread 0 sums the decays
+    gka_chunk_decays(sm.gl, sm.zeta, g, e0, H, L);
+    cp_async_wait<0>();
+    __syncthreads();
+    gka_wg_keys_transpose<F16, GKA_SOLO_THREADS>(sm, tid);
+    __syncthreads();
+    const float h0f2 = h0.sq[ck];
+    const float h0_back = F16 ? gka_h0_scale_back(h0f2) : 1.0f;   // the tiles' 2^-e of H0, undone
+    float hy[4 * GKA_SOLO_NTH], s[4 * GKA_SOLO_NTS];
+    if (compute_f) { gka_wg_quad_gram<F16, 1>(sm, hy, s, h0_back, 0, ca, 0, 0, t4); }
+    gka_solve_rows_finish<1>(sm, compute_f, f, e0, H, L, h0f2, ridge);
+    const GkaChebRow ra = gka_cheb_row(sm, ca), rb = gka_cheb_row(sm, cb);
+    const float zeta_a = sm.zeta[ca] * h0_back, zeta_b = sm.zeta[cb] * h0_back;
+    const float rs_a = F16 ? gka_f16_row_scale<1>(sm.bnorm, sm.fr[ca], ca, ridge) : 1.0f;
+    const float rs_b = F16 ? gka_f16_row_scale<1>(sm.bnorm, sm.fr[cb], cb, ridge) : 1.0f;
+    // b's rows as the updates read them again: alpha (the adjoint's) times the row's scale (a power of two: the
+    // same products as bl's, scaled below)
+    const float bs_a = (rhs ? gka_b_alpha(rhs, alpha, e0, H, L, ca) : ca < L) * rs_a;   // 0 past the sequence's end
+    const float bs_b = (rhs ? gka_b_alpha(rhs, alpha, e0, H, L, cb) : cb < L) * rs_b;
+    // the rows' sources (rows past the end read the chunk's first, times 0)
+    const size_t src_a = rhs ? (e0 + (size_t)(ca < L ? ca : 0) * H) * dk : (row0 + (ca < L ? ca : 0)) * DE + hh * dk;
+    const size_t src_b = rhs ? (e0 + (size_t)(cb < L ? cb : 0) * H) * dk : (row0 + (cb < L ? cb : 0)) * DE + hh * dk;
+    if constexpr (F16) {
+        #pragma unroll
+        for (int i = 0; i < 2 * GKA_SOLO_NTH; i++) {
+            const float r = i % 2 ? rs_b : rs_a;
+            bl[i] = make_float2(bl[i].x * r, bl[i].y * r);
+        }
+    }
+    uint32_t xa[GKA_SOLO_NTH / 2][2][4];   // x: its pieces as the A fragments of its 16-column k-steps
+    uint32_t sa[GKA_SOLO_NTS / 2][2][4];   // the masked S's pieces, the same
+    float dx[GKA_SOLO_NTH][4];   // its first GKA_SOLO_DXS n-tiles in sm.dxs
+    float* dxs = sm.dxs + tid;
+    {
+        float x[GKA_SOLO_NTH][4];
+        gka_cheb_start<GKA_SOLO_NTH>(x, dx, bl, 1, ra.tau, rb.tau);
+        #pragma unroll
+        for (int t = 0; t < GKA_SOLO_NTH; t++) {
+            gka_frag_words(xa, t, gka_pieces2<F16>(x[t][0], x[t][1]), gka_pieces2<F16>(x[t][2], x[t][3]));
+            #pragma unroll
+            for (int i = 0; i < 4 && t < GKA_SOLO_DXS; i++) { dxs[(4 * t + i) * GKA_SOLO_THREADS] = dx[t][i]; }
+        }
+    }
+    const float gla = sm.gl[ca], glb = sm.gl[cb];
+    for (int it = 0; it < iters; it++) {
+        wgmma_fence();
+        gka_wgmma_ra<64, GKA_SOLO_NTH / 2, D, false, F16>(s, xa, 0, sm.K, 0, 0);   // S = X K^T
+        wgmma_commit();
+        #pragma unroll
+        for (int q = 0; q < 2; q++) {   // HY = X H0, in two products of 64 columns
+            gka_wgmma_ra<64, GKA_SOLO_NTH / 2, D, !F16, F16>(hy + 32 * q, xa, 0, sm.H0, 64 * q, 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        wgmma_hold<4 * GKA_SOLO_NTS>(s);
+        #pragma unroll
+        for (int t = 0; t < GKA_SOLO_NTS; t++) {   // S (.) M in pieces while X H0 runs
+            const int j = 8 * t + 2 * t4;
+            const float2 glj = *reinterpret_cast<const float2*>(sm.gl + j);
+            uint2 w[2];
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int c = h ? cb : ca, e = 4 * t + 2 * h;
+                const float glc = h ? glb : gla;
+                const float m0 = j <= c ? __expf(glc - glj.x) : 0.0f, m1 = j + 1 <= c ? __expf(glc - glj.y) : 0.0f;
+                w[h] = gka_pieces2<F16>(s[e] * m0, s[e + 1] * m1);
+            }
+            gka_frag_words(sa, t, w[0], w[1]);
+        }
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_SOLO_NTH>(hy);
+        wgmma_hold_a<GKA_SOLO_NTH * 4>(&xa[0][0][0]);
+        gka_frags_scale_rows<GKA_SOLO_NTH>(hy, zeta_a, zeta_b);   // HY = diag(zeta) HY
+        wgmma_fence();
+        #pragma unroll
+        for (int q = 0; q < 2; q++) {   // HY += S K
+            gka_wgmma_ra<64, GKA_SOLO_NTS / 2, BT, false, F16>(hy + 32 * q, sa, 0, sm.Kt, 64 * q, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<4 * GKA_SOLO_NTH>(hy);
+        wgmma_hold_a<GKA_SOLO_NTS * 4>(&sa[0][0][0]);
+        const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
+        #pragma unroll
+        for (int t = 0; t < GKA_SOLO_NTH; t++) {   // the update, an n-tile at a time
+            float x[1][4];
+            gka_frag_x<F16>(x[0], xa, t);
+            float2 bq[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+            if (8 * t < dk) {   // dk a multiple of 8
+                #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const size_t o = (h ? src_b : src_a) + 8 * t + 2 * t4;
+                    const float2 v = rhs ? *reinterpret_cast<const float2*>(rhs + o)
+                                         : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(qkv + o));
+                    const float bs = h ? bs_b : bs_a;
+                    bq[h] = make_float2(v.x * bs, v.y * bs);
+                }
+            }
+            if (t < GKA_SOLO_DXS) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) { dx[t][i] = dxs[(4 * t + i) * GKA_SOLO_THREADS]; }
+            }
+            gka_cheb_step<1>(x, reinterpret_cast<float(*)[4]>(dx[t]), hy + 4 * t, bq, 1, ra, rb, om, om1);
+            if (t < GKA_SOLO_DXS) {
+                #pragma unroll
+                for (int i = 0; i < 4; i++) { dxs[(4 * t + i) * GKA_SOLO_THREADS] = dx[t][i]; }
+            }
+            gka_frag_words(xa, t, gka_pieces2<F16>(x[0][0], x[0][1]), gka_pieces2<F16>(x[0][2], x[0][3]));
+        }
+    }
+    float x[GKA_SOLO_NTH][4];
+    #pragma unroll
+    for (int t = 0; t < GKA_SOLO_NTH; t++) {
+        gka_frag_x<F16>(x[t], xa, t);
+        if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { x[t][i] *= 1.0f / (i < 2 ? rs_a : rs_b); }
+        }
+    }
+    gka_store_x_frags<GKA_SOLO_NTH>(sol, x, e0, H, dk, L, ca, 0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
 }
 
@@ -3107,11 +3313,16 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
 // gka_chunk_adjoint_terms_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
 // (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x), or the bf16 solves with X H0 in
-// one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11). The register
-// tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+// one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11), or lean
+// (gka_chunk_solve_lean_kernel; version 12), or solo, a warpgroup per chunk (gka_chunk_solve_solo_wgmma_kernel; version 13,
+// and with F16 version 14). The register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
                    GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE,
-                   GKA_PRODUCTS_LEAN_SOLVE };
+                   GKA_PRODUCTS_LEAN_SOLVE, GKA_PRODUCTS_SOLO_SOLVE, GKA_PRODUCTS_SOLO_F16_SOLVE };
+// whether the solves read H0's tiles made for fp16 (gka_h0_tiles' f16)
+static bool gka_products_f16_h0(GkaProducts p) {
+    return p == GKA_PRODUCTS_F16_SOLVE || p == GKA_PRODUCTS_LEAN_SOLVE || p == GKA_PRODUCTS_SOLO_F16_SOLVE;
+}
 // what the trainer runs
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
@@ -3157,6 +3368,10 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
             GKA_MMA_LAUNCH(gka_chunk_solve_wgmma_kernel<true>, GKA_WG_THREADS, gka_chunk_solve_wgmma_smem(iters));
         } else if (products == GKA_PRODUCTS_LEAN_SOLVE) {
             GKA_MMA_LAUNCH(gka_chunk_solve_lean_kernel, GKA_WG_THREADS, gka_chunk_solve_lean_smem(iters));
+        } else if (products == GKA_PRODUCTS_SOLO_SOLVE) {
+            GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<false>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
+        } else if (products == GKA_PRODUCTS_SOLO_F16_SOLVE) {
+            GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<true>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
         } else if (products == GKA_PRODUCTS_MIXED_SOLVE) {
             GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, true>), GKA_WG_THREADS,
                            gka_chunk_solve_wgmma_smem(iters));
@@ -3270,8 +3485,7 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     cudaCheckLaunch();
     if (products >= GKA_PRODUCTS_WGMMA) {
         if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
-        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk,
-                     products == GKA_PRODUCTS_F16_SOLVE || products == GKA_PRODUCTS_LEAN_SOLVE, stream);
+        gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, gka_products_f16_h0(products), stream);
     }
     solve.kernel<<<dim3(NT, B * H), solve.threads, solve.smem, stream>>>(x, f, 1, NULL, alpha, qkv, g,
                                                                         GkaH0{Hck, H0t, h0sq}, T, H, dk, dv, iters,

@@ -11,9 +11,12 @@
 #   gka_mma.cu: gka's tensor-core kernels (the bf16 trainer's solves on wgmma; readout, dQt, pass 3 and the
 #     chunk-state terms of the forward and of pass 2 on mma.sync) against the CUDA-core fp32 products, bf16 build,
 #     T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every ldmatrix and mma is a barrier of the warp's 32
-#     threads), then with the fp16 solves (version 10), also on wide inputs (half's range), and with the mixed solves
-#     (version 11); negative controls: the
-#     second bf16 piece of x and S left out of the solve's register-operand products (and the fp16 one's), pass 3a's
+#     threads), then with the fp16 solves (version 10), also on wide inputs (half's range), with the mixed solves
+#     (version 11), the lean ones (version 12) and the solo ones (versions 13 and 14, the fp16 one also on wide
+#     inputs); negative controls: the
+#     second bf16 piece of x and S left out of the solve's register-operand products (and the fp16 one's, and the
+#     solo one's), the solo solve's decay mask, its steps of the n-tiles kept in shared memory, the fp16 solo solve's
+#     row scales on the wide inputs, pass 3a's
 #     diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand in one bf16 piece,
 #     the fp16 solve's row scales left out on the wide inputs, the mixed solve's X H0 in one piece throughout, must
 #     fail;
@@ -63,7 +66,8 @@ for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     build "$tmp/ok" $check || { failures=$((failures + 1)); continue; }
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
-        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed" "100 16 24 lean") ;;
+        gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed" "100 16 24 lean"
+                       "100 16 24 solo" "100 16 24 solo16" "100 16 24 solo16 wide") ;;
         gdn_mma) runs=("150 24 40" "100 136 24" "70 128 40") ;;
         *) runs=("${shapes[@]}") ;;
     esac
@@ -92,8 +96,16 @@ negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\
     "the second bf16 piece of x and S in the wgmma solve's register-operand products" gka_mma "100 16 24"
 negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
     "the second fp16 piece of x and S in the fp16 wgmma solve's register-operand products" gka_mma "100 16 24 f16"
+negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
+    "the second bf16 piece of x and S in the solo solve's products" gka_mma "100 16 24 solo"
+negative gka.cuh 's/w\[h\] = gka_pieces2<F16>(s\[e\] \* m0, s\[e + 1\] \* m1);/w[h] = gka_pieces2<F16>(s[e], s[e + 1]);/' \
+    "the decay mask M on the solo solve's S (S (.) M)" gka_mma "100 16 24 solo"
+negative gka.cuh 's/^                for (int i = 0; i < 4; i++) { dxs\[(4 \* t + i) \* GKA_SOLO_THREADS\] = dx\[t\]\[i\]; }$//' \
+    "the solo solve's steps dx kept in shared memory (they stay the first step's)" gka_mma "100 16 24 solo"
 negative gka.cuh 's/        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));/        scale = 1.0f;/' \
     "the fp16 solve's row scales (wide inputs)" gka_mma "100 16 24 f16 wide"
+negative gka.cuh 's/        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));/        scale = 1.0f;/' \
+    "the fp16 solo solve's row scales (wide inputs)" gka_mma "100 16 24 solo16 wide"
 negative gka.cuh 's/max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS))/iters/' \
     "the mixed solve's later iterations in every piece (X H0 in one piece throughout)" gka_mma "100 16 24 mixed"
 negative gka.cuh 's/gka_pack2<true>(s\[e\] \* mask(c, j), s\[e + 1\] \* mask(c, j + 1))/gka_pack2<true>(s[e], s[e + 1])/' \
