@@ -8,6 +8,7 @@ nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. -DENABLE_FP32 
 ./gka_core_bin 9        (the argument picks the version that is checked and timed; default: the trainer's, 9 in
                          the bf16 build and 4 in fp32)
 ./gka_core_bin 9 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 9 bench     (the timing alone, no checks)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -245,6 +246,8 @@ first 48 columns wait in shared memory, the decay mask is made again in every it
 x 5.7e-6, dk 1.2e-4, dalpha 1.4e-4 at 128, 128: version 9's accuracy, held to its 5e-4.
 version 14 is version 13 with version 10's fp16 pieces (H0 in one piece, the row scales; x's pieces in half keep
 22 significand bits); the emulator: o 3.7e-4, x 1.8e-5, dk 1.6e-4, dg 6.4e-4, as version 10, held to its 3e-3.
+Neither is measured on a GPU yet (2026-12-07: no device could be started); the next step is `./gka_core_bin 13` for
+its GPU checks, then `./gka_core_bin 13 bench` beside `./gka_core_bin 9 bench` on an H200.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
@@ -849,6 +852,10 @@ int main(int argc, char** argv) {
     if (version >= 5) { die("versions 5 to 14 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (version == 12) { TOLERANCE = 3e-2; }
+    if (argc > 2 && strcmp(argv[2], "bench") == 0) {   // the timing alone
+        benchmark(16, 2048, 6, 128, 128, 30);
+        return 0;
+    }
     if (argc > 2 && strcmp(argv[2], "profile") == 0) {
         CoreInputs in = make_inputs(16, 2048, 6, 128, 128);
         CoreDevice d = upload(in);
