@@ -1836,11 +1836,7 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     }
     for (int it = cheap_iters; it < iters; it++) { iteration(it, std::true_type{}); }
     if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
-        #pragma unroll
-        for (int t = 0; t < GKA_WG_NTH; t++) {
-            #pragma unroll
-            for (int i = 0; i < 4; i++) { x[t][i] *= 1.0f / (i < 2 ? rs_a : rs_b); }
-        }
+        gka_frags_scale_rows<GKA_WG_NTH>(&x[0][0], 1.0f / rs_a, 1.0f / rs_b);
     }
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
@@ -1992,11 +1988,7 @@ gka_chunk_solve_lean_kernel(float* sol, float* f, int compute_f, const float* rh
     }
     const float us_a = 1.0f / gka_f16_row_scale(sm.bnorm, sm.fr[ca], ca, ridge);
     const float us_b = 1.0f / gka_f16_row_scale(sm.bnorm, sm.fr[cb], cb, ridge);
-    #pragma unroll
-    for (int t = 0; t < GKA_WG_NTH; t++) {   // the rows' scales undone (powers of two: exact)
-        #pragma unroll
-        for (int i = 0; i < 4; i++) { x[t][i] *= i < 2 ? us_a : us_b; }
-    }
+    gka_frags_scale_rows<GKA_WG_NTH>(&x[0][0], us_a, us_b);   // the rows' scales undone (powers of two: exact)
     gka_store_x_frags<GKA_WG_NTH>(sol, x, e0, H, dk, L, ca, hc0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
 }
@@ -2091,11 +2083,14 @@ gka_chunk_solve_solo_wgmma_kernel(float* sol, float* f, int compute_f, const flo
     const float rs_b = F16 ? gka_f16_row_scale<1>(sm.bnorm, sm.fr[cb], cb, ridge) : 1.0f;
     // b's rows as the updates read them again: alpha (the adjoint's) times the row's scale (a power of two: the
     // same products as bl's, scaled below)
-    const float bs_a = (rhs ? gka_b_alpha(rhs, alpha, e0, H, L, ca) : ca < L) * rs_a;   // 0 past the sequence's end
-    const float bs_b = (rhs ? gka_b_alpha(rhs, alpha, e0, H, L, cb) : cb < L) * rs_b;
-    // the rows' sources (rows past the end read the chunk's first, times 0)
-    const size_t src_a = rhs ? (e0 + (size_t)(ca < L ? ca : 0) * H) * dk : (row0 + (ca < L ? ca : 0)) * DE + hh * dk;
-    const size_t src_b = rhs ? (e0 + (size_t)(cb < L ? cb : 0) * H) * dk : (row0 + (cb < L ? cb : 0)) * DE + hh * dk;
+    // 0 past the sequence's end, where the row's source is the chunk's first row
+    auto b_scale = [&](int c, float rs) { return (rhs ? gka_b_alpha(rhs, alpha, e0, H, L, c) : c < L) * rs; };
+    auto b_src = [&](int c) {
+        const size_t r = c < L ? c : 0;
+        return rhs ? (e0 + r * H) * dk : (row0 + r) * DE + hh * dk;
+    };
+    const float bs_a = b_scale(ca, rs_a), bs_b = b_scale(cb, rs_b);
+    const size_t src_a = b_src(ca), src_b = b_src(cb);
     if constexpr (F16) {
         #pragma unroll
         for (int i = 0; i < 2 * GKA_SOLO_NTH; i++) {
@@ -2186,12 +2181,9 @@ gka_chunk_solve_solo_wgmma_kernel(float* sol, float* f, int compute_f, const flo
     }
     float x[GKA_SOLO_NTH][4];
     #pragma unroll
-    for (int t = 0; t < GKA_SOLO_NTH; t++) {
-        gka_frag_x<F16>(x[t], xa, t);
-        if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
-            #pragma unroll
-            for (int i = 0; i < 4; i++) { x[t][i] *= 1.0f / (i < 2 ? rs_a : rs_b); }
-        }
+    for (int t = 0; t < GKA_SOLO_NTH; t++) { gka_frag_x<F16>(x[t], xa, t); }
+    if constexpr (F16) {   // the rows' scales undone (powers of two: exact)
+        gka_frags_scale_rows<GKA_SOLO_NTH>(&x[0][0], 1.0f / rs_a, 1.0f / rs_b);
     }
     gka_store_x_frags<GKA_SOLO_NTH>(sol, x, e0, H, dk, L, ca, 0, t4);
     if (compute_f && tid < L) { f[e0 + (size_t)tid * H] = sm.fr[tid]; }
