@@ -541,8 +541,8 @@ __device__ void gka_load_state(float* s, int lds, const float* m, int rows, int 
 // over the chunks (gka_state_scan_kernel). Each element is computed as the sequential pass over the chunks computed it
 // (the same 64 terms in token order, then zeta_BT S + term): the same results to the last bit, with NT - 1 chunks'
 // work in parallel instead of one after another (ncu, H200, B=16 T=2048: 1.73 ms sequentially). The bf16 build makes
-// the terms of both passes on tensor cores instead (gka_chunk_state_terms_mma_kernel,
-// gka_chunk_adjoint_terms_mma_kernel).
+// the terms of both passes on tensor cores instead, inside one walk over the chunks that also runs the recurrence
+// (gka_chunk_states_mma_kernel, gka_chunk_adjoints_mma_kernel).
 
 #define GKA_STATE_LDR 132                    // row stride of the [BT][128] row operand (16-byte rows)
 #define GKA_STATE_LDC (GKA_STATE_COLS + 4)   // row stride of the [BT][32] column operand
@@ -1270,11 +1270,11 @@ __device__ __forceinline__ void gka_masked_s(GkaTile& S, const GkaTile& A, const
 
 // rows x cols of an fp32 or bf16 matrix (row stride ld, 16-byte aligned rows, cols a multiple of 8), row i times
 // rs[i] where rs is given, into a two-piece tile of nr rows of GKA_SOLVE_DK columns, zero past rows and cols, 16
-// bytes at a time; no barrier
-template <typename Tg>
+// bytes at a time (N groups of eight in flight per thread); no barrier
+template <int N = GKA_LOAD_GROUPS, typename Tg>
 __device__ void gka_set_pieces(GkaTile& t, const Tg* m, size_t ld, int rows, int cols, int nr,
                                const float* rs = nullptr) {
-    gka_load_rows8<GKA_LOAD_GROUPS>(m, ld, rows, cols, nr, [&](int i, int j0, const float* v) {
+    gka_load_rows8<N>(m, ld, rows, cols, nr, [&](int i, int j0, const float* v) {
         const float si = rs ? rs[i] : 1.0f;
         #pragma unroll
         for (int e = 0; e < 8; e += 2) { t.set2(i * GKA_SOLVE_LDK + j0 + e, si * v[e], si * v[e + 1]); }
@@ -1283,18 +1283,19 @@ __device__ void gka_set_pieces(GkaTile& t, const Tg* m, size_t ld, int rows, int
 
 // the chunk's Qt = q_hat + alpha (x - q_hat) (gka_qt), row c times mul rs[c] where rs is given, into a two-piece
 // [BT][LDK] tile, zero past L rows and dk columns, eight elements at a time (16 bytes of q_hat and 32 of x per group,
-// GKA_LOAD_GROUPS groups of this thread in flight); no barrier
+// N groups of this thread in flight); no barrier
+template <int N = GKA_LOAD_GROUPS>
 __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* alpha, const float* x, size_t r0,
                                   size_t e0, int H, int hh, int dk, int DE, int L, const float* rs = nullptr,
                                   float mul = 1.0f) {
     const int per_row = GKA_SOLVE_DK / 8, n = GKA_CHECKPOINT * per_row;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int base = threadIdx.x; base < n; base += GKA_LOAD_GROUPS * blockDim.x) {
-        Raw8<floatX> qr[GKA_LOAD_GROUPS];
-        Raw8<float> xr[GKA_LOAD_GROUPS];
-        float al[GKA_LOAD_GROUPS];
+    for (int base = threadIdx.x; base < n; base += N * blockDim.x) {
+        Raw8<floatX> qr[N];
+        Raw8<float> xr[N];
+        float al[N];
         #pragma unroll
-        for (int u = 0; u < GKA_LOAD_GROUPS; u++) {
+        for (int u = 0; u < N; u++) {
             const int idx = base + u * blockDim.x, c = idx / per_row, j0 = idx % per_row * 8;
             const bool in = idx < n && c < L && j0 < dk;
             const size_t e = e0 + (size_t)c * H;
@@ -1305,7 +1306,7 @@ __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* al
             al[u] = in ? alpha[e] : 0.0f;
         }
         #pragma unroll
-        for (int u = 0; u < GKA_LOAD_GROUPS; u++) {
+        for (int u = 0; u < N; u++) {
             const int idx = base + u * blockDim.x, c = idx / per_row, j0 = idx % per_row * 8;
             if (idx >= n) { continue; }
             float q[8], xv[8];
@@ -1323,10 +1324,11 @@ __device__ void gka_set_qt_pieces(GkaTile& t, const floatX* qkv, const float* al
 
 // rows [r0, r0 + BT) of a (B*T, ld) bf16 matrix of one head (columns col0 .. col0 + n, n a multiple of 8) into a
 // [BT][LDK] tile, zero past the sequence's end (L rows) and in the columns n .. 128, 16 bytes at a time (bf16 ->
-// fp32 -> bf16: exact)
+// fp32 -> bf16: exact; N groups of eight in flight per thread)
+template <int N = GKA_LOAD_GROUPS>
 __device__ void gka_load_bf16_rows(__nv_bfloat16* s, const __nv_bfloat16* m, size_t ld, size_t r0, int col0, int n,
                                    int L) {
-    gka_load_rows8<GKA_LOAD_GROUPS>(m + r0 * ld + col0, ld, L, n, GKA_CHECKPOINT, [&](int c, int j0, const float* v) {
+    gka_load_rows8<N>(m + r0 * ld + col0, ld, L, n, GKA_CHECKPOINT, [&](int c, int j0, const float* v) {
         store8_scaled(s + c * GKA_SOLVE_LDK + j0, v, 1.0f);
     });
 }
@@ -2736,13 +2738,13 @@ gka_chunk_dk_h_kernel(float* dqkv, float* dG, const float* adj, const float* Z, 
 
 // ---- the chunk-state terms of the forward and of pass 2 on register tiles (the bf16 build's; dev/cuda/gka_core.cu
 // version 9): gka_chunk_state_terms_kernel's and gka_chunk_adjoint_terms_kernel's matrices, each a product
-// out = R^T C over the chunk's BT tokens, R [BT][dk] a row-scaled operand (diag(e) K, diag(zeta) Z, diag(b) K or
+// R^T C over the chunk's BT tokens, R [BT][dk] a row-scaled operand (diag(e) K, diag(zeta) Z, diag(b) K or
 // s diag(zeta) Qt) and C [BT][ncols] the column operand (K, V or dO, bf16 already and kept in one piece, exact; x in
 // two). R in two bf16 pieces, each product R.hi C.hi + R.lo C.hi (+ R.hi C.lo): 16 of fp32's 24 bits of the terms,
-// as the solves' H0 and pass 3's products have them. A CTA per matrix and chunk: GKA_STATE_MMA_WARPS warps, warp w
-// the rows 16 w .. 16 w + 15 of the matrix and all its columns (64 at a time), R read as A through ldmatrix.trans
-// (stored [k][m]), C as B stored [k][n]. The CUDA-core kernels were bound by their shared-memory operand reads (ncu,
-// H200, B=16 T=2048: L1/shared 78%, FMA pipe 42%; 0.61 and 1.04 ms; these: 0.23 and 0.54 ms).
+// as the solves' H0 and pass 3's products have them. GKA_STATE_MMA_WARPS warps, warp w the rows 16 w .. 16 w + 15
+// of the matrix, R read as A through ldmatrix.trans (stored [k][m]), C as B stored [k][n]. The CUDA-core kernels
+// were bound by their shared-memory operand reads (ncu, H200, B=16 T=2048: L1/shared 78%, FMA pipe 42%; 0.61 and
+// 1.04 ms; a CTA per matrix and chunk on register tiles: 0.23 and 0.54 ms, before the scans).
 #define GKA_STATE_MMA_WARPS (GKA_SOLVE_DK / 16)
 #define GKA_STATE_MMA_THREADS (GKA_STATE_MMA_WARPS * 32)
 #define GKA_STATE_MMA_COLS 64   // a warp's columns per product (its accumulators: 32 registers, three CTAs per SM)
@@ -2763,97 +2765,149 @@ static size_t gka_state_mma_smem() {
     return bytes;
 }
 
-// out[i][j] = sum_c R[c][i] C[c][j] (+ add_scale add[i][j] where add is given) for i < rows, j < cols (row stride
-// cols, as add's), the warp's 16 rows, GKA_STATE_MMA_COLS columns at a time; the tiles published by a barrier before
+// ---- the forward's chunk states and pass 2's end adjoints in one pass over the chunks each, the terms on register
+// tiles and the recurrence fused (the bf16 build's): a CTA per GKA_STATE_MMA_COLS columns of a state (or end adjoint)
+// and (b, h) walks the chunks in order (pass 2: from the last), and each step is
+//     next = zeta_BT(n) prev + R^T C     (R^T C: chunk n's term; prev the state written in the step before, or 0)
+// with R^T C made in its own accumulators (as the separate terms kernels made them) and zeta_BT(n) = zeta[BT - 1] of
+// gka_chunk_decays, the same fp32 sum in token order as gka_state_scan_kernel's: every element is the very sum of the
+// terms kernels followed by the scans, to the last bit, and each state is written once (the terms kernels wrote every
+// term and the scans read and wrote every state again: 1.2 GB in the forward at B=16 T=2048 H=6 of 128, 1.8 GB in
+// pass 2). The state stays in registers, the accumulators of its CTA's warps (read back from global memory, the
+// walks took twice as long: ncu, H100, half the samples on those loads), and the loads of a chunk's operands keep
+// two groups in flight (four spilled beside the state): three CTAs per SM, so the grids of 384 and 576 CTAs at that
+// shape run in one wave, as a walk over the chunks needs.
+
+// acc = zb acc + (R^T C) (+ add_scale add where add is given: [dk][dk], row stride dk), then acc into next ([dk][cols],
+// row stride cols): the warp's rows r0 .. r0 + 15 (i < dk) and the CTA's columns n0 .. n0 + GKA_STATE_MMA_COLS
+// (j < cols), acc in the accumulator layout; C holds column n0 at 0; the tiles published by a barrier before
 template <bool C_LO>
-__device__ void gka_state_mma_store(float* out, int rows, int cols, const GkaTile& R, const GkaTile& C,
-                                    const float* add, float add_scale) {
-    constexpr int NTL = GKA_STATE_MMA_COLS / 8;   // n-tiles
-    const int lane = threadIdx.x % 32, r0 = 16 * (threadIdx.x / 32), g = lane >> 2, t4 = lane & 3;
-    if (r0 >= rows) { return; }
-    for (int n0 = 0; n0 < cols; n0 += GKA_STATE_MMA_COLS) {
-        float acc[NTL][4];
-        gka_frags_zero<NTL>(acc);
-        gka_warp_mma<NTL, GKA_CHECKPOINT, true, true, C_LO, true>(acc, R, GKA_SOLVE_LDK, r0, C, GKA_SOLVE_LDK, n0,
-                                                                   lane);
+__device__ __forceinline__ void gka_state_step(float acc[GKA_STATE_MMA_COLS / 8][4], float* next, int dk, int cols,
+                                               int n0, const GkaTile& R, const GkaTile& C, float zb, const float* add,
+                                               float add_scale) {
+    constexpr int NTL = GKA_STATE_MMA_COLS / 8;   // n-tiles, two halves of 32 columns (registers)
+    const int lane = threadIdx.x % 32, r0 = 16 * (threadIdx.x / 32), gq = lane >> 2, t4 = lane & 3;
+    if (r0 >= dk) { return; }
+    #pragma unroll
+    for (int p = 0; p < 2; p++) {
+        float term[NTL / 2][4];
+        gka_frags_zero<NTL / 2>(term);
+        gka_warp_mma<NTL / 2, GKA_CHECKPOINT, true, true, C_LO, true>(term, R, GKA_SOLVE_LDK, r0, C, GKA_SOLVE_LDK,
+                                                                      4 * NTL * p, lane);
         #pragma unroll
-        for (int t = 0; t < NTL; t++) {
+        for (int t = 0; t < NTL / 2; t++) {
             #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int i = r0 + g + 8 * h, j = n0 + 8 * t + 2 * t4;
-                if (i >= rows || j >= cols) { continue; }
-                const size_t o = (size_t)i * cols + j;
-                float2 v = make_float2(acc[t][2 * h], acc[t][2 * h + 1]);
+                const int i = r0 + gq + 8 * h, j = n0 + 32 * p + 8 * t + 2 * t4;
+                if (i >= dk || j >= cols) { continue; }
+                float2 v = make_float2(term[t][2 * h], term[t][2 * h + 1]);
                 if (add) {
-                    const float2 a = *reinterpret_cast<const float2*>(add + o);
+                    const float2 a = *reinterpret_cast<const float2*>(add + (size_t)i * dk + j);
                     v.x += add_scale * a.x;
                     v.y += add_scale * a.y;
                 }
-                *reinterpret_cast<float2*>(out + o) = v;
+                float* a = &acc[NTL / 2 * p + t][2 * h];
+                a[0] = zb * a[0] + v.x;
+                a[1] = zb * a[1] + v.y;
+                *reinterpret_cast<float2*>(next + (size_t)i * cols + j) = make_float2(a[0], a[1]);
             }
         }
     }
 }
 
-// forward: chunk n's K^T diag(e) K (CTA x 0) or K^T diag(e) V (x 1) into Hck/Uck[bh, n + 1], n < NT - 1; grid (2,
-// NT - 1, B*H)
-__global__ void __launch_bounds__(GKA_STATE_MMA_THREADS, 3)
-gka_chunk_state_terms_mma_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk,
-                                 int dv) {
-    extern __shared__ __align__(128) unsigned char gka_smem_state_mma[];
-    GkaStateMmaSmem sm((size_t)gka_smem_state_mma, NULL);
-    __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], e[GKA_CHECKPOINT];
-    const int BT = GKA_CHECKPOINT, which = blockIdx.x, n = blockIdx.y, bh = blockIdx.z, b = bh / H, hh = bh % H;
-    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T), tid = threadIdx.x;
-    const size_t r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;   // a full chunk: n < NT - 1
-    gka_chunk_decays(gl, zeta, g, e0, H, BT);
-    if (tid < BT) { e[tid] = gka_end_decay(gl, tid); }
-    __syncthreads();
-    gka_set_pieces(sm.R, qkv + r0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
-    if (which == 0) {
-        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, H * dk + hh * dk, dk, BT);
-    } else {
-        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, 2 * H * dk + hh * dv, dv, BT);
-    }
-    __syncthreads();
-    if (which == 0) {
-        gka_state_mma_store<false>(Hck + ((size_t)bh * NT + n + 1) * dk * dk, dk, dk, sm.R, sm.C, NULL, 0.0f);
-    } else {
-        gka_state_mma_store<false>(Uck + ((size_t)bh * NT + n + 1) * dk * dv, dk, dv, sm.R, sm.C, NULL, 0.0f);
+// slot 0 of a walk: zeros in the CTA's columns n0 .. n0 + GKA_STATE_MMA_COLS (j < cols) of a [dk][cols] state
+__device__ void gka_state_zero(float* slot, int dk, int cols, int n0) {
+    for (int idx = threadIdx.x; idx < dk * GKA_STATE_MMA_COLS; idx += blockDim.x) {
+        const int i = idx / GKA_STATE_MMA_COLS, j = n0 + idx % GKA_STATE_MMA_COLS;
+        if (j < cols) { slot[(size_t)i * cols + j] = 0.0f; }
     }
 }
 
-// pass 2: chunk n's part (n = 1 .. NT-1) of Zend (CTA x 0), Bend (1) or DUend (2) into adj[bh, n - 1]; grid (3,
-// NT - 1, B*H)
+// forward: the chunk states Hck/Uck[bh, n] (spec 5.1(a)): slot 0 = 0, slot n + 1 = zeta_BT(n) slot n + K^T diag(e) K
+// (or K^T diag(e) V) of chunk n, n = 0 .. NT-2. Grid (gka_state_blocks: the column blocks of H, then of U; B*H)
+static int gka_state_blocks(int dk, int dv) { return ceil_div(dk, GKA_STATE_MMA_COLS) + ceil_div(dv, GKA_STATE_MMA_COLS); }
+
 __global__ void __launch_bounds__(GKA_STATE_MMA_THREADS, 3)
-gka_chunk_adjoint_terms_mma_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
-                                   const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T,
-                                   int H, int dk, int dv, float scale) {
+gka_chunk_states_mma_kernel(float* Hck, float* Uck, const floatX* qkv, const float* g, int T, int H, int dk, int dv) {
+    extern __shared__ __align__(128) unsigned char gka_smem_state_mma[];
+    GkaStateMmaSmem sm((size_t)gka_smem_state_mma, NULL);
+    __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], e[GKA_CHECKPOINT];
+    const int BT = GKA_CHECKPOINT, bh = blockIdx.y, b = bh / H, hh = bh % H, tid = threadIdx.x;
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
+    const int hblocks = (dk + GKA_STATE_MMA_COLS - 1) / GKA_STATE_MMA_COLS;
+    const bool is_h = (int)blockIdx.x < hblocks;   // columns of H, else of U
+    const int cols = is_h ? dk : dv, n0 = GKA_STATE_MMA_COLS * (is_h ? blockIdx.x : blockIdx.x - hblocks);
+    const int src0 = (is_h ? H * dk + hh * dk : 2 * H * dk + hh * dv) + n0;   // the columns' first in a qkv row
+    const size_t slot = (size_t)dk * cols;
+    float* out = (is_h ? Hck : Uck) + (size_t)bh * NT * slot;
+    gka_state_zero(out, dk, cols, n0);
+    float acc[GKA_STATE_MMA_COLS / 8][4];   // the state after the chunks so far (gka_state_step)
+    gka_frags_zero<GKA_STATE_MMA_COLS / 8>(acc);
+    for (int n = 0; n < NT - 1; n++) {
+        const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;   // a full chunk: n < NT - 1
+        gka_chunk_decays(gl, zeta, g, e0, H, BT);   // its first barrier: the previous chunk's tiles are read
+        if (tid < BT) { e[tid] = gka_end_decay(gl, tid); }
+        __syncthreads();
+        gka_set_pieces<2>(sm.R, qkv + row0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
+        gka_load_bf16_rows<2>(sm.C.hi, qkv, DE, row0, src0, min(GKA_STATE_MMA_COLS, cols - n0), BT);
+        const float zb = zeta[BT - 1];   // read before the barrier after which the next chunk's decays are written
+        __syncthreads();
+        gka_state_step<false>(acc, out + (n + 1) * slot, dk, cols, n0, sm.R, sm.C, zb, NULL, 0.0f);
+    }
+}
+
+// pass 2 (spec 5.2): the end adjoints adj[bh, n] = [Zend | Bend | DUend] from the chunks after n: adj[bh, NT-1] = 0,
+// adj[bh, n - 1] = zeta_BT(n) adj[bh, n] + chunk n's part, n = NT-1 .. 1, the part (diag(zeta) Z)^T X,
+// K^T diag(b) K + (sum_c zeta_c^2 w_c) H0 or s (diag(zeta) Qt)^T dO. Grid (gka_adjoint_blocks: the column blocks of
+// Zend, Bend, then DUend; B*H)
+static int gka_adjoint_blocks(int dk, int dv) {
+    return 2 * ceil_div(dk, GKA_STATE_MMA_COLS) + ceil_div(dv, GKA_STATE_MMA_COLS);
+}
+
+__global__ void __launch_bounds__(GKA_STATE_MMA_THREADS, 3)
+gka_chunk_adjoints_mma_kernel(float* adj, const float* Z, const float* x, const float* w, const floatX* dO,
+                              const floatX* qkv, const float* alpha, const float* g, const float* Hck, int T, int H,
+                              int dk, int dv, float scale) {
     extern __shared__ __align__(128) unsigned char gka_smem_state_mma[];
     GkaStateMmaSmem sm((size_t)gka_smem_state_mma, NULL);
     __shared__ float gl[GKA_CHECKPOINT], zeta[GKA_CHECKPOINT], ws[GKA_CHECKPOINT], e[GKA_CHECKPOINT + 1],
         bsum[GKA_CHECKPOINT + 1];
-    const int BT = GKA_CHECKPOINT, which = blockIdx.x, n = blockIdx.y + 1, bh = blockIdx.z, b = bh / H, hh = bh % H;
-    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T), L = min(BT, T - n * BT);
-    const size_t dkdk = (size_t)dk * dk, r0 = (size_t)b * T + (size_t)n * BT, e0 = r0 * H + hh;
-    float* out = adj + ((size_t)bh * NT + n - 1) * (2 * dkdk + (size_t)dk * dv) + which * dkdk;
-    gka_chunk_decays(gl, zeta, g, e0, H, L);
-    if (which == 1) { gka_chunk_adjoint_scalars(ws, e, bsum, NULL, gl, zeta, w, e0, H, L); }   // b (Bend's alone)
-    if (which == 0) {   // (diag(zeta) Z)^T X
-        gka_set_pieces(sm.R, Z + e0 * dk, (size_t)H * dk, L, dk, BT, zeta);
-        gka_set_pieces(sm.C, x + e0 * dk, (size_t)H * dk, L, dk, BT);
+    const int BT = GKA_CHECKPOINT, bh = blockIdx.y, b = bh / H, hh = bh % H;
+    const int DE = 2 * H * dk + H * dv, NT = gka_chunks(T);
+    const int kblocks = (dk + GKA_STATE_MMA_COLS - 1) / GKA_STATE_MMA_COLS;
+    const int which = min(2, (int)blockIdx.x / kblocks);   // Zend, Bend, DUend
+    const int cols = which == 2 ? dv : dk, n0 = GKA_STATE_MMA_COLS * (blockIdx.x - which * kblocks);
+    const int nc = min(GKA_STATE_MMA_COLS, cols - n0);
+    const size_t dkdk = (size_t)dk * dk, slot = 2 * dkdk + (size_t)dk * dv;
+    float* out = adj + (size_t)bh * NT * slot + which * dkdk;
+    gka_state_zero(out + (NT - 1) * slot, dk, cols, n0);
+    float acc[GKA_STATE_MMA_COLS / 8][4];   // the end adjoint after the chunks so far (gka_state_step)
+    gka_frags_zero<GKA_STATE_MMA_COLS / 8>(acc);
+    for (int n = NT - 1; n > 0; n--) {
+        const size_t row0 = (size_t)b * T + (size_t)n * BT, e0 = row0 * H + hh;
+        const int L = min(BT, T - n * BT);
+        gka_chunk_decays(gl, zeta, g, e0, H, L);   // its first barrier: the previous chunk's tiles are read
+        if (which == 0) {
+            gka_set_pieces<2>(sm.R, Z + e0 * dk, (size_t)H * dk, L, dk, BT, zeta);
+            gka_set_pieces<2>(sm.C, x + e0 * dk + n0, (size_t)H * dk, L, nc, BT);
+        } else if (which == 1) {
+            gka_chunk_adjoint_scalars(ws, e, bsum, NULL, gl, zeta, w, e0, H, L);
+            gka_set_pieces<2>(sm.R, qkv + row0 * DE + H * dk + hh * dk, (size_t)DE, L, dk, BT, bsum);
+            gka_load_bf16_rows<2>(sm.C.hi, qkv, DE, row0, H * dk + hh * dk + n0, nc, L);
+        } else {
+            gka_set_qt_pieces<2>(sm.R, qkv, alpha, x, row0, e0, H, hh, dk, DE, L, zeta, scale);
+            gka_load_bf16_rows<2>(sm.C.hi, dO, (size_t)H * dv, row0, hh * dv + n0, nc, L);
+        }
+        // read before the barrier after which the next chunk's scalars are written
+        const float zb = zeta[BT - 1], h0_scale = which == 1 ? bsum[BT] : 0.0f;
         __syncthreads();
-        gka_state_mma_store<true>(out, dk, dk, sm.R, sm.C, NULL, 0.0f);
-    } else if (which == 1) {   // K^T diag(b) K + (sum_c zeta_c^2 w_c) H0
-        gka_set_pieces(sm.R, qkv + r0 * DE + H * dk + hh * dk, (size_t)DE, L, dk, BT, bsum);
-        gka_load_bf16_rows(sm.C.hi, qkv, DE, r0, H * dk + hh * dk, dk, L);
-        __syncthreads();
-        gka_state_mma_store<false>(out, dk, dk, sm.R, sm.C, Hck + ((size_t)bh * NT + n) * dkdk, bsum[BT]);
-    } else {   // s (diag(zeta) Qt)^T dO
-        gka_set_qt_pieces(sm.R, qkv, alpha, x, r0, e0, H, hh, dk, DE, L, zeta, scale);
-        gka_load_bf16_rows(sm.C.hi, dO, (size_t)H * dv, r0, hh * dv, dv, L);
-        __syncthreads();
-        gka_state_mma_store<false>(out, dk, dv, sm.R, sm.C, NULL, 0.0f);
+        float* next = out + (n - 1) * slot;
+        if (which == 0) {
+            gka_state_step<true>(acc, next, dk, cols, n0, sm.R, sm.C, zb, NULL, 0.0f);
+        } else {
+            gka_state_step<false>(acc, next, dk, cols, n0, sm.R, sm.C, zb,
+                                  which == 1 ? Hck + ((size_t)bh * NT + n) * dkdk : NULL, h0_scale);
+        }
     }
 }
 
@@ -3302,8 +3356,8 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // (gka_chunk_solve_mma_kernel, gka_chunk_product_mma_kernel) and the rest of the backward 3xTF32 (version 5), or
 // pass 3a on register tiles too (gka_chunk_dk_h_mma_kernel; version 6), or pass 3b too (gka_chunk_du_mma_kernel;
 // version 7), or the solves on warpgroup MMAs too (gka_chunk_solve_wgmma_kernel; version 8, sm_90a), or the
-// chunk-state terms of the forward and of pass 2 on register tiles too (gka_chunk_state_terms_mma_kernel,
-// gka_chunk_adjoint_terms_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
+// chunk-state terms of the forward and of pass 2 on register tiles too, each walk over the chunks with its recurrence
+// in one kernel (gka_chunk_states_mma_kernel, gka_chunk_adjoints_mma_kernel; version 9), or the wgmma solves in fp16 with H0 in one piece
 // (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x), or the bf16 solves with X H0 in
 // one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11), or lean
 // (gka_chunk_solve_lean_kernel; version 12), or solo, a warpgroup per chunk (gka_chunk_solve_solo_wgmma_kernel; version 13,
@@ -3417,46 +3471,63 @@ static GkaLaunch<GKADuKernel> gka_du_launch(GkaProducts products, int dk, int dv
     return l;
 }
 
-// the chunk-state terms of the forward (gka_chunk_state_terms_kernel) and of pass 2 (gka_chunk_adjoint_terms_kernel),
-// on CUDA cores, or with GKA_PRODUCTS_MMA_STATES on register tiles; nothing with a single chunk
-static void gka_state_terms(GkaProducts products, float* Hck, float* Uck, const floatX* qkv, const float* g, int B,
-                            int T, int H, int dk, int dv, cudaStream_t stream) {
+// the forward's chunk states Hck, Uck (spec 5.1(a)): on CUDA cores every chunk's term (gka_chunk_state_terms_kernel),
+// then the recurrence over the chunks (gka_state_scan_kernel); with GKA_PRODUCTS_MMA_STATES both in one pass on
+// register tiles (gka_chunk_states_mma_kernel), the same values
+static void gka_chunk_states(GkaProducts products, float* Hck, float* Uck, const floatX* qkv, const float* g, int B,
+                             int T, int H, int dk, int dv, cudaStream_t stream) {
     const int NT = gka_chunks(T);
-    if (NT < 2) { return; }
     if (products < GKA_PRODUCTS_MMA_STATES) {
-        gka_chunk_state_terms_kernel<<<dim3(1, NT - 1, B * H), GKA_STATE_THREADS, 0, stream>>>(Hck, Uck, qkv, g, T, H,
-                                                                                             dk, dv);
-    } else {
-#if defined(ENABLE_BF16)
-        const size_t smem = gka_state_mma_smem();
-        gka_kernel_smem((const void*)gka_chunk_state_terms_mma_kernel, smem, dk, dv);
-        gka_chunk_state_terms_mma_kernel<<<dim3(2, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
-            Hck, Uck, qkv, g, T, H, dk, dv);
-#else
-        die(GKA_MMA_BF16_ONLY);
-#endif
+        if (NT > 1) {
+            gka_chunk_state_terms_kernel<<<dim3(1, NT - 1, B * H), GKA_STATE_THREADS, 0, stream>>>(Hck, Uck, qkv, g,
+                                                                                                 T, H, dk, dv);
+            cudaCheckLaunch();
+        }
+        gka_state_scan_kernel<<<dim3(ceil_div(dk * dk, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
+            Hck, dk * dk, g, T, H, 0);
+        cudaCheckLaunch();
+        gka_state_scan_kernel<<<dim3(ceil_div(dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
+            Uck, dk * dv, g, T, H, 0);
+        cudaCheckLaunch();
+        return;
     }
+#if defined(ENABLE_BF16)
+    const size_t smem = gka_state_mma_smem();
+    gka_kernel_smem((const void*)gka_chunk_states_mma_kernel, smem, dk, dv);
+    gka_chunk_states_mma_kernel<<<dim3(gka_state_blocks(dk, dv), B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
+        Hck, Uck, qkv, g, T, H, dk, dv);
     cudaCheckLaunch();
+#else
+    die(GKA_MMA_BF16_ONLY);
+#endif
 }
-static void gka_adjoint_terms(GkaProducts products, float* adj, const float* Z, const float* x, const float* w,
-                              const floatX* dO, const floatX* qkv, const float* alpha, const float* g, const float* Hck,
-                              int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
+// pass 2's end adjoints adj (spec 5.2): on CUDA cores every chunk's part (gka_chunk_adjoint_terms_kernel), then the
+// reverse recurrence (gka_state_scan_kernel); with GKA_PRODUCTS_MMA_STATES both in one pass on register tiles
+// (gka_chunk_adjoints_mma_kernel), the same values
+static void gka_adjoints(GkaProducts products, float* adj, const float* Z, const float* x, const float* w,
+                         const floatX* dO, const floatX* qkv, const float* alpha, const float* g, const float* Hck,
+                         int B, int T, int H, int dk, int dv, float scale, cudaStream_t stream) {
     const int NT = gka_chunks(T);
-    if (NT < 2) { return; }
     if (products < GKA_PRODUCTS_MMA_STATES) {
-        gka_chunk_adjoint_terms_kernel<<<dim3(3, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
-            adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
-    } else {
-#if defined(ENABLE_BF16)
-        const size_t smem = gka_state_mma_smem();
-        gka_kernel_smem((const void*)gka_chunk_adjoint_terms_mma_kernel, smem, dk, dv);
-        gka_chunk_adjoint_terms_mma_kernel<<<dim3(3, NT - 1, B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
-            adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
-#else
-        die(GKA_MMA_BF16_ONLY);
-#endif
+        if (NT > 1) {
+            gka_chunk_adjoint_terms_kernel<<<dim3(3, NT - 1, B * H), GKA_ADJ_THREADS, 0, stream>>>(
+                adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
+            cudaCheckLaunch();
+        }
+        gka_state_scan_kernel<<<dim3(ceil_div(2 * dk * dk + dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0,
+                                stream>>>(adj, 2 * dk * dk + dk * dv, g, T, H, 1);
+        cudaCheckLaunch();
+        return;
     }
+#if defined(ENABLE_BF16)
+    const size_t smem = gka_state_mma_smem();
+    gka_kernel_smem((const void*)gka_chunk_adjoints_mma_kernel, smem, dk, dv);
+    gka_chunk_adjoints_mma_kernel<<<dim3(gka_adjoint_blocks(dk, dv), B * H), GKA_STATE_MMA_THREADS, smem, stream>>>(
+        adj, Z, x, w, dO, qkv, alpha, g, Hck, T, H, dk, dv, scale);
     cudaCheckLaunch();
+#else
+    die(GKA_MMA_BF16_ONLY);
+#endif
 }
 
 // spec 5.1: o, x, f, and the chunk states Hck, Uck (the backward's checkpoints); H_0 = U_0 = 0; with
@@ -3468,13 +3539,7 @@ static void gka_core_forward(floatX* o, float* x, float* f, float* Hck, float* U
     const int NT = gka_chunks(T);
     const GkaLaunch<GKASolveKernel> solve = gka_solve_launch(products, dk, dv, iters);
     const GkaLaunch<GKAProductKernel> readout = gka_product_launch(products, false, dk, dv);
-    gka_state_terms(products, Hck, Uck, qkv, g, B, T, H, dk, dv, stream);
-    gka_state_scan_kernel<<<dim3(ceil_div(dk * dk, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
-        Hck, dk * dk, g, T, H, 0);
-    cudaCheckLaunch();
-    gka_state_scan_kernel<<<dim3(ceil_div(dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0, stream>>>(
-        Uck, dk * dv, g, T, H, 0);
-    cudaCheckLaunch();
+    gka_chunk_states(products, Hck, Uck, qkv, g, B, T, H, dk, dv, stream);
     if (products >= GKA_PRODUCTS_WGMMA) {
         if (H0t == NULL || h0sq == NULL) { die("gka_core_forward: the wgmma solves need the H0 tiles (H0t, h0sq)"); }
         gka_h0_tiles(H0t, h0sq, Hck, B * H * NT, dk, gka_products_f16_h0(products), stream);
@@ -3535,10 +3600,7 @@ static void gka_core_backward(float* dqkv, float* dalpha, float* dg, float* scra
     const GkaLaunch<GKADuKernel> du = gka_du_launch(products, dk, dv);
     gka_w_kernel<<<ceil_div(rows, GKA_W_WARPS), GKA_W_WARPS * 32, 0, stream>>>(w, x, Z, f, rows, dk, ridge);
     cudaCheckLaunch();
-    gka_adjoint_terms(products, adj, Z, x, w, dO, qkv, alpha, g, Hck, B, T, H, dk, dv, scale, stream);
-    gka_state_scan_kernel<<<dim3(ceil_div(2 * dk * dk + dk * dv, GKA_SCAN_THREADS), B * H), GKA_SCAN_THREADS, 0,
-                            stream>>>(adj, 2 * dk * dk + dk * dv, g, T, H, 1);
-    cudaCheckLaunch();
+    gka_adjoints(products, adj, Z, x, w, dO, qkv, alpha, g, Hck, B, T, H, dk, dv, scale, stream);
     dkh.kernel<<<dim3(NT, B * H), dkh.threads, dkh.smem, stream>>>(dqkv, dG, adj, Z, x, f, w, qkv, g, Hck, T, H, dk,
                                                                   dv);
     cudaCheckLaunch();

@@ -138,7 +138,7 @@ the other half would need 32 more registers than the 229 it takes): a fifth less
 traffic is then not what bounds it: the iteration's chain is (one chunk per SM).
 version 9 (bf16 build only, sm_90a, the trainer's) is version 8 with the chunk-state terms of the forward (K^T diag(e)
 K, K^T diag(e) V) and of pass 2 (Zend, Bend, DUend) on register tiles (kernels/gka.cuh's
-gka_chunk_state_terms_mma_kernel, gka_chunk_adjoint_terms_mma_kernel): R^T C with mma.sync, the row operand R in two
+gka_chunk_state_terms_mma_kernel, gka_chunk_adjoint_terms_mma_kernel, since replaced: see below): R^T C with mma.sync, the row operand R in two
 bf16 pieces read through ldmatrix.trans, the column operand in one (keys, values, dO) or two (x), a CTA per matrix
 and chunk, each warp 16 rows by 64 columns at a time; the scans over the chunks unchanged. ncu on version 8's
 CUDA-core kernels (H200): L1/shared 78%, FMA pipe 42%, bound by the operand reads of the 4 x 4 thread blocks.
@@ -246,8 +246,13 @@ first 48 columns wait in shared memory, the decay mask is made again in every it
 x 5.7e-6, dk 1.2e-4, dalpha 1.4e-4 at 128, 128: version 9's accuracy, held to its 5e-4.
 version 14 is version 13 with version 10's fp16 pieces (H0 in one piece, the row scales; x's pieces in half keep
 22 significand bits); the emulator: o 3.7e-4, x 1.8e-5, dk 1.6e-4, dg 6.4e-4, as version 10, held to its 3e-3.
-Neither is measured on a GPU yet (2026-12-07: no device could be started); the next step is `./gka_core_bin 13` for
-its GPU checks, then `./gka_core_bin 13 bench` beside `./gka_core_bin 9 bench` on an H200.
+Measured on an H100 (2026-12-07, fourth session; the H200 asked for did not come), versions 9 and 12 in the same
+run: every GPU check of version 13 passes (dk = 16: o 1.6e-3, x 4.8e-6, dk 1.9e-4; ridge r = 400 4.4e-5), two CTAs
+per SM as planned; but forward 3.557 ms against version 9's 3.017 and version 12's 2.489, forward+backward 9.212
+against 7.926 and 6.751 (version 14: 3.363 and 8.794). ncu: the solo solve 2.95 ms (at ncu's locked 1.62 GHz), SM
+throughput 38%, achieved occupancy 12% (8 warps per SM). One warpgroup's chain per chunk, even two chunks per SM,
+issues too little: the wgmma waits of one 64 x 128 chain are not hidden by one other chunk's. Neither is kept as a
+candidate.
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve

@@ -1,7 +1,7 @@
 /*
 dev/emu/gka_mma.cu: kernels/gka.cuh's tensor-core kernels (gka_chunk_solve_wgmma_kernel, gka_chunk_product_mma_kernel,
-gka_chunk_dk_h_mma_kernel, gka_chunk_du_mma_kernel, gka_chunk_state_terms_mma_kernel,
-gka_chunk_adjoint_terms_mma_kernel: the bf16 trainer's products, GKA_PRODUCTS, dev/cuda/gka_core.cu version 9)
+gka_chunk_dk_h_mma_kernel, gka_chunk_du_mma_kernel, gka_chunk_states_mma_kernel,
+gka_chunk_adjoints_mma_kernel: the bf16 trainer's products, GKA_PRODUCTS, dev/cuda/gka_core.cu version 9)
 against the CUDA-core fp32 products (version 2), both
 run on the CPU by dev/emu/emu.h's emulator, which emulates ldmatrix, mma.sync, wgmma and named barriers: the bf16 build's
 core forward (o, x, f) and chunked backward (dq, dk, dv, dalpha, dg) from the same bf16 inputs.
