@@ -2770,13 +2770,14 @@ static size_t gka_state_mma_smem() {
 // and (b, h) walks the chunks in order (pass 2: from the last), and each step is
 //     next = zeta_BT(n) prev + R^T C     (R^T C: chunk n's term; prev the state written in the step before, or 0)
 // with R^T C made in its own accumulators (as the separate terms kernels made them) and zeta_BT(n) = zeta[BT - 1] of
-// gka_chunk_decays, the same fp32 sum in token order as gka_state_scan_kernel's: every element is the very sum of the
-// terms kernels followed by the scans, to the last bit, and each state is written once (the terms kernels wrote every
-// term and the scans read and wrote every state again: 1.2 GB in the forward at B=16 T=2048 H=6 of 128, 1.8 GB in
-// pass 2). The state stays in registers, the accumulators of its CTA's warps (read back from global memory, the
-// walks took twice as long: ncu, H100, half the samples on those loads), and the loads of a chunk's operands keep
-// two groups in flight (four spilled beside the state): three CTAs per SM, so the grids of 384 and 576 CTAs at that
-// shape run in one wave, as a walk over the chunks needs.
+// gka_chunk_decays, the same fp32 sum in token order as gka_state_scan_kernel's: every element is the sum the terms
+// kernels followed by the scans made, in the same order (on an H100 the lab's errors printed identical), and each
+// state is written once (the terms kernels wrote every term and the scans read and wrote every state again: 1.2 GB
+// in the forward at B=16 T=2048 H=6 of 128, 1.8 GB in pass 2). The state stays in registers, the accumulators of its
+// CTA's warps (read back from global memory, as first written, those loads had half of the forward walk's stall
+// samples: ncu, H100), and pass 2's loads of a chunk's operands
+// keep two groups in flight (with four, 548 bytes spilled beside the state): three CTAs per SM, so the grids of 384
+// and 576 CTAs at that shape run in one wave, as a walk over the chunks needs.
 
 // acc = zb acc + (R^T C) (+ add_scale add where add is given: [dk][dk], row stride dk), then acc into next ([dk][cols],
 // row stride cols): the warp's rows r0 .. r0 + 15 (i < dk) and the CTA's columns n0 .. n0 + GKA_STATE_MMA_COLS
@@ -2848,8 +2849,8 @@ gka_chunk_states_mma_kernel(float* Hck, float* Uck, const floatX* qkv, const flo
         gka_chunk_decays(gl, zeta, g, e0, H, BT);   // its first barrier: the previous chunk's tiles are read
         if (tid < BT) { e[tid] = gka_end_decay(gl, tid); }
         __syncthreads();
-        gka_set_pieces<2>(sm.R, qkv + row0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
-        gka_load_bf16_rows<2>(sm.C.hi, qkv, DE, row0, src0, min(GKA_STATE_MMA_COLS, cols - n0), BT);
+        gka_set_pieces(sm.R, qkv + row0 * DE + H * dk + hh * dk, (size_t)DE, BT, dk, BT, e);
+        gka_load_bf16_rows(sm.C.hi, qkv, DE, row0, src0, min(GKA_STATE_MMA_COLS, cols - n0), BT);
         const float zb = zeta[BT - 1];   // read before the barrier after which the next chunk's decays are written
         __syncthreads();
         gka_state_step<false>(acc, out + (n + 1) * slot, dk, cols, n0, sm.R, sm.C, zb, NULL, 0.0f);

@@ -170,6 +170,18 @@ spec 3.1's x, x_prev recurrence in exact arithmetic, two operations and a copy f
 2.54 ms, adjoint solve 2.54 -> 2.48 ms, forward+backward 7.69 / 7.68 -> 7.56 / 7.56 ms (twice each in one run);
 the errors move either way in the third digit (dk = 128: x 1.70e-6 unchanged, dg 2.28e-4 -> 2.84e-4, dk 1.21e-4 ->
 1.06e-4), r = 400's ridge solve unchanged (1.58e-5), the emulator's x against the CUDA-core solve 4.4e-6 -> 2.8e-6.
+Then (2026-12-07, the fourth session) each walk over the chunks in one kernel: the forward's chunk states and pass
+2's end adjoints (kernels/gka.cuh's gka_chunk_states_mma_kernel, gka_chunk_adjoints_mma_kernel), a CTA per 64
+columns of a state and (b, h) stepping through the chunks, each step chunk n's term R^T C in its own accumulators
+then state = zeta_BT(n) state + term: the sums of the terms kernels and scans, in their order, with each state
+written once (the scans had read and written every state again). Measured on an H100 (the H200 asked for did not
+come), the commit before's binary in the same run, with the state read back from global memory in every step (the
+first form): every check passes with every printed error identical; test_klacu 115/115 in both builds; but the
+walks were bound by latency: forward states 528 us (terms 201 + scans 163 + 164) -> 467 us, pass 2 1005 us (552 +
+452) -> 1130 us (ncu durations at boost clocks), forward 3.021 -> 2.990 ms, forward+backward 7.85 / 7.95 -> 8.05 /
+7.97 ms; ncu: long-scoreboard stalls first, half of the forward walk's samples on the reads of the state. The state
+now stays in registers (the accumulators; pass 2's operand loads two groups in flight, 88 bytes spilled): the
+emulator's errors identical, not yet timed (the session's device time was spent on machines that did not start).
 Tried and dropped (2026-12-03, H200, one run): the solve in two token streams, each token's ridge system being its
 own. Warpgroup g took the tokens 32 g .. 32 g + 31 and every column of their x, so that the warpgroups never met
 and one's update could run under the other's products; the products ran transposed (HY^T = (H0 X^T) diag(zeta) +
