@@ -114,7 +114,7 @@ negative gka.cuh 's/^    gka_add_row_scaled_product<true>(p, sm.K, sm.Hs, sm.bsu
     "diag(b) K H0 in the register-tile pass 3a" gka_mma "100 16 24"
 negative gka.cuh 's/^    gka_add_row_scaled_product<false>(p, sm.V, sm.DU, sm.e, r0, hc0, lane);$//' \
     "diag(e) V DUend^T in the register-tile pass 3b" gka_mma "100 16 24"
-negative gka.cuh 's/gka_warp_mma<NTL, GKA_CHECKPOINT, true, true, C_LO, true>/gka_warp_mma<NTL, GKA_CHECKPOINT, true, false, C_LO, true>/' \
+negative gka.cuh 's/gka_warp_mma<NTL \/ 2, GKA_CHECKPOINT, true, true, C_LO, true>/gka_warp_mma<NTL \/ 2, GKA_CHECKPOINT, true, false, C_LO, true>/' \
     "the row operand's second bf16 piece in the register-tile chunk-state terms" gka_mma "100 16 24"
 negative gdn_chunk.cuh 's/^        gdn_state_update(st, sm.Z, sm.P, dkp, warp, lane);.*$//' \
     "dE -= W^T dVn in the register-tile backward state pass" gdn_mma "150 24 40"
