@@ -1119,6 +1119,39 @@ __device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*dx)[4], con
     }
 }
 
+// the step form's start (gka_chunk_solve_wgmma_kernel<false, false, true>), after gka_cheb_start: the first step
+// d = x rounded to bf16 (one piece, the products' operand), and x = d
+template <int NT> __device__ __forceinline__ void gka_cheb_start_step(float (*x)[4], float (*dx)[4]) {
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dx[t][i] = __bfloat162float(__float2bfloat16_rn(dx[t][i]));
+            x[t][i] = dx[t][i];
+        }
+    }
+}
+// its Chebyshev step, hy = H d of the last step d: y = H x - b (yb, b's fragment order) <- y + hy, then
+// gka_cheb_step's dx <- (omega - 1) dx - c1 (y + a f x), rounded to bf16, and x <- x + dx
+template <int NT>
+__device__ __forceinline__ void gka_cheb_step_inc(float (*x)[4], float (*dx)[4], const float* hy, float2* yb,
+                                                  const GkaChebRow& ra, const GkaChebRow& rb, float om, float om1) {
+    const float c1a = ra.tau * om, c1b = rb.tau * om;
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2& yy = yb[t * 2 + i / 2];
+            float& y = i % 2 ? yy.y : yy.x;
+            y += hy[4 * t + i];
+            const float lam = i < 2 ? ra.lam : rb.lam;
+            const float step = om1 * dx[t][i] - (i < 2 ? c1a : c1b) * (y + lam * x[t][i]);
+            dx[t][i] = __bfloat162float(__float2bfloat16_rn(step));
+            x[t][i] += dx[t][i];   // by the rounded step, the one the products take
+        }
+    }
+}
+
 // the accumulator fragments acc (NT n-tiles) with row ca's elements times va, row ca + 8's times vb
 template <int NT> __device__ __forceinline__ void gka_frags_scale_rows(float* acc, float va, float vb) {
     #pragma unroll
@@ -1705,11 +1738,21 @@ __device__ __forceinline__ void gka_wg_quad_gram(Smem& sm, float* hy, float* s, 
 // trainer's 9.9e-5 and 1.1e-4; on one H200 (the lab, B=16 T=2048 H=6 dk=dv=128): forward 2.675 against 2.873 ms,
 // forward+backward 7.15 against 7.54 ms.
 #define GKA_MIXED_CHEAP_ITERS 15
-template <bool F16, bool MIXED = false>
+// The step form (STEP; dev/cuda/gka_core.cu version 15, bf16): the products take the iteration's step d = x - x_prev,
+// rounded to one bf16 piece and applied as rounded (x <- x + d, exact in fp32 up to its own rounding), instead of
+// x in two pieces; y = H x - b is kept up to date, y <- y + H d (gka_cheb_step_inc). H d is as exact as the
+// trainer's products make H x (H0 and S in two pieces, the keys exact), so y stays H x - b of the x the iteration
+// holds, and the rounding of d is a perturbation of the iterate that the later iterations damp as they damp the
+// initial error (spec 3.1's rate R per iteration: the step shrinks as R^n, its rounding with it), where x's own
+// rounding in X H0 is not. 3.67M multiply-adds per chunk-iteration (d H0 in two products, d K^T in one, S K in two),
+// 0.70 of the trainer's 5.24M; dev/cuda/gka_solve_precision.py's step rows: x 1.5e-5, z 3.1e-5, o 1.3e-5, dk
+// 4.2e-5 on the lab's inputs (the trainer's 2.6e-6, 6.4e-6, 9.9e-5, 1.1e-4), the same fixed point at r = 400.
+template <bool F16, bool MIXED = false, bool STEP = false>
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
 gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
                              const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
                              float ridge) {
+    static_assert(!STEP || (!F16 && !MIXED), "the step form is the bf16 pieces' alone");
     extern __shared__ __align__(128) unsigned char gka_smem_solve_wg[];
     GkaSolveWgSmem sm((size_t)gka_smem_solve_wg, iters, NULL);
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
@@ -1755,9 +1798,15 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     }
     float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
     gka_cheb_start<GKA_WG_NTH>(x, dx, bl, GKA_WG_THREADS, ra.tau, rb.tau);
-    float2 b_frags[2 * GKA_WG_NTH];   // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200)
+    // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200); the step form's y = H x - b, x_prev
+    // = 0: -b, and its first step d = x rounded
+    float2 b_frags[2 * GKA_WG_NTH];
     #pragma unroll
-    for (int i = 0; i < 2 * GKA_WG_NTH; i++) { b_frags[i] = bl[i * GKA_WG_THREADS]; }
+    for (int i = 0; i < 2 * GKA_WG_NTH; i++) {
+        const float2 v = bl[i * GKA_WG_THREADS];
+        b_frags[i] = STEP ? make_float2(-v.x, -v.y) : v;
+    }
+    if constexpr (STEP) { gka_cheb_start_step<GKA_WG_NTH>(x, dx); }
     float mk[4 * GKA_WG_NTS];   // M at this thread's elements of S, the same every iteration
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTS; t++) {
@@ -1770,20 +1819,23 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     // a warpgroup's own columns of x and of S are register operands (gka_wgmma_ra) of its own k-steps, which
     // need nothing from the other warpgroup: they go to the tensor cores before the barrier that publishes the
     // other columns through Xs and Ss, and the other k-steps after it
-    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces as A fragments of its 16-column k-steps
+    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces (the step form: d's one) as A fragments of its 16-column k-steps
     uint32_t sa[GKA_WG_NTS / 2][2][4];   // the masked S's pieces, the same
     const int kx_own = GKA_WG_NTH / 2 * grp, kx_other = GKA_WG_NTH / 2 - kx_own;   // k-steps of X (of 8)
     const int ks_own = GKA_WG_NTS / 2 * grp, ks_other = GKA_WG_NTS / 2 - ks_own;   // k-steps of S (of 4)
     // one iteration; h0_lo (std::true_type): X H0 with the second pieces of x and H0 (all but the mixed solve's first)
     auto iteration = [&](int it, auto h0_lo) {
         using H0Lo = decltype(h0_lo);
+        constexpr bool X_LO = !STEP;                       // the operand's second piece (in X K^T; X H0 below)
+        constexpr bool XH_LO = X_LO && H0Lo::value, H0_LO = !F16 && (STEP || H0Lo::value);
+        const float(*xop)[4] = STEP ? dx : x;              // the products' operand: x, or the step form's d
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
-            gka_frag_words(xa, t, gka_pieces2<F16>(x[t][0], x[t][1]), gka_pieces2<F16>(x[t][2], x[t][3]));
+            gka_frag_words(xa, t, gka_pieces2<F16>(xop[t][0], xop[t][1]), gka_pieces2<F16>(xop[t][2], xop[t][3]));
         }
         wgmma_fence();
-        gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false, F16>(s, xa, kx_own, sm.K, sc0, 0);
-        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, !F16 && H0Lo::value, F16, H0Lo::value>(hy, xa, kx_own, sm.H0, hc0, 0);
+        gka_wgmma_ra<GKA_WG_NS, GKA_WG_NTH / 2, D, false, F16, X_LO>(s, xa, kx_own, sm.K, sc0, 0);
+        gka_wgmma_ra<GKA_WG_NH, GKA_WG_NTH / 2, D, H0_LO, F16, XH_LO>(hy, xa, kx_own, sm.H0, hc0, 0);
         wgmma_commit();
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {   // the pieces into Xs while those run
@@ -1791,19 +1843,23 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
             for (int h = 0; h < 2; h++) {
                 const int o = xo + 64 * t + 8 * D * h, e = 2 * (t % 2) + h;
                 *reinterpret_cast<uint32_t*>(sm.X.hi + o) = xa[t / 2][0][e];
-                *reinterpret_cast<uint32_t*>(sm.X.lo + o) = xa[t / 2][1][e];
+                if (X_LO) { *reinterpret_cast<uint32_t*>(sm.X.lo + o) = xa[t / 2][1][e]; }
             }
         }
         fence_proxy_async();
         __syncthreads();   // Xs written by every warp
         wgmma_fence();
-        gka_wgmma<GKA_WG_NS, D, true, false, GKA_WG_NTH / 2, F16>(s, sm.X, sm.K, sc0, 1, kx_other);
+        gka_wgmma<GKA_WG_NS, D, X_LO, false, GKA_WG_NTH / 2, F16>(s, sm.X, sm.K, sc0, 1, kx_other);
         wgmma_commit();
-        gka_wgmma<GKA_WG_NH, D, H0Lo::value, !F16 && H0Lo::value, GKA_WG_NTH / 2, F16>(hy, sm.X, sm.H0, hc0, 1, kx_other);
+        gka_wgmma<GKA_WG_NH, D, XH_LO, H0_LO, GKA_WG_NTH / 2, F16>(hy, sm.X, sm.H0, hc0, 1, kx_other);
         wgmma_commit();
         wgmma_wait<1>();   // the own k-steps and S's other ones
         wgmma_hold<4 * GKA_WG_NTS>(s);
-        wgmma_hold_a<GKA_WG_NTH * 4>(&xa[0][0][0]);
+        #pragma unroll
+        for (int j = 0; j < GKA_WG_NTH / 2; j++) {
+            wgmma_hold_a<4>(xa[j][0]);
+            if (X_LO) { wgmma_hold_a<4>(xa[j][1]); }
+        }
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTS; t++) {   // S (.) M in pieces, into Ss while X H0 runs
             uint2 w[2];
@@ -1829,7 +1885,11 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_hold<4 * GKA_WG_NTH>(hy);
         wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
-        gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
+        if constexpr (STEP) {
+            gka_cheb_step_inc<GKA_WG_NTH>(x, dx, hy, b_frags, ra, rb, om, om1);
+        } else {
+            gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
+        }
     };
     // the mixed solve's first iterations, when at least as many follow in every piece
     const int cheap_iters = MIXED ? max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS)) : 0;
@@ -3362,10 +3422,11 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x), or the bf16 solves with X H0 in
 // one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11), or lean
 // (gka_chunk_solve_lean_kernel; version 12), or solo, a warpgroup per chunk (gka_chunk_solve_solo_wgmma_kernel; version 13,
-// and with F16 version 14). The register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+// and with F16 version 14), or the step form's (gka_chunk_solve_wgmma_kernel<false, false, true>; version 15). The
+// register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
                    GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE,
-                   GKA_PRODUCTS_LEAN_SOLVE, GKA_PRODUCTS_SOLO_SOLVE, GKA_PRODUCTS_SOLO_F16_SOLVE };
+                   GKA_PRODUCTS_LEAN_SOLVE, GKA_PRODUCTS_SOLO_SOLVE, GKA_PRODUCTS_SOLO_F16_SOLVE, GKA_PRODUCTS_STEP_SOLVE };
 // whether the solves read H0's tiles made for fp16 (gka_h0_tiles' f16)
 static bool gka_products_f16_h0(GkaProducts p) {
     return p == GKA_PRODUCTS_F16_SOLVE || p == GKA_PRODUCTS_LEAN_SOLVE || p == GKA_PRODUCTS_SOLO_F16_SOLVE;
@@ -3419,6 +3480,9 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
             GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<false>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
         } else if (products == GKA_PRODUCTS_SOLO_F16_SOLVE) {
             GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<true>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
+        } else if (products == GKA_PRODUCTS_STEP_SOLVE) {
+            GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, false, true>), GKA_WG_THREADS,
+                           gka_chunk_solve_wgmma_smem(iters));
         } else if (products == GKA_PRODUCTS_MIXED_SOLVE) {
             GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, true>), GKA_WG_THREADS,
                            gka_chunk_solve_wgmma_smem(iters));

@@ -266,6 +266,23 @@ throughput 38%, achieved occupancy 12% (8 warps per SM). One warpgroup's chain p
 issues too little: the wgmma waits of one 64 x 128 chain are not hidden by one other chunk's. Neither is kept as a
 candidate.
 
+version 15 (bf16 build only, sm_90a) is version 9 with both solves in the step form (kernels/gka.cuh's
+gka_chunk_solve_wgmma_kernel<false, false, true>): the products take the iteration's step d = x - x_prev in one bf16
+piece, rounded before it is applied (x <- x + d in fp32), and the update keeps y = H x - b as y + H d, with H0 and S
+in two pieces as version 9. Version 9's second piece of x bounds its rounding of H x by 2^-17 |H| |x|; here H d is
+as exact (d is bf16 itself), so y stays H x - b of the x the iteration holds, and d's rounding, 2^-9 of a step that
+shrinks at spec 3.1's rate R = 0.754 per iteration, perturbs the iterate as its start does: the later iterations
+damp it. 3.67M multiply-adds per chunk-iteration (d H0 two products, d K^T one, S K two), 0.70 of version 9's 5.24M,
+and one tile of d in shared memory where version 9 writes two of x. dev/cuda/gka_solve_precision.py's step rows
+(the solve alone, float64, dk = 128): x 1.5e-5, z 3.1e-5, o 1.3e-5, dk 4.2e-5 (version 9: 2.6e-6, 6.4e-6, 9.9e-5,
+1.1e-4), on the wide inputs o 9.3e-5, dk 2.2e-4 (version 9: 3.1e-4, 9.2e-4), the r = 400 fixed point 1.0e-5 from
+the exact ridge solve (version 9: 1.7e-5); with H0 or S in one piece dk 3.0e-3 or 2.6e-2, so both second pieces
+stay. On the CPU emulator (dev/emu/gka_mma.cu step, in `make test`, against the CUDA-core fp32 products, T = 100,
+dk, dv = 16, 24): o 3.1e-4, x 2.1e-5, dq 1.6e-5, dk 2.4e-4, dv 3.1e-5, dalpha 5.0e-5, dg 1.5e-4 (version 9: 4.4e-4,
+2.8e-6, 6.3e-6, 1.3e-4, 1.1e-4, 1.7e-4, 1.6e-4), at T = 150, dk = dv = 128 o 3.4e-4, x 1.5e-5, dk 8.7e-5, dalpha
+4.0e-5, dg 2.8e-4, held to version 9's 5e-4; its negative control (x advanced by the unrounded step, y by the
+rounded one's product: y drifts from H x - b) dk 9.6e-3.
+
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve
 z = CHEB(H_t, f_t, alpha dqt) with the same r, the bp_lambda term w = 2a (x.z)/f, dg = gamma (<DH, H_{t-1}> +
@@ -761,7 +778,8 @@ static GkaProducts version_products() {
            : version == 6 ? GKA_PRODUCTS_MMA_DKH : version == 7 ? GKA_PRODUCTS_MMA_PASS3 : version == 8 ? GKA_PRODUCTS_WGMMA
            : version == 9 ? GKA_PRODUCTS_MMA_STATES : version == 10 ? GKA_PRODUCTS_F16_SOLVE
            : version == 11 ? GKA_PRODUCTS_MIXED_SOLVE : version == 12 ? GKA_PRODUCTS_LEAN_SOLVE
-           : version == 13 ? GKA_PRODUCTS_SOLO_SOLVE : GKA_PRODUCTS_SOLO_F16_SOLVE;
+           : version == 13 ? GKA_PRODUCTS_SOLO_SOLVE : version == 14 ? GKA_PRODUCTS_SOLO_F16_SOLVE
+           : GKA_PRODUCTS_STEP_SOLVE;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -864,9 +882,9 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 int main(int argc, char** argv) {
     // default: what this build's trainer runs (9 in bf16, 4 in fp32)
     version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_STATES ? 9 : 4;
-    if (version < 1 || version > 14) { die("usage: %s [version 1 to 14; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
+    if (version < 1 || version > 15) { die("usage: %s [version 1 to 15; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
-    if (version >= 5) { die("versions 5 to 14 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
+    if (version >= 5) { die("versions 5 to 15 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif
     if (version == 12) { TOLERANCE = 3e-2; }
     if (argc > 2 && strcmp(argv[2], "bench") == 0) {   // the timing alone

@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     const bool lean = argc > 4 && strcmp(argv[4], "lean") == 0;    // the lean solves (version 12) instead
     const bool solo = argc > 4 && strcmp(argv[4], "solo") == 0;    // the solo solves (version 13) instead
     const bool solo16 = argc > 4 && strcmp(argv[4], "solo16") == 0;   // the fp16 solo solves (version 14) instead
+    const bool step = argc > 4 && strcmp(argv[4], "step") == 0;    // the step form's solves (version 15) instead
     const bool wide = argc > 5 && strcmp(argv[5], "wide") == 0;  // gka_inputs.h's wide inputs
     const int iters = 30, NT = gka_chunks(T), DE = 2 * H * dk + H * dv;
     const float ridge = 0.02f;
@@ -71,7 +72,8 @@ int main(int argc, char** argv) {
     for (int v = 0; v < 2; v++) {
         const GkaProducts products = !v ? GKA_PRODUCTS_FP32 : f16 ? GKA_PRODUCTS_F16_SOLVE
                                      : mixed ? GKA_PRODUCTS_MIXED_SOLVE : lean ? GKA_PRODUCTS_LEAN_SOLVE
-                                     : solo ? GKA_PRODUCTS_SOLO_SOLVE : solo16 ? GKA_PRODUCTS_SOLO_F16_SOLVE : GKA_PRODUCTS;
+                                     : solo ? GKA_PRODUCTS_SOLO_SOLVE : solo16 ? GKA_PRODUCTS_SOLO_F16_SOLVE
+                                     : step ? GKA_PRODUCTS_STEP_SOLVE : GKA_PRODUCTS;
         std::vector<floatX> o((size_t)B * T * H * dv);
         std::vector<float> x((size_t)B * T * H * dk), f((size_t)B * T * H), Hck((size_t)B * H * NT * dk * dk),
             Uck((size_t)B * H * NT * dk * dv), h0sq((size_t)B * H * NT);
@@ -93,14 +95,14 @@ int main(int argc, char** argv) {
                             rel(m.dal, r.dal, 0, 1, 1, rows * H), rel(m.dg, r.dg, 0, 1, 1, rows * H)};
     printf("T=%d H=%d dk=%d dv=%d%s: register tiles%s against CUDA-core fp32 products, relative L2\n ", T, H, dk, dv,
            wide ? " (wide inputs)" : "", f16 ? " (the solves in fp16)" : lean ? " (the lean solves)" : mixed ? " (the mixed solves)"
-           : solo ? " (the solo solves)" : solo16 ? " (the fp16 solo solves)" : "");
+           : solo ? " (the solo solves)" : solo16 ? " (the fp16 solo solves)" : step ? " (the step form's solves)" : "");
     int ok = 1;
     for (int i = 0; i < 8; i++) {
         printf(" %s %.3e", names[i], errs[i]);
         ok &= errs[i] <= (lean ? LEAN_TOL : i == 0 ? 4e-3 : f16 || solo16 ? 3e-3 : 5e-4);   // a NaN fails the comparison too
     }
     printf("\n%s register-tile solve%s and products = CUDA-core products within %s%s (T=%d dk=%d dv=%d)\n",
-           ok ? "PASS" : "FAIL", f16 ? " (fp16)" : lean ? " (lean)" : mixed ? " (mixed)" : solo ? " (solo)" : solo16 ? " (fp16 solo)" : "",
+           ok ? "PASS" : "FAIL", f16 ? " (fp16)" : lean ? " (lean)" : mixed ? " (mixed)" : solo ? " (solo)" : solo16 ? " (fp16 solo)" : step ? " (step form)" : "",
            f16 || solo16 ? "3e-3" : lean ? "3e-2" : "5e-4", lean ? "" : " (o 4e-3)", T, dk, dv);
     return ok ? 0 : 1;
 }
