@@ -1119,9 +1119,9 @@ __device__ __forceinline__ void gka_cheb_step(float (*x)[4], float (*dx)[4], con
     }
 }
 
-// the step form's start (gka_chunk_solve_wgmma_kernel<false, false, true>), after gka_cheb_start: the first step
-// d = x rounded to bf16 (one piece, the products' operand), and x = d
-template <int NT> __device__ __forceinline__ void gka_cheb_start_step(float (*x)[4], float (*dx)[4]) {
+// the incremental form's start (gka_chunk_solve_wgmma_kernel<false, false, true>), after gka_cheb_start: the first
+// step d = x rounded to bf16 (one piece, the products' operand), and x = d
+template <int NT> __device__ __forceinline__ void gka_cheb_start_increment(float (*x)[4], float (*dx)[4]) {
     #pragma unroll
     for (int t = 0; t < NT; t++) {
         #pragma unroll
@@ -1134,7 +1134,7 @@ template <int NT> __device__ __forceinline__ void gka_cheb_start_step(float (*x)
 // its Chebyshev step, hy = H d of the last step d: y = H x - b (yb, b's fragment order) <- y + hy, then
 // gka_cheb_step's dx <- (omega - 1) dx - c1 (y + a f x), rounded to bf16, and x <- x + dx
 template <int NT>
-__device__ __forceinline__ void gka_cheb_step_inc(float (*x)[4], float (*dx)[4], const float* hy, float2* yb,
+__device__ __forceinline__ void gka_cheb_step_increment(float (*x)[4], float (*dx)[4], const float* hy, float2* yb,
                                                   const GkaChebRow& ra, const GkaChebRow& rb, float om, float om1) {
     const float c1a = ra.tau * om, c1b = rb.tau * om;
     #pragma unroll
@@ -1738,21 +1738,23 @@ __device__ __forceinline__ void gka_wg_quad_gram(Smem& sm, float* hy, float* s, 
 // trainer's 9.9e-5 and 1.1e-4; on one H200 (the lab, B=16 T=2048 H=6 dk=dv=128): forward 2.675 against 2.873 ms,
 // forward+backward 7.15 against 7.54 ms.
 #define GKA_MIXED_CHEAP_ITERS 15
-// The step form (STEP; dev/cuda/gka_core.cu version 15, bf16): the products take the iteration's step d = x - x_prev,
-// rounded to one bf16 piece and applied as rounded (x <- x + d, exact in fp32 up to its own rounding), instead of
-// x in two pieces; y = H x - b is kept up to date, y <- y + H d (gka_cheb_step_inc). H d is as exact as the
-// trainer's products make H x (H0 and S in two pieces, the keys exact), so y stays H x - b of the x the iteration
-// holds, and the rounding of d is a perturbation of the iterate that the later iterations damp as they damp the
-// initial error (spec 3.1's rate R per iteration: the step shrinks as R^n, its rounding with it), where x's own
-// rounding in X H0 is not. 3.67M multiply-adds per chunk-iteration (d H0 in two products, d K^T in one, S K in two),
-// 0.70 of the trainer's 5.24M; dev/cuda/gka_solve_precision.py's step rows: x 1.5e-5, z 3.1e-5, o 1.3e-5, dk
-// 4.2e-5 on the lab's inputs (the trainer's 2.6e-6, 6.4e-6, 9.9e-5, 1.1e-4), the same fixed point at r = 400.
-template <bool F16, bool MIXED = false, bool STEP = false>
+// The incremental form (INCREMENT; dev/cuda/gka_core.cu version 15, the bf16 trainer's): the products take the
+// iteration's step d = x - x_prev, rounded to one bf16 piece and applied as rounded (x <- x + d, exact in fp32 up to
+// its own rounding), instead of x in two pieces; y = H x - b is kept up to date, y <- y + H d
+// (gka_cheb_step_increment). H d is as exact as version 9's products make H x (H0 and S in two pieces, the keys
+// exact), so y stays H x - b of the x the iteration holds, and the rounding of d is a perturbation of the iterate
+// that the later iterations damp as they damp the initial error (spec 3.1's rate R per iteration: the step shrinks
+// as R^n, its rounding with it), where x's own rounding in X H0 is not. 3.67M multiply-adds per chunk-iteration
+// (d H0 in two products, d K^T in one, S K in two), 0.70 of version 9's 5.24M; dev/cuda/gka_solve_precision.py's
+// incremental rows: x 1.5e-5, z 3.1e-5, o 1.3e-5, dk 4.2e-5 on the lab's inputs (version 9: 2.6e-6, 6.4e-6, 9.9e-5,
+// 1.1e-4), the same fixed point at r = 400. H200: solve 1.62 ms under ncu, core forward 2.65 -> 2.35 ms,
+// forward+backward 7.28 -> 6.65 ms (README: "gka's solve: the incremental form").
+template <bool F16, bool MIXED = false, bool INCREMENT = false>
 __global__ void __launch_bounds__(GKA_WG_THREADS, 1)
 gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* rhs, const float* alpha,
                              const floatX* qkv, const float* g, GkaH0 h0, int T, int H, int dk, int dv, int iters,
                              float ridge) {
-    static_assert(!STEP || (!F16 && !MIXED), "the step form is the bf16 pieces' alone");
+    static_assert(!INCREMENT || (!F16 && !MIXED), "the incremental form is the bf16 pieces' alone");
     extern __shared__ __align__(128) unsigned char gka_smem_solve_wg[];
     GkaSolveWgSmem sm((size_t)gka_smem_solve_wg, iters, NULL);
     const int BT = GKA_CHECKPOINT, D = GKA_SOLVE_DK, n = blockIdx.x, bh = blockIdx.y, b = bh / H, hh = bh % H;
@@ -1798,15 +1800,15 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     }
     float x[GKA_WG_NTH][4], dx[GKA_WG_NTH][4];
     gka_cheb_start<GKA_WG_NTH>(x, dx, bl, GKA_WG_THREADS, ra.tau, rb.tau);
-    // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200); the step form's y = H x - b, x_prev
-    // = 0: -b, and its first step d = x rounded
+    // b in registers for the update (from shared memory: 2.69 -> 2.60 ms, H200); the incremental form's y = H x - b,
+    // x_prev = 0: -b, and its first step d = x rounded
     float2 b_frags[2 * GKA_WG_NTH];
     #pragma unroll
     for (int i = 0; i < 2 * GKA_WG_NTH; i++) {
         const float2 v = bl[i * GKA_WG_THREADS];
-        b_frags[i] = STEP ? make_float2(-v.x, -v.y) : v;
+        b_frags[i] = INCREMENT ? make_float2(-v.x, -v.y) : v;
     }
-    if constexpr (STEP) { gka_cheb_start_step<GKA_WG_NTH>(x, dx); }
+    if constexpr (INCREMENT) { gka_cheb_start_increment<GKA_WG_NTH>(x, dx); }
     float mk[4 * GKA_WG_NTS];   // M at this thread's elements of S, the same every iteration
     #pragma unroll
     for (int t = 0; t < GKA_WG_NTS; t++) {
@@ -1819,16 +1821,16 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
     // a warpgroup's own columns of x and of S are register operands (gka_wgmma_ra) of its own k-steps, which
     // need nothing from the other warpgroup: they go to the tensor cores before the barrier that publishes the
     // other columns through Xs and Ss, and the other k-steps after it
-    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces (the step form: d's one) as A fragments of its 16-column k-steps
+    uint32_t xa[GKA_WG_NTH / 2][2][4];   // x's pieces (the incremental form: d's one), A fragments of its k-steps
     uint32_t sa[GKA_WG_NTS / 2][2][4];   // the masked S's pieces, the same
     const int kx_own = GKA_WG_NTH / 2 * grp, kx_other = GKA_WG_NTH / 2 - kx_own;   // k-steps of X (of 8)
     const int ks_own = GKA_WG_NTS / 2 * grp, ks_other = GKA_WG_NTS / 2 - ks_own;   // k-steps of S (of 4)
     // one iteration; h0_lo (std::true_type): X H0 with the second pieces of x and H0 (all but the mixed solve's first)
     auto iteration = [&](int it, auto h0_lo) {
         using H0Lo = decltype(h0_lo);
-        constexpr bool X_LO = !STEP;                       // the operand's second piece (in X K^T; X H0 below)
-        constexpr bool XH_LO = X_LO && H0Lo::value, H0_LO = !F16 && (STEP || H0Lo::value);
-        const float(*xop)[4] = STEP ? dx : x;              // the products' operand: x, or the step form's d
+        constexpr bool X_LO = !INCREMENT;                       // the operand's second piece (in X K^T; X H0 below)
+        constexpr bool XH_LO = X_LO && H0Lo::value, H0_LO = !F16 && (INCREMENT || H0Lo::value);
+        const float(*xop)[4] = INCREMENT ? dx : x;              // the products' operand: x, or the incremental form's d
         #pragma unroll
         for (int t = 0; t < GKA_WG_NTH; t++) {
             gka_frag_words(xa, t, gka_pieces2<F16>(xop[t][0], xop[t][1]), gka_pieces2<F16>(xop[t][2], xop[t][3]));
@@ -1885,8 +1887,8 @@ gka_chunk_solve_wgmma_kernel(float* sol, float* f, int compute_f, const float* r
         wgmma_hold<4 * GKA_WG_NTH>(hy);
         wgmma_hold_a<GKA_WG_NTS * 4>(&sa[0][0][0]);
         const float om = (float)sm.om[it], om1 = (float)(sm.om[it] - 1.0);
-        if constexpr (STEP) {
-            gka_cheb_step_inc<GKA_WG_NTH>(x, dx, hy, b_frags, ra, rb, om, om1);
+        if constexpr (INCREMENT) {
+            gka_cheb_step_increment<GKA_WG_NTH>(x, dx, hy, b_frags, ra, rb, om, om1);
         } else {
             gka_cheb_step<GKA_WG_NTH>(x, dx, hy, b_frags, 1, ra, rb, om, om1);
         }
@@ -3422,11 +3424,12 @@ static void gka_kernel_smem(const void* kernel, size_t smem, int dk, int dv) {
 // (gka_chunk_solve_wgmma_kernel<true>; version 10: 5.8% faster, errors 10-40x), or the bf16 solves with X H0 in
 // one piece over their first iterations (gka_chunk_solve_wgmma_kernel<false, true>; version 11), or lean
 // (gka_chunk_solve_lean_kernel; version 12), or solo, a warpgroup per chunk (gka_chunk_solve_solo_wgmma_kernel; version 13,
-// and with F16 version 14), or the step form's (gka_chunk_solve_wgmma_kernel<false, false, true>; version 15). The
-// register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
+// and with F16 version 14), or the incremental form's (gka_chunk_solve_wgmma_kernel<false, false, true>; version
+// 15, the trainer's). The register tiles are the bf16 build's (gka_chunk_solve_mma_kernel's header says why).
 enum GkaProducts { GKA_PRODUCTS_FP32, GKA_PRODUCTS_TF32, GKA_PRODUCTS_MMA, GKA_PRODUCTS_MMA_DKH, GKA_PRODUCTS_MMA_PASS3,
                    GKA_PRODUCTS_WGMMA, GKA_PRODUCTS_MMA_STATES, GKA_PRODUCTS_F16_SOLVE, GKA_PRODUCTS_MIXED_SOLVE,
-                   GKA_PRODUCTS_LEAN_SOLVE, GKA_PRODUCTS_SOLO_SOLVE, GKA_PRODUCTS_SOLO_F16_SOLVE, GKA_PRODUCTS_STEP_SOLVE };
+                   GKA_PRODUCTS_LEAN_SOLVE, GKA_PRODUCTS_SOLO_SOLVE, GKA_PRODUCTS_SOLO_F16_SOLVE,
+                   GKA_PRODUCTS_INCREMENT_SOLVE };
 // whether the solves read H0's tiles made for fp16 (gka_h0_tiles' f16)
 static bool gka_products_f16_h0(GkaProducts p) {
     return p == GKA_PRODUCTS_F16_SOLVE || p == GKA_PRODUCTS_LEAN_SOLVE || p == GKA_PRODUCTS_SOLO_F16_SOLVE;
@@ -3435,7 +3438,7 @@ static bool gka_products_f16_h0(GkaProducts p) {
 #if defined(ENABLE_FP32)
 #define GKA_PRODUCTS GKA_PRODUCTS_TF32
 #else
-#define GKA_PRODUCTS GKA_PRODUCTS_MMA_STATES
+#define GKA_PRODUCTS GKA_PRODUCTS_INCREMENT_SOLVE
 #endif
 // what the trainer runs: the backward's passes 2 and 3 on the chunks (dev/cuda/gka_core.cu version 4; the recurrent
 // remainder, version 3, stays as the lab's baseline and dev/emu's reference)
@@ -3480,7 +3483,7 @@ static GkaLaunch<GKASolveKernel> gka_solve_launch(GkaProducts products, int dk, 
             GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<false>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
         } else if (products == GKA_PRODUCTS_SOLO_F16_SOLVE) {
             GKA_MMA_LAUNCH(gka_chunk_solve_solo_wgmma_kernel<true>, GKA_SOLO_THREADS, gka_chunk_solve_solo_smem(iters));
-        } else if (products == GKA_PRODUCTS_STEP_SOLVE) {
+        } else if (products == GKA_PRODUCTS_INCREMENT_SOLVE) {
             GKA_MMA_LAUNCH((gka_chunk_solve_wgmma_kernel<false, false, true>), GKA_WG_THREADS,
                            gka_chunk_solve_wgmma_smem(iters));
         } else if (products == GKA_PRODUCTS_MIXED_SOLVE) {

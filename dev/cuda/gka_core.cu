@@ -5,10 +5,10 @@ checked against a CPU reference in double precision, then timed.
 Compile and run from dev/cuda:
 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. gka_core.cu -o gka_core_bin
 nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I../.. -DENABLE_FP32 gka_core.cu -o gka_core_fp32_bin
-./gka_core_bin 9        (the argument picks the version that is checked and timed; default: the trainer's, 9 in
+./gka_core_bin 15       (the argument picks the version that is checked and timed; default: the trainer's, 15 in
                          the bf16 build and 4 in fp32)
-./gka_core_bin 9 profile   (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
-./gka_core_bin 9 bench     (the timing alone, no checks)
+./gka_core_bin 15 profile  (one forward and backward at the benchmark's shape, no checks: for ncu / nsys)
+./gka_core_bin 15 bench    (the timing alone, no checks)
 
 version 1: the sequential recurrence, one CTA per (sequence, head) walking the tokens in order with the fp32
 states H [dk, dk] and U [dk, dv] in shared memory and r Chebyshev mat-vecs per token (four threads per row of H;
@@ -136,7 +136,7 @@ So each warpgroup gives its own columns of X to X K^T and X H0 as register opera
 the other half would need 32 more registers than the 229 it takes): a fifth less operand traffic, solve 2.78 ->
 2.71 ms, adjoint solve 2.73 -> 2.66 ms, forward+backward 8.71 -> 8.65 ms (H200, one run each). The shared-memory
 traffic is then not what bounds it: the iteration's chain is (one chunk per SM).
-version 9 (bf16 build only, sm_90a, the trainer's) is version 8 with the chunk-state terms of the forward (K^T diag(e)
+version 9 (bf16 build only, sm_90a; the trainer's until version 15) is version 8 with the chunk-state terms of the forward (K^T diag(e)
 K, K^T diag(e) V) and of pass 2 (Zend, Bend, DUend) on register tiles (kernels/gka.cuh's
 gka_chunk_state_terms_mma_kernel, gka_chunk_adjoint_terms_mma_kernel, since replaced: see below): R^T C with mma.sync, the row operand R in two
 bf16 pieces read through ldmatrix.trans, the column operand in one (keys, values, dO) or two (x), a CTA per matrix
@@ -266,7 +266,7 @@ throughput 38%, achieved occupancy 12% (8 warps per SM). One warpgroup's chain p
 issues too little: the wgmma waits of one 64 x 128 chain are not hidden by one other chunk's. Neither is kept as a
 candidate.
 
-version 15 (bf16 build only, sm_90a) is version 9 with both solves in the step form (kernels/gka.cuh's
+version 15 (bf16 build only, sm_90a, the trainer's) is version 9 with both solves in the incremental form (kernels/gka.cuh's
 gka_chunk_solve_wgmma_kernel<false, false, true>): the products take the iteration's step d = x - x_prev in one bf16
 piece, rounded before it is applied (x <- x + d in fp32), and the update keeps y = H x - b as y + H d, with H0 and S
 in two pieces as version 9. Version 9's second piece of x bounds its rounding of H x by 2^-17 |H| |x|; here H d is
@@ -779,7 +779,7 @@ static GkaProducts version_products() {
            : version == 9 ? GKA_PRODUCTS_MMA_STATES : version == 10 ? GKA_PRODUCTS_F16_SOLVE
            : version == 11 ? GKA_PRODUCTS_MIXED_SOLVE : version == 12 ? GKA_PRODUCTS_LEAN_SOLVE
            : version == 13 ? GKA_PRODUCTS_SOLO_SOLVE : version == 14 ? GKA_PRODUCTS_SOLO_F16_SOLVE
-           : GKA_PRODUCTS_STEP_SOLVE;
+           : GKA_PRODUCTS_INCREMENT_SOLVE;
 }
 
 static void run_forward(const CoreInputs& in, CoreDevice& d, int iters) {
@@ -880,9 +880,9 @@ static void benchmark(int B, int T, int H, int dk, int dv, int iters) {
 }
 
 int main(int argc, char** argv) {
-    // default: what this build's trainer runs (9 in bf16, 4 in fp32)
-    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_MMA_STATES ? 9 : 4;
-    if (version < 1 || version > 15) { die("usage: %s [version 1 to 15; default 9 in the bf16 build, 4 in fp32]", argv[0]); }
+    // default: what this build's trainer runs (15 in bf16, 4 in fp32)
+    version = argc > 1 ? atoi(argv[1]) : GKA_PRODUCTS == GKA_PRODUCTS_INCREMENT_SOLVE ? 15 : 4;
+    if (version < 1 || version > 15) { die("usage: %s [version 1 to 15; default 15 in the bf16 build, 4 in fp32]", argv[0]); }
 #if defined(ENABLE_FP32)
     if (version >= 5) { die("versions 5 to 15 are the bf16 build's (kernels/gka.cuh's gka_chunk_solve_mma_kernel says why)"); }
 #endif

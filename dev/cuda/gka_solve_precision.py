@@ -1,7 +1,8 @@
 """
 gka_solve_precision.py: what the operand formats of gka's chunkwise Chebyshev solve (spec/gka.md 5.1(c, d), run in
 both the forward and the backward's adjoint solve) cost in accuracy, simulated in float64 on the CPU, for issue 11's
-numerics question: the bf16 trainer's solve (kernels/gka.cuh gka_chunk_solve_wgmma_kernel) multiplies with x, H0 and
+numerics question: version 9's solve (kernels/gka.cuh gka_chunk_solve_wgmma_kernel, "the trainer's" below: the bf16
+trainer's until the incremental form, version 15, whose rows close the study) multiplies with x, H0 and
 S = (X K^T) (.) M each in two bf16 pieces (hi = bf16(v), lo = bf16(v - hi); a product a.hi b.hi + a.lo b.hi +
 a.hi b.lo), 5.24M multiply-adds per chunk and iteration at D = 128, BT = 64, where one piece each would be 2.10M.
 
@@ -59,7 +60,7 @@ def fp16(v):
 ROW_EXP = 10
 # format: (rounding, whether the solve scales its rows and H0 by powers of two to keep them in the format's range)
 FORMATS = {"exact": (None, False), "bf16": (bf16, False), "fp16": (lambda v: rnd(v, 11), False),
-           "fp16, range": (fp16, True), "fp16, unscaled": (fp16, False), "bf16 step": (bf16, False)}
+           "fp16, range": (fp16, True), "fp16, unscaled": (fp16, False), "bf16 incremental": (bf16, False)}
 
 
 def pieces(v, n, round_fn):
@@ -125,14 +126,14 @@ def chunked_solve(k, g, Hs, f, b, scheme, iters=R):
     With scaling, row c's system is solved for 2^e_c x with 2^e_c b, 2^e_c the power of two at or below
     2^ROW_EXP a f_c / ||b_c|| (so |x| <= ||b|| / (a f) maps to at most 2^ROW_EXP), and H0 is used as 2^-e0 H0
     (2^e0 at or above max |H0|) with diag(2^e0 zeta): both exact, the solve being linear in b and x(cH) = x(H)/c.
-    The step form (format "bf16 step"; kernels/gka.cuh's gka_chunk_solve_wgmma_kernel<false, false, true>): the
-    products take the step d = x - x_prev, rounded to its pieces (those of x in the scheme) and applied as rounded,
+    The incremental form (format "bf16 incremental"; kernels/gka.cuh's gka_chunk_solve_wgmma_kernel<false, false,
+    true>): the products take the step d = x - x_prev, rounded to its pieces (those of x in the scheme) and applied as rounded,
     and H x is kept as the sum of the steps' products"""
     mixed = isinstance(scheme[0], tuple)
     early, late, n_early = scheme if mixed else (scheme, scheme, 0)
     round_fn, scaled = FORMATS[late[0]]
-    step = late[0].endswith(" step")
-    assert not (step and mixed), "the step form is not mixed"
+    incremental = late[0].endswith(" incremental")
+    assert not (incremental and mixed), "the incremental form is not mixed"
     assert not (mixed and (scaled or FORMATS[early[0]][1])), "a mixed scheme's parts are unscaled"
     x_all = np.zeros((T, D))
     for n in range(T // BT):
@@ -155,17 +156,17 @@ def chunked_solve(k, g, Hs, f, b, scheme, iters=R):
                 H0, zeta = H0 / h0_scale, zeta * h0_scale
         tau = (2 / (fc * (1 + 2 * A)))[:, None]
         xp, x, om = np.zeros_like(bc), tau * bc, 2.0
-        if step:   # the first step d = x rounded, x = d; hx = H x (x_prev = 0)
+        if incremental:   # the first step d = x rounded, x = d; hx = H x (x_prev = 0)
             x = sum(pieces(x, late[3], round_fn))
             d, hx = x, np.zeros_like(x)
         for it in range(iters):
             fmt, pxh, ph, pxs, ps = early if it < n_early else late
             round_fn = FORMATS[fmt][0]
             om = 1 / (1 - RHO4 * om)
-            op = d if step else x
+            op = d if incremental else x
             S = product(op, K.T, pxs, 1, round_fn) * M
             HY = zeta[:, None] * product(op, H0, pxh, ph, round_fn) + product(S, K, ps, 1, round_fn)
-            if step:
+            if incremental:
                 hx = hx + HY
                 d = sum(pieces((om - 1) * d - tau * om * (hx + A * fc[:, None] * x - bc), pxs, round_fn))
                 x = x + d
@@ -221,10 +222,11 @@ TRAINER, F16_H0_ONE = ("bf16", 2, 2, 2, 2), ("fp16", 2, 1, 2, 2)
 MIXED_SCHEMES = [(("bf16", 1, 1, 2, 2), TRAINER, 15), (("bf16", 1, 1, 2, 2), TRAINER, 20),
                  (("fp16", 1, 1, 1, 1), TRAINER, 15), (("fp16", 1, 1, 1, 1), TRAINER, 20),
                  (("fp16", 1, 1, 1, 1), F16_H0_ONE, 15), (("fp16", 1, 1, 1, 1), F16_H0_ONE, 20)]
-# the step form: the products on the rounded step d (one piece), H0 and S in two: 0.70 of the trainer's multiply-adds;
-# with H0 or S in one piece instead, what each second piece is for
-STEP, STEP_SCHEMES = ("bf16 step", 1, 2, 1, 2), [("bf16 step", 1, 2, 1, 2), ("bf16 step", 1, 1, 1, 2),
-                                                 ("bf16 step", 1, 2, 1, 1), ("bf16 step", 2, 2, 2, 2)]
+# the incremental form: the products on the rounded step d (one piece), H0 and S in two: 0.70 of version 9's
+# multiply-adds; with H0 or S in one piece instead, what each second piece is for
+INCREMENTAL = ("bf16 incremental", 1, 2, 1, 2)
+INCREMENTAL_SCHEMES = [INCREMENTAL, ("bf16 incremental", 1, 1, 1, 2), ("bf16 incremental", 1, 2, 1, 1),
+                       ("bf16 incremental", 2, 2, 2, 2)]
 RANGE_SCHEMES = [("bf16", 2, 2, 2, 2), ("fp16", 1, 1, 2, 2), SCALED, UNSCALED, ("fp16", 2, 1, 2, 2),
                  ("fp16, range", 2, 1, 2, 2)]
 
@@ -291,15 +293,15 @@ def main():
     table(study(lab, SCHEMES))
     print("mixed schemes, the first n iterations in the first scheme, the rest in the second:")
     table(study(lab, MIXED_SCHEMES))
-    print("the step form (the products on the step d = x - x_prev, rounded and applied as rounded; H x kept as the"
-          " sum of the steps' products), the pieces of d, H0, d, S:")
-    table(study(lab, [TRAINER] + STEP_SCHEMES))
+    print("the incremental form (the products on the step d = x - x_prev, rounded and applied as rounded; H x kept as"
+          " the sum of the steps' products), the pieces of d, H0, d, S:")
+    table(study(lab, [TRAINER] + INCREMENTAL_SCHEMES))
     fixed = ridge_fixed_points(lab, [("bf16", 2, 2, 2, 2), ("fp16", 2, 1, 2, 2), ("fp16", 1, 1, 2, 2),
-                                     MIXED_SCHEMES[0], STEP])
+                                     MIXED_SCHEMES[0], INCREMENTAL])
     print("r = 400 against the exact ridge solve (the fixed point; worst token, head 0): "
           + ", ".join(f"{label(s).replace(' | ', ' ')}: {e:.1e}" for s, e in fixed.items()))
     print("wide inputs (beta down to 1e-3, dO times 1e-6), IEEE half's range:")
-    errs = study(make_inputs(np.random.default_rng(7), wide=True), RANGE_SCHEMES + [STEP])
+    errs = study(make_inputs(np.random.default_rng(7), wide=True), RANGE_SCHEMES + [INCREMENTAL])
     table(errs)
     scaled, unscaled = errs[SCALED], errs[UNSCALED]
     ok = max(scaled) <= 1e-2 and not (max(unscaled) <= 1e-2)   # NaN compares false: it counts as failed

@@ -13,13 +13,13 @@
 #     T = 100 (two chunks), dk, dv = 16, 24 (about 2 minutes: every ldmatrix and mma is a barrier of the warp's 32
 #     threads), then with the fp16 solves (version 10), also on wide inputs (half's range), with the mixed solves
 #     (version 11), the lean ones (version 12), the solo ones (versions 13 and 14, the fp16 one also on wide
-#     inputs) and the step form's (version 15); negative controls: the
-#     second bf16 piece of x and S left out of the solve's register-operand products (and the fp16 one's, and the
+#     inputs) and version 9's (x in two pieces; the trainer's are the incremental form's, version 15); negative controls: the
+#     second bf16 piece of x and S left out of version 9's solve's register-operand products (and the fp16 one's, and the
 #     solo one's), the solo solve's decay mask, its steps of the n-tiles kept in shared memory, the fp16 solo solve's
 #     row scales on the wide inputs, pass 3a's
 #     diag(b) K H0 and pass 3b's diag(e) V DUend^T left out, the chunk-state terms' row operand in one bf16 piece,
 #     the fp16 solve's row scales left out on the wide inputs, the mixed solve's X H0 in one piece throughout, the
-#     step form's x advanced by the unrounded step (not the one the products take), must fail;
+#     incremental form's x advanced by the unrounded step (not the one the products take), must fail;
 #   gdn_mma.cu: gdn_chunk's register-tile kernels (the bf16 trainer's state passes, unsplit and split along the
 #     sequence, output, dvlocal, the intra
 #     kernels per head and per channel, the backward chunk kernels per head and per channel (per channel with the
@@ -67,7 +67,7 @@ for check in gka_backward gka_mma gdn_mma pdn_chunk kalman_filter; do
     case $check in
         kalman_filter) runs=("${kalman_shapes[@]}") ;;
         gka_mma) runs=("100 16 24" "100 16 24 f16" "100 16 24 f16 wide" "100 16 24 mixed" "100 16 24 lean"
-                       "100 16 24 solo" "100 16 24 solo16" "100 16 24 solo16 wide" "100 16 24 step") ;;
+                       "100 16 24 solo" "100 16 24 solo16" "100 16 24 solo16 wide" "100 16 24 pieces") ;;
         gdn_mma) runs=("150 24 40" "100 136 24" "70 128 40") ;;
         *) runs=("${shapes[@]}") ;;
     esac
@@ -93,7 +93,7 @@ negative() {
 negative gka.cuh 's/adjn\[(size_t)i \* dk + j\] + adjn\[(size_t)j \* dk + i\] + /adjn[(size_t)i * dk + j] + /' \
     "Zend^T in gka's pass 3a" gka_backward
 negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
-    "the second bf16 piece of x and S in the wgmma solve's register-operand products" gka_mma "100 16 24"
+    "the second bf16 piece of x and S in version 9's wgmma solve's register-operand products" gka_mma "100 16 24 pieces"
 negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
     "the second fp16 piece of x and S in the fp16 wgmma solve's register-operand products" gka_mma "100 16 24 f16"
 negative gka.cuh 's/^        if (A_LO) { wgmma_m64k16_rs<N, F16>(acc, a\[j\]\[1\], bhk, 1); }$//' \
@@ -107,7 +107,7 @@ negative gka.cuh 's/        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 10
 negative gka.cuh 's/        scale = ldexpf(1.0f, min(GKA_F16_ROW_EXP + e - 1, 100));/        scale = 1.0f;/' \
     "the fp16 solo solve's row scales (wide inputs)" gka_mma "100 16 24 solo16 wide"
 negative gka.cuh 's|            x\[t\]\[i\] += dx\[t\]\[i\];   // by the rounded step, the one the products take|            x[t][i] += step;|' \
-    "the step form's x advanced by the rounded step (by the unrounded one instead)" gka_mma "100 16 24 step"
+    "the incremental form's x advanced by the rounded step (by the unrounded one instead)" gka_mma "100 16 24"
 negative gka.cuh 's/max(0, min(GKA_MIXED_CHEAP_ITERS, iters - GKA_MIXED_CHEAP_ITERS))/iters/' \
     "the mixed solve's later iterations in every piece (X H0 in one piece throughout)" gka_mma "100 16 24 mixed"
 negative gka.cuh 's/gka_pack2<true>(s\[e\] \* mask(c, j), s\[e + 1\] \* mask(c, j + 1))/gka_pack2<true>(s[e], s[e + 1])/' \
