@@ -273,7 +273,7 @@ in two pieces as version 9. Version 9's second piece of x bounds its rounding of
 as exact (d is bf16 itself), so y stays H x - b of the x the iteration holds, and d's rounding, 2^-9 of a step that
 shrinks at spec 3.1's rate R = 0.754 per iteration, perturbs the iterate as its start does: the later iterations
 damp it. 3.67M multiply-adds per chunk-iteration (d H0 two products, d K^T one, S K two), 0.70 of version 9's 5.24M,
-and one tile of d in shared memory where version 9 writes two of x. dev/cuda/gka_solve_precision.py's step rows
+and one tile of d in shared memory where version 9 writes two of x. dev/cuda/gka_solve_precision.py's incremental rows
 (the solve alone, float64, dk = 128): x 1.5e-5, z 3.1e-5, o 1.3e-5, dk 4.2e-5 (version 9: 2.6e-6, 6.4e-6, 9.9e-5,
 1.1e-4), on the wide inputs o 9.3e-5, dk 2.2e-4 (version 9: 3.1e-4, 9.2e-4), the r = 400 fixed point 1.0e-5 from
 the exact ridge solve (version 9: 1.7e-5); with H0 or S in one piece dk 3.0e-3 or 2.6e-2, so both second pieces
