@@ -277,11 +277,21 @@ and one tile of d in shared memory where version 9 writes two of x. dev/cuda/gka
 (the solve alone, float64, dk = 128): x 1.5e-5, z 3.1e-5, o 1.3e-5, dk 4.2e-5 (version 9: 2.6e-6, 6.4e-6, 9.9e-5,
 1.1e-4), on the wide inputs o 9.3e-5, dk 2.2e-4 (version 9: 3.1e-4, 9.2e-4), the r = 400 fixed point 1.0e-5 from
 the exact ridge solve (version 9: 1.7e-5); with H0 or S in one piece dk 3.0e-3 or 2.6e-2, so both second pieces
-stay. On the CPU emulator (dev/emu/gka_mma.cu step, in `make test`, against the CUDA-core fp32 products, T = 100,
+stay. On the CPU emulator (dev/emu/gka_mma.cu's default, in `make test`, against the CUDA-core fp32 products, T = 100,
 dk, dv = 16, 24): o 3.1e-4, x 2.1e-5, dq 1.6e-5, dk 2.4e-4, dv 3.1e-5, dalpha 5.0e-5, dg 1.5e-4 (version 9: 4.4e-4,
 2.8e-6, 6.3e-6, 1.3e-4, 1.1e-4, 1.7e-4, 1.6e-4), at T = 150, dk = dv = 128 o 3.4e-4, x 1.5e-5, dk 8.7e-5, dalpha
 4.0e-5, dg 2.8e-4, held to version 9's 5e-4; its negative control (x advanced by the unrounded step, y by the
 rounded one's product: y drifts from H x - b) dk 9.6e-3.
+Then (2026-12-08) its update queues the next iteration's own k-steps as it makes their columns of d (kernels/gka.cuh:
+the loop rotated, the update before the products), so that the tensor cores start on d H0 and d K^T while the rest
+of the update runs; the same products in the same order on each accumulator, so the same results bit for bit (the
+emulator's errors identical). On one H100 (the H200 asked for did not come), against the commit before in the same
+run, two runs each: forward 2.439, 2.416 -> 2.361, 2.356 ms, forward+backward 6.891, 6.829 -> 6.746, 6.755 ms; the
+two solves 4.02 -> 3.81-3.83 ms under ncu (in the two binaries that carried it beside the experiments below).
+Tried beside it and not kept: S K in an accumulator of its own, so that it need not wait for d H0 (forward+backward
+6.784, 6.727 ms: no gain, as in version 9); L2 prefetches of the walks' next chunk (pass 2's walk 1.005 -> 1.002 ms,
+the forward's 0.313 -> 0.320: none); prefetches of the chunk of the CTA one wave later in the per-chunk kernels
+(slower: pass 3b 0.76 -> 0.93 ms, the readout 0.43 -> 0.52, pass 3a 1.07 -> 1.15; forward+backward 7.09-7.12 ms).
 
 The reference is spec 3 (forward, with CHEB exactly as 3.1: omega_0 = 2, rho = 1/(1 + 2a), x_prev = 0, x = tau b,
 r iterations; a = 0.02, f = ||H_t||_F, s = dk^-1/2) and the implicit-differentiation backward of 3.2 (adjoint solve

@@ -60,7 +60,8 @@ def fp16(v):
 ROW_EXP = 10
 # format: (rounding, whether the solve scales its rows and H0 by powers of two to keep them in the format's range)
 FORMATS = {"exact": (None, False), "bf16": (bf16, False), "fp16": (lambda v: rnd(v, 11), False),
-           "fp16, range": (fp16, True), "fp16, unscaled": (fp16, False), "bf16 incremental": (bf16, False)}
+           "fp16, range": (fp16, True), "fp16, unscaled": (fp16, False), "bf16 incremental": (bf16, False),
+           "fp16 incremental": (lambda v: rnd(v, 11), False)}
 
 
 def pieces(v, n, round_fn):
@@ -223,10 +224,11 @@ MIXED_SCHEMES = [(("bf16", 1, 1, 2, 2), TRAINER, 15), (("bf16", 1, 1, 2, 2), TRA
                  (("fp16", 1, 1, 1, 1), TRAINER, 15), (("fp16", 1, 1, 1, 1), TRAINER, 20),
                  (("fp16", 1, 1, 1, 1), F16_H0_ONE, 15), (("fp16", 1, 1, 1, 1), F16_H0_ONE, 20)]
 # the incremental form: the products on the rounded step d (one piece), H0 and S in two: 0.70 of version 9's
-# multiply-adds; with H0 or S in one piece instead, what each second piece is for
+# multiply-adds; with H0 or S in one piece instead, what each second piece is for; and in fp16's 11 bits, where H0
+# in one piece would save a product (unlimited range here: a bound on what the fp16 form could reach)
 INCREMENTAL = ("bf16 incremental", 1, 2, 1, 2)
 INCREMENTAL_SCHEMES = [INCREMENTAL, ("bf16 incremental", 1, 1, 1, 2), ("bf16 incremental", 1, 2, 1, 1),
-                       ("bf16 incremental", 2, 2, 2, 2)]
+                       ("bf16 incremental", 2, 2, 2, 2), ("fp16 incremental", 1, 1, 1, 2)]
 RANGE_SCHEMES = [("bf16", 2, 2, 2, 2), ("fp16", 1, 1, 2, 2), SCALED, UNSCALED, ("fp16", 2, 1, 2, 2),
                  ("fp16, range", 2, 1, 2, 2)]
 
